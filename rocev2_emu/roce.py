@@ -1,0 +1,340 @@
+"""Whole RoCEv2 frames: Ethernet / IPv4 / UDP 4791 / BTH / extension headers / payload / ICRC.
+
+Owns the invariant CRC (ICRC, IBTA Annex A17.3.3 and vol. 1 §7.8.1): CRC-32 over 8 bytes of
+0xFF (the masked LRH), the IPv4 header with TOS, TTL and header checksum masked to ones, the UDP
+header with its checksum masked, the BTH with byte 4 (FECN, BECN, resv6) masked, and everything
+after up to the ICRC, which is sent little-endian.  Because the masked fields are exactly those a
+switch rewrites (ECN in TOS, TTL, checksum), the ICRC survives CE marking and forwarding.
+
+:class:`FrameTemplate` is the encoder: it precomputes a flow's VXLAN/Ethernet/IPv4/UDP prefix so
+the hot path only packs lengths, BTH and checksums.  :func:`decode_frame_untrusted` is the only
+decoder; it raises :class:`~rocev2_emu.errors.MalformedFrame` and nothing else.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Final, NamedTuple
+
+from rocev2_emu.bth import (
+    AETH,
+    ATOMIC_ACK_ETH,
+    ATOMIC_ETH,
+    BTH,
+    BTH_LEN,
+    DEFAULT_PKEY,
+    DETH,
+    ICRC_LEN,
+    IMM,
+    OPCODE_EXT_LEN,
+    OPCODE_LAYOUT,
+    RETH,
+    Aeth,
+    AtomicEth,
+    Deth,
+    Ext,
+    Reth,
+)
+from rocev2_emu.errors import MalformedFrame
+from rocev2_emu.ethernet import (
+    ECN_ECT0,
+    ETH_HEADER,
+    ETH_LEN,
+    ETHERTYPE_IPV4,
+    ETHERTYPE_MAC_CONTROL,
+    IPPROTO_UDP,
+    IPV4_DF,
+    IPV4_HEADER,
+    IPV4_LEN,
+    ROCEV2_UDP_PORT,
+    UDP_HEADER,
+    UDP_LEN,
+    VXLAN_FLAG_I,
+    VXLAN_HEADER,
+    VXLAN_LEN,
+    ipv4_checksum,
+)
+from rocev2_emu.pfc import PfcFrame, decode_pfc_untrusted
+
+DSCP_ROCE: Final = 26  # priority 3 by the default DSCP map
+DSCP_CNP: Final = 48  # priority 6
+ICRC_LE: Final = struct.Struct("<I")
+_ROCE_MIN: Final = ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
+# Offsets inside a VXLAN datagram built by FrameTemplate
+_IP_OFF: Final = VXLAN_LEN + ETH_LEN
+_UDP_OFF: Final = _IP_OFF + IPV4_LEN
+_BTH_OFF: Final = _UDP_OFF + UDP_LEN
+_EXT_OFF: Final = _BTH_OFF + BTH_LEN
+_MASKED_LEN: Final = 8 + IPV4_LEN + UDP_LEN + BTH_LEN
+
+
+def rxe_udp_sport(qpn: int) -> int:
+    """Per-QP UDP source port for ECMP entropy, as Linux rxe: 0xC000 | 14-bit hash of the QPN."""
+    h = (qpn * 0x9E3779B1) & 0xFFFFFFFF
+    h ^= h >> 16
+    return 0xC000 | (h & 0x3FFF)
+
+
+def icrc_of(ip_udp_bth: bytes | bytearray | memoryview, rest: bytes | bytearray | memoryview) -> int:
+    """ICRC of a packet given its IPv4+UDP+BTH headers (40 bytes) and the bytes after the BTH."""
+    masked = bytearray(b"\xff" * 8)
+    masked += ip_udp_bth[: IPV4_LEN + UDP_LEN + BTH_LEN]
+    _mask(masked)
+    return zlib.crc32(rest, zlib.crc32(masked))
+
+
+def _mask(masked: bytearray) -> None:
+    masked[8 + 1] = 0xFF  # IPv4 TOS (DSCP + ECN)
+    masked[8 + 8] = 0xFF  # IPv4 TTL
+    masked[8 + 10] = masked[8 + 11] = 0xFF  # IPv4 header checksum
+    masked[8 + 26] = masked[8 + 27] = 0xFF  # UDP checksum
+    masked[8 + 32] = 0xFF  # BTH byte 4: FECN, BECN, resv6
+
+
+class RoceFrame(NamedTuple):
+    """A decoded RoCEv2 frame, flat so the hot path allocates one tuple per packet."""
+
+    dst_mac: bytes
+    src_mac: bytes
+    dscp: int
+    ecn: int
+    ttl: int
+    ip_id: int
+    src_ip: int
+    dst_ip: int
+    sport: int
+    opcode: int
+    solicited: bool
+    migreq: bool
+    pad: int
+    tver: int
+    pkey: int
+    fecn: bool
+    becn: bool
+    dqpn: int
+    ackreq: bool
+    psn: int
+    reth: Reth | None
+    aeth: Aeth | None
+    imm: int | None
+    atomic_eth: AtomicEth | None
+    atomic_ack: int | None
+    deth: Deth | None
+    payload: memoryview
+    icrc: int
+
+
+class FrameTemplate:
+    """Encoder for one flow: fixed VXLAN VNI, MACs, IPs, UDP source port, DSCP and ECN."""
+
+    __slots__ = ("_ip_const", "_mask_buf", "_prefix", "dst_ip", "dscp", "ecn", "sport", "src_ip",
+                 "tos", "ttl")
+
+    def __init__(
+        self,
+        *,
+        vni: int,
+        src_mac: bytes,
+        dst_mac: bytes,
+        src_ip: int,
+        dst_ip: int,
+        sport: int,
+        dscp: int = DSCP_ROCE,
+        ecn: int = ECN_ECT0,
+        ttl: int = 64,
+    ) -> None:
+        if not 0 <= dscp < 64 or not 0 <= ecn < 4:
+            raise ValueError(f"DSCP {dscp} / ECN {ecn} out of range")
+        self.src_ip, self.dst_ip, self.sport = src_ip, dst_ip, sport
+        self.dscp, self.ecn, self.ttl = dscp, ecn, ttl
+        self.tos = dscp << 2 | ecn
+        self._prefix = VXLAN_HEADER.pack(VXLAN_FLAG_I, vni << 8) + ETH_HEADER.pack(
+            dst_mac, src_mac, ETHERTYPE_IPV4
+        )
+        # One's-complement sum of the IPv4 words that never change for this flow.
+        self._ip_const = (
+            (0x45 << 8 | self.tos) + IPV4_DF + (ttl << 8 | IPPROTO_UDP)
+            + (src_ip >> 16) + (src_ip & 0xFFFF) + (dst_ip >> 16) + (dst_ip & 0xFFFF)
+        )
+        self._mask_buf = bytearray(b"\xff" * _MASKED_LEN)
+
+    def build(
+        self,
+        opcode: int,
+        *,
+        dqpn: int,
+        psn: int,
+        ackreq: bool = False,
+        solicited: bool = False,
+        fecn: bool = False,
+        becn: bool = False,
+        ext: bytes = b"",
+        payload: bytes | bytearray | memoryview = b"",
+        ip_id: int = 0,
+        pkey: int = DEFAULT_PKEY,
+    ) -> bytearray:
+        """The complete VXLAN datagram of one RoCEv2 packet, ICRC included."""
+        plen = len(payload)
+        pad = -plen & 3
+        elen = len(ext)
+        udp_len = UDP_LEN + BTH_LEN + elen + plen + pad + ICRC_LEN
+        total = IPV4_LEN + udp_len
+        end = _IP_OFF + total
+        buf = bytearray(end)
+        buf[:_IP_OFF] = self._prefix
+        s = self._ip_const + total + ip_id
+        s = (s & 0xFFFF) + (s >> 16)
+        s = (s & 0xFFFF) + (s >> 16)
+        IPV4_HEADER.pack_into(
+            buf, _IP_OFF, 0x45, self.tos, total, ip_id, IPV4_DF, self.ttl, IPPROTO_UDP,
+            ~s & 0xFFFF, self.src_ip, self.dst_ip,
+        )
+        UDP_HEADER.pack_into(buf, _UDP_OFF, self.sport, ROCEV2_UDP_PORT, udp_len, 0)
+        BTH.pack_into(
+            buf, _BTH_OFF, opcode, solicited << 7 | pad << 4, pkey,
+            fecn << 31 | becn << 30 | dqpn, ackreq << 31 | psn,
+        )
+        pos = _EXT_OFF
+        if elen:
+            buf[pos : pos + elen] = ext
+            pos += elen
+        if plen:
+            buf[pos : pos + plen] = payload
+        masked = self._mask_buf
+        masked[8:] = memoryview(buf)[_IP_OFF:_EXT_OFF]
+        _mask(masked)
+        crc = zlib.crc32(memoryview(buf)[_EXT_OFF : end - ICRC_LEN], zlib.crc32(masked))
+        ICRC_LE.pack_into(buf, end - ICRC_LEN, crc)
+        return buf
+
+
+def decode_frame_untrusted(
+    frame: bytes | bytearray | memoryview, *, verify_icrc: bool = True
+) -> RoceFrame | PfcFrame:
+    """Decode one Ethernet frame (no FCS) that must be RoCEv2 over IPv4, or a PFC frame."""
+    n = len(frame)
+    if n < ETH_LEN:
+        raise MalformedFrame("truncated", f"Ethernet frame of {n} bytes < {ETH_LEN}")
+    dst, src, ethertype = ETH_HEADER.unpack_from(frame, 0)
+    if ethertype == ETHERTYPE_MAC_CONTROL:
+        return decode_pfc_untrusted(frame)
+    if ethertype != ETHERTYPE_IPV4:
+        raise MalformedFrame("ethertype", f"ethertype 0x{ethertype:04x} is neither IPv4 nor PFC")
+    if n < _ROCE_MIN:
+        raise MalformedFrame("truncated", f"IPv4 RoCE frame of {n} bytes < {_ROCE_MIN}")
+    vihl, tos, total, ip_id, _frag, ttl, proto, _csum, sip, dip = IPV4_HEADER.unpack_from(
+        frame, ETH_LEN
+    )
+    if vihl != 0x45:
+        raise MalformedFrame("ipv4", f"IPv4 version/IHL 0x{vihl:02x} != 0x45 (options unsupported)")
+    if total > n - ETH_LEN or total < IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN:
+        raise MalformedFrame(
+            "truncated", f"IPv4 total length {total} vs {n - ETH_LEN} bytes after Ethernet"
+        )
+    if ipv4_checksum(memoryview(frame)[ETH_LEN : ETH_LEN + IPV4_LEN]) != 0:
+        raise MalformedFrame("ipv4_checksum", f"IPv4 header checksum 0x{_csum:04x} is wrong")
+    if proto != IPPROTO_UDP:
+        raise MalformedFrame("ipv4_protocol", f"IPv4 protocol {proto} is not UDP (17)")
+    u = ETH_LEN + IPV4_LEN
+    sport, dport, udp_len, _ucsum = UDP_HEADER.unpack_from(frame, u)
+    if dport != ROCEV2_UDP_PORT:
+        raise MalformedFrame("udp_port", f"UDP destination port {dport} is not RoCEv2 (4791)")
+    if udp_len != total - IPV4_LEN:
+        raise MalformedFrame("udp_length", f"UDP length {udp_len} != IPv4 payload {total - IPV4_LEN}")
+    b = u + UDP_LEN
+    opcode, flags, pkey, word1, word2 = BTH.unpack_from(frame, b)
+    layout = OPCODE_LAYOUT.get(opcode)
+    if layout is None:
+        raise MalformedFrame("opcode", f"BTH opcode 0x{opcode:02x} is not supported")
+    tver = flags & 0x0F
+    if tver != 0:
+        raise MalformedFrame("bth_tver", f"BTH transport version {tver} != 0")
+    end = ETH_LEN + total - ICRC_LEN
+    e = b + BTH_LEN
+    elen = OPCODE_EXT_LEN[opcode]
+    pad = flags >> 4 & 3
+    if e + elen + pad > end:
+        raise MalformedFrame(
+            "truncated",
+            f"opcode 0x{opcode:02x} needs {elen} header bytes + pad {pad}, "
+            f"{end - e} left before the ICRC",
+        )
+    icrc = ICRC_LE.unpack_from(frame, end)[0]
+    if verify_icrc:
+        computed = icrc_of(memoryview(frame)[ETH_LEN:e], memoryview(frame)[e:end])
+        if computed != icrc:
+            raise MalformedFrame("icrc", f"ICRC 0x{icrc:08x} != computed 0x{computed:08x}")
+    reth = aeth = atomic_eth = deth = None
+    imm = atomic_ack = None
+    if layout:
+        if layout & Ext.DETH:
+            qkey, sqp = DETH.unpack_from(frame, e)
+            deth = Deth(qkey, sqp & 0xFFFFFF)
+            e += 8
+        if layout & Ext.RETH:
+            reth = Reth._make(RETH.unpack_from(frame, e))
+            e += 16
+        if layout & Ext.ATOMIC_ETH:
+            atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(frame, e))
+            e += 28
+        if layout & Ext.AETH:
+            word = AETH.unpack_from(frame, e)[0]
+            aeth = Aeth(word >> 24, word & 0xFFFFFF)
+            e += 4
+        if layout & Ext.ATOMIC_ACK_ETH:
+            atomic_ack = ATOMIC_ACK_ETH.unpack_from(frame, e)[0]
+            e += 8
+        if layout & Ext.IMM:
+            imm = IMM.unpack_from(frame, e)[0]
+            e += 4
+        if layout & Ext.CNP_PAD:
+            e += 16
+    payload = memoryview(frame)[e : end - pad]
+    return RoceFrame(
+        bytes(dst), bytes(src), tos >> 2, tos & 3, ttl, ip_id, sip, dip, sport,
+        opcode, bool(flags & 0x80), bool(flags & 0x40), pad, tver, pkey,
+        bool(word1 >> 31), bool(word1 >> 30 & 1), word1 & 0xFFFFFF,
+        bool(word2 >> 31), word2 & 0xFFFFFF,
+        reth, aeth, imm, atomic_eth, atomic_ack, deth, payload, icrc,
+    )
+
+
+def decode_datagram_untrusted(
+    datagram: bytes | bytearray | memoryview, *, verify_icrc: bool = True
+) -> tuple[int, RoceFrame | PfcFrame]:
+    """Decode a VXLAN datagram into (VNI, frame)."""
+    if len(datagram) < VXLAN_LEN + ETH_LEN:
+        raise MalformedFrame(
+            "truncated", f"VXLAN datagram of {len(datagram)} bytes < {VXLAN_LEN + ETH_LEN}"
+        )
+    flags, vni_word = VXLAN_HEADER.unpack_from(datagram, 0)
+    if not flags & VXLAN_FLAG_I:
+        raise MalformedFrame("vxlan", f"VXLAN flags 0x{flags:02x} lack the I bit (0x08)")
+    return vni_word >> 8, decode_frame_untrusted(
+        memoryview(datagram)[VXLAN_LEN:], verify_icrc=verify_icrc
+    )
+
+
+def pack_reth(va: int, rkey: int, dma_len: int) -> bytes:
+    return RETH.pack(va, rkey, dma_len)
+
+
+def pack_aeth(syndrome: int, msn: int) -> bytes:
+    return AETH.pack(syndrome << 24 | (msn & 0xFFFFFF))
+
+
+def pack_atomic_eth(va: int, rkey: int, swap_add: int, compare: int) -> bytes:
+    return ATOMIC_ETH.pack(va, rkey, swap_add, compare)
+
+
+def pack_imm(imm: int) -> bytes:
+    return IMM.pack(imm)
+
+
+def pack_atomic_ack(orig: int) -> bytes:
+    return ATOMIC_ACK_ETH.pack(orig)
+
+
+def pack_deth(qkey: int, src_qp: int) -> bytes:
+    return DETH.pack(qkey, src_qp & 0xFFFFFF)
