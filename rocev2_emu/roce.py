@@ -70,10 +70,9 @@ _MASKED_LEN: Final = 8 + IPV4_LEN + UDP_LEN + BTH_LEN
 
 
 def rxe_udp_sport(qpn: int) -> int:
-    """Per-QP UDP source port for ECMP entropy, as Linux rxe: 0xC000 | 14-bit hash of the QPN."""
-    h = (qpn * 0x9E3779B1) & 0xFFFFFFFF
-    h ^= h >> 16
-    return 0xC000 | (h & 0x3FFF)
+    """Per-QP UDP source port for ECMP entropy, as Linux rxe (rxe_qp.c): 0xC000 plus
+    ``hash_32(qpn, 14)``, the top 14 bits of the QPN times the 32-bit golden ratio."""
+    return 0xC000 | ((qpn * 0x61C88647) & 0xFFFFFFFF) >> 18
 
 
 def icrc_of(ip_udp_bth: bytes | bytearray | memoryview, rest: bytes | bytearray | memoryview) -> int:

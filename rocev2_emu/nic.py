@@ -1,0 +1,242 @@
+"""The software NIC core (sans-IO): resources, frame dispatch, and a PFC-aware paced egress.
+
+Owns the NIC's protection domains, memory regions, completion queues and queue pairs; decodes
+every received VXLAN datagram (malformed frames, bad ICRC, bad IPv4 checksum, frames for
+unknown or wrong-state QPs are counted by reason and dropped); and schedules transmission:
+priorities highest first, a priority stops while an 802.1Qbb pause for it is in force, QPs of a
+priority are served round-robin, and frames leave at the link's line rate - each frame's
+departure time is computed (frame + preamble, SFD, FCS and inter-frame gap), never slept for.
+
+Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clock (TDF).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rocev2_emu.bth import Opcode
+from rocev2_emu.counters import NicCounters
+from rocev2_emu.errors import LocalVerbsError, MalformedFrame
+from rocev2_emu.ethernet import (
+    ECN_CE,
+    ECN_ECT0,
+    VXLAN_LEN,
+    ip_to_int,
+    mac_for_ip,
+)
+from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
+from rocev2_emu.pfc import PRIORITIES, PFC_QUANTUM_BITS, PfcFrame
+from rocev2_emu.qp import QueuePair
+from rocev2_emu.qp_state import QPAttr, QPState
+from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_datagram_untrusted, rxe_udp_sport
+from rocev2_emu.work import CompletionQueue, RecvWR, SendWR
+
+WIRE_OVERHEAD: Final = 24  # preamble + SFD (8), FCS (4), inter-frame gap (12) bytes
+NOMINAL_BPS: Final = 100e9  # pause quanta are timed at this rate when the link is unpaced
+
+
+@dataclass(slots=True)
+class NicConfig:
+    """What a NIC needs to know about itself and its link."""
+
+    ip: str  # emulated IPv4 address (the RoCEv2 GID)
+    mac: bytes | None = None  # default 02:00:<ip>
+    next_hop_mac: bytes | None = None  # a switch port's MAC; None: the peer NIC's (direct link)
+    vni: int = 1
+    link_bps: float = 100e9  # emulated line rate; 0 = unpaced
+    dscp: int = DSCP_ROCE
+    priority: int = 3  # traffic class of RoCE traffic (DSCP 26 -> 3)
+    ecn: int = ECN_ECT0
+    catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
+
+
+class NicCore:
+    """A RoCEv2 NIC with one Ethernet port."""
+
+    def __init__(self, config: NicConfig) -> None:
+        self.config = config
+        self.ip = ip_to_int(config.ip)
+        self.mac = config.mac or mac_for_ip(self.ip)
+        self.counters = NicCounters()
+        self.mrs = MemoryTable()
+        self.qps: dict[int, QueuePair] = {}
+        self.cqs: list[CompletionQueue] = []
+        self.paused_until = [0.0] * PRIORITIES
+        self.pause_frames_received = [0] * PRIORITIES
+        self.tx_free_at = 0.0
+        self.tx_behind_schedule = 0  # frames that left later than their slot + catch-up
+        self._active: dict[int, QueuePair] = {}
+        self._templates: dict[int, FrameTemplate] = {}
+        self._control: deque[bytes | bytearray] = deque()
+        self._ip_id = 0
+
+    # -- resources (called by the verbs layer) ---------------------------------------------
+    def alloc_pd(self) -> ProtectionDomain:
+        return self.mrs.alloc_pd()
+
+    def reg_mr(self, pd: ProtectionDomain, buffer: Any, access: Access) -> MemoryRegion:
+        return self.mrs.register(pd, buffer, Access(access))
+
+    def dereg_mr(self, mr: MemoryRegion) -> None:
+        self.mrs.deregister(mr)
+
+    def create_cq(self, depth: int = 4096) -> CompletionQueue:
+        cq = CompletionQueue(len(self.cqs) + 1, depth)
+        self.cqs.append(cq)
+        return cq
+
+    def create_qp(self, pd: ProtectionDomain, send_cq: CompletionQueue,
+                  recv_cq: CompletionQueue, *, max_send_wr: int = 1024,
+                  max_recv_wr: int = 1024, sq_sig_all: bool = False) -> QueuePair:
+        while True:
+            qpn = secrets.randbits(24)
+            if qpn > 1 and qpn not in self.qps:  # QP0 and QP1 are reserved (SMI, GSI)
+                break
+        qp = QueuePair(qpn=qpn, pd=pd, send_cq=send_cq, recv_cq=recv_cq, mrs=self.mrs,
+                       counters=self.counters, max_send_wr=max_send_wr,
+                       max_recv_wr=max_recv_wr, sq_sig_all=sq_sig_all)
+        self.qps[qpn] = qp
+        return qp
+
+    def destroy_qp(self, qp: QueuePair) -> None:
+        if self.qps.get(qp.qpn) is not qp:
+            raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
+        del self.qps[qp.qpn]
+        self._active.pop(qp.qpn, None)
+        self._templates.pop(qp.qpn, None)
+
+    def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
+        qp.modify(attr)
+        self._templates.pop(qp.qpn, None)
+        if qp.state in (QPState.RTS, QPState.ERR):
+            self._active[qp.qpn] = qp
+
+    def post_send(self, qp: QueuePair, wr: SendWR) -> None:
+        qp.post_send(wr)
+        self._active[qp.qpn] = qp
+
+    def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
+        qp.post_recv(wr)
+
+    def random_psn(self) -> int:
+        return secrets.randbits(24)
+
+    # -- receive ---------------------------------------------------------------------------
+    def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Handle one VXLAN datagram from the link.  Never raises for bad input: counts it."""
+        c = self.counters
+        c.rx_packets += 1
+        c.rx_bytes += len(data) - VXLAN_LEN
+        try:
+            _vni, frame = decode_datagram_untrusted(data)
+        except MalformedFrame as exc:
+            c.rx_drops[exc.reason] += 1
+            return
+        if isinstance(frame, PfcFrame):
+            self._on_pfc(frame, now)
+            return
+        if frame.dst_ip != self.ip:
+            c.rx_drops["wrong_dst_ip"] += 1
+            return
+        if frame.ecn == ECN_CE:
+            c.ecn_marked_roce_packets += 1
+        if frame.opcode == Opcode.CNP:
+            c.cnp_received += 1
+            return
+        if frame.opcode >= 0x20:
+            c.rx_drops["unsupported_transport"] += 1
+            return
+        qp = self.qps.get(frame.dqpn)
+        if qp is None:
+            c.rx_drops["unknown_qp"] += 1
+            return
+        if not qp.receive(frame, now):
+            c.rx_drops["qp_state"] += 1
+            return
+        self._active[qp.qpn] = qp
+
+    def _on_pfc(self, frame: PfcFrame, now: float) -> None:
+        rate = self.config.link_bps or NOMINAL_BPS
+        self.counters.pfc_pause_received += 1
+        for prio in range(PRIORITIES):
+            if frame.class_enable >> prio & 1:
+                self.pause_frames_received[prio] += 1
+                self.paused_until[prio] = now + frame.quanta[prio] * PFC_QUANTUM_BITS / rate
+
+    # -- transmit --------------------------------------------------------------------------
+    def queue_control(self, datagram: bytes | bytearray) -> None:
+        """Queue a control frame (PFC, CNP) that is not subject to PFC pause or QP order."""
+        self._control.append(datagram)
+
+    def next_datagram(self, now: float) -> bytes | bytearray | None:
+        """The next VXLAN datagram to put on the link at ``now``, or None (see get_timer)."""
+        rate = self.config.link_bps
+        if rate and self.tx_free_at > now:
+            return None
+        datagram = self._control.popleft() if self._control else self._next_qp_datagram(now)
+        if datagram is None:
+            return None
+        size = len(datagram) - VXLAN_LEN
+        c = self.counters
+        c.tx_packets += 1
+        c.tx_bytes += size
+        if rate:
+            start = self.tx_free_at
+            if now - start > self.config.catchup:
+                if start:
+                    self.tx_behind_schedule += 1
+                start = now - self.config.catchup
+            self.tx_free_at = start + (size + WIRE_OVERHEAD) * 8 / rate
+        return datagram
+
+    def _next_qp_datagram(self, now: float) -> bytearray | None:
+        if self.paused_until[self.config.priority] > now:
+            return None
+        active = self._active
+        for _ in range(len(active)):
+            qpn = next(iter(active))
+            qp = active.pop(qpn)
+            pkt = qp.next_packet(now)
+            if pkt is None:
+                continue
+            active[qpn] = qp  # round-robin: back of the line
+            tpl = self._templates.get(qpn)
+            if tpl is None:
+                tpl = self._template_for(qp)
+            self._ip_id = (self._ip_id + 1) & 0xFFFF
+            return tpl.build(pkt.opcode, dqpn=qp.dest_qpn, psn=pkt.psn, ackreq=pkt.ackreq,
+                             solicited=pkt.solicited, ext=pkt.ext, payload=pkt.payload,
+                             ip_id=self._ip_id)
+        return None
+
+    def _template_for(self, qp: QueuePair) -> FrameTemplate:
+        if qp.dest_ip is None:
+            raise LocalVerbsError(f"{qp!r} has no destination address")
+        dst = ip_to_int(qp.dest_ip)
+        cfg = self.config
+        tpl = FrameTemplate(vni=cfg.vni, src_mac=self.mac,
+                            dst_mac=cfg.next_hop_mac or mac_for_ip(dst), src_ip=self.ip,
+                            dst_ip=dst, sport=rxe_udp_sport(qp.qpn), dscp=cfg.dscp, ecn=cfg.ecn)
+        self._templates[qp.qpn] = tpl
+        return tpl
+
+    # -- timers ----------------------------------------------------------------------------
+    def get_timer(self) -> float | None:
+        """Emulated time at which handle_timer / next_datagram next have work, or None."""
+        times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
+        if self._control or self._active:
+            t = self.tx_free_at if self.config.link_bps else 0.0
+            if not self._control:
+                t = max(t, self.paused_until[self.config.priority])
+            times.append(t)
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        for qp in self.qps.values():
+            t = qp.get_timer()
+            if t is not None and t <= now:
+                qp.handle_timer(now)
+                self._active[qp.qpn] = qp
