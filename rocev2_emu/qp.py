@@ -39,6 +39,10 @@ RESPONSE_OPCODES: Final = frozenset({
     Op.RC_ATOMIC_ACKNOWLEDGE,
 })
 MAX_MESSAGE: Final = 1 << 31
+# Packets a requester keeps unacknowledged before it waits (go-back-N costs up to this much per
+# loss).  IBTA sets no window; real NICs are bounded by the bandwidth-delay product, which an
+# unpaced emulated link does not have.
+DEFAULT_MAX_INFLIGHT: Final = 256
 
 
 class QueuePair:
@@ -69,6 +73,7 @@ class QueuePair:
         self.rnr_retry = 7
         self.max_rd_atomic = 1
         self.last_error = ""
+        self.max_inflight = DEFAULT_MAX_INFLIGHT
         self.requester = Requester(self)
         self.responder = Responder(self)
 
@@ -179,10 +184,6 @@ class QueuePair:
         if pkt is not None or self.state not in (QPState.RTS, QPState.SQD):
             return pkt
         return self.requester.next_packet(now)
-
-    def has_output(self, now: float) -> bool:
-        return bool(self.responder.out) or (
-            self.state in (QPState.RTS, QPState.SQD) and self.requester.has_work(now))
 
     def get_timer(self) -> float | None:
         if self.state not in (QPState.RTS, QPState.SQD):

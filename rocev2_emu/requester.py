@@ -155,8 +155,6 @@ class Requester:
         self.wqes.append(wqe)
 
     # -- transmit --------------------------------------------------------------------------
-    def has_work(self, now: float) -> bool:
-        return self.tx_idx < len(self.wqes) and (self.rnr_until is None or now >= self.rnr_until)
 
     def next_packet(self, now: float) -> OutPacket | None:
         if self.rnr_until is not None:
@@ -167,6 +165,9 @@ class Requester:
             return None
         w = self.wqes[self.tx_idx]
         kind = w.kind
+        if psn_diff(self.frontier, self.una) >= self.qp.max_inflight and \
+                psn_diff(self.tx_psn(), self.frontier) >= 0:
+            return None  # window full: only retransmissions may go
         if not w.started:
             if not self.qp.may_start_new_requests():
                 return None

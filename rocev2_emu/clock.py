@@ -1,0 +1,34 @@
+"""Time dilation: emulated seconds <-> the trio clock.
+
+One emulated second lasts ``tdf`` real (trio-clock) seconds, so a 100 Gbit/s link at TDF 100
+carries 1 Gbit/s of real datagrams and a 10 µs timer fires after 1 ms (the DieCast idea, NSDI
+2008).  Rates and queue dynamics in bytes are preserved; everything users read is emulated.
+Under ``trio.testing.MockClock`` the same code runs in virtual time (use TDF 1 there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+
+class DilatedClock:
+    """Maps the trio clock to emulated time, starting at 0 when created."""
+
+    def __init__(self, tdf: float = 1.0, origin: float | None = None) -> None:
+        if not tdf > 0 or not math.isfinite(tdf):
+            raise ValueError(f"time-dilation factor {tdf!r} must be a positive number")
+        self.tdf = tdf
+        self.origin = trio.current_time() if origin is None else origin
+
+    def now(self) -> float:
+        """Current emulated time in seconds."""
+        return (trio.current_time() - self.origin) / self.tdf
+
+    def to_trio(self, emulated: float) -> float:
+        """The trio-clock time at which emulated time ``emulated`` arrives."""
+        return self.origin + emulated * self.tdf
+
+    def wall_duration(self, emulated_seconds: float) -> float:
+        return emulated_seconds * self.tdf
