@@ -253,17 +253,21 @@ async def _post_loop(side: _Side, opts: PerftestOptions, size: int) -> tuple[int
         if stop_at is not None and ctx.now() >= stop_at:
             iters = 0  # post nothing more; drain what is in flight
     elapsed = stamps[-1][0] - start
-    return completed, elapsed, _peak(stamps, size, depth)
+    return completed, elapsed, _peak(stamps, size, min(depth, max(1, completed // 4)))
 
 
 def _peak(stamps: list[tuple[float, int]], size: int, window: int) -> float:
+    """Best rate over any stretch of at least ``window`` messages (or the whole run)."""
     best = 0.0
     j = 0
+    t_first, n_first = stamps[0]
     for t, n in stamps:
-        while stamps[j][1] < n - window and j < len(stamps) - 1:
+        while j + 1 < len(stamps) and n - stamps[j + 1][1] >= window:
             j += 1
-        t0, n0 = stamps[j - 1] if j else stamps[0]
-        if t > t0 and n > n0:
+        t0, n0 = stamps[j]
+        if n - n0 < window:
+            t0, n0 = t_first, n_first
+        if t > t0 and n > n0 and n - n0 >= min(window, stamps[-1][1] - n_first):
             best = max(best, (n - n0) * size / (t - t0))
     return best
 
@@ -279,6 +283,7 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
     iters = opts.iters * len(side.qps)
     got = 0
     start: float | None = None
+    first_batch = 0
     stamps: list[tuple[float, int]] = []
     while opts.duration or got < iters:
         try:
@@ -289,11 +294,11 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
             raise
         _check(wcs)
         now = ctx.now()
-        if start is None:
-            start = now
-            stamps.append((now, 0))
         got += len(wcs)
-        stamps.append((now, got))
+        if start is None:  # the first batch's arrival times are unknown: measure from it
+            start = now
+            first_batch = got
+        stamps.append((now, got - first_batch))
         for wc in wcs:
             qp = next(q for q in side.qps if q.qp_num == wc.qp_num)
             i = side.qps.index(qp)
@@ -302,7 +307,10 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
         if opts.duration and start is not None and now - start >= opts.duration:
             break
     assert start is not None
-    return got, stamps[-1][0] - start, _peak(stamps, size, depth)
+    elapsed = stamps[-1][0] - start
+    # rate of the messages after the first batch, reported for all of them
+    scaled = elapsed * got / max(1, got - first_batch)
+    return got, scaled, _peak(stamps, size, min(depth, max(1, got // 4)))
 
 
 async def _latency(side: _Side, chan: OobChannel, opts: PerftestOptions) -> None:
