@@ -112,6 +112,18 @@ class Stepper:
             self.eps[dst].nic.receive_datagram(data, self.now)
         return True
 
+    def advance_to(self, t: float) -> None:
+        """Process every event up to emulated time ``t``, then set the clock to ``t``."""
+        while True:
+            self._pump()
+            times = [x for ep in self.eps if (x := ep.nic.get_timer()) is not None]
+            if self.in_flight:
+                times.append(self.in_flight[0][0])
+            if not times or min(times) > t:
+                self.now = max(self.now, t)
+                return
+            self.step()
+
     def run(self, until: Callable[[], bool] | None = None, max_time: float = 10.0,
             max_steps: int = 2_000_000) -> None:
         for _ in range(max_steps):
