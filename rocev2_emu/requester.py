@@ -331,8 +331,7 @@ class Requester:
 
     def _implied_nak(self, w: SendWqe) -> None:
         resume = psn_add(w.first_psn, w.resp_pkts)
-        idx = self.wqes.index(w)
-        if w.rerequest_psn == resume and self.tx_idx > idx:
+        if w.rerequest_psn == resume:
             return  # already re-requested from here; the ACK timer covers its loss
         self.qp.counters.implied_nak_seq_err += 1
         w.rerequest_psn = resume

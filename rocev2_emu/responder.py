@@ -255,12 +255,10 @@ class Responder:
                 return
             mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len, fatal=False)
             if mr is not False:
-                # Restart this READ's answer from the requested PSN rather than answering twice
-                # (as rxe reuses the resource): drop what is still queued for it.
-                stale = [it for it in self.out if it[0] == "read" and isinstance(it[1],
-                         _ReadResponse) and self._resource_of(it[1].first_psn) is res]
-                for it in stale:
-                    self.out.remove(it)
+                # The requester has gone back to this PSN and will resend everything after
+                # it, so answer from here in PSN order: drop what is still queued for this
+                # READ and for later requests (as rxe reuses the resource), then replay.
+                self._truncate_from(res.first_psn)
                 self.out.append(("read", _ReadResponse(mr, reth.va, reth.dma_len, f.psn,
                                                        self.qp.mtu)))
         elif op in _ATOMICS:
@@ -320,6 +318,15 @@ class Responder:
         self.out.clear()
         self.out.append(("ack", self.epsn, AETH_NAK | code, self.msn))
         self.qp.fail(None)
+
+    def _truncate_from(self, psn: int) -> None:
+        kept: deque[_Item] = deque()
+        for item in self.out:
+            start = item[1].first_psn if isinstance(item[1], _ReadResponse) else item[1]
+            if psn_diff(start, psn) >= 0:
+                break
+            kept.append(item)
+        self.out = kept
 
     def _remember(self, res: _Resource) -> None:
         self.resources.append(res)

@@ -1,0 +1,124 @@
+"""The verbs API and the trio driver under trio's MockClock: an in-memory fabric with a seeded
+lossy link, so hours of retransmission timers run in milliseconds and every run is the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from rocev2_emu.errors import LocalVerbsError, RemoteVerbsError
+from rocev2_emu.link import LinkFaults
+from rocev2_emu.memory import Access
+from rocev2_emu.ports import MemoryNetwork
+from rocev2_emu.qp_state import QPState
+from rocev2_emu.verbs import CQ, MR, PD, QP, Context, DeviceConfig, RemoteQP
+from rocev2_emu.work import RecvWR, SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
+
+RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+A, B = ("127.0.0.2", 4789), ("127.0.0.3", 4789)
+
+
+def lossy(seed: int) -> LinkFaults:
+    return LinkFaults(loss=0.01, duplicate=0.01, reorder=0.01, corrupt=0.005, delay=2e-6,
+                      jitter=1e-6, seed=seed)
+
+
+async def collect(cq: CQ, n: int, timeout: float = 30.0) -> list[WorkCompletion]:
+    got: list[WorkCompletion] = []
+    while len(got) < n:
+        got += await cq.wait(n - len(got), timeout=timeout)
+    return got
+
+
+@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND])
+async def test_data_is_exact_over_a_lossy_reordering_duplicating_link(
+        autojump_clock: trio.testing.MockClock, op: WrOpcode) -> None:
+    net = MemoryNetwork()
+    n, chunk = 1 << 20, 64 << 10
+    cfg = dict(link_gbps=100.0, tdf=1.0)
+    async with Context.open(DeviceConfig(bind=A[0], faults=lossy(1), **cfg),  # type: ignore[arg-type]
+                            port=net.port(A, B)) as a, \
+            Context.open(DeviceConfig(bind=B[0], faults=lossy(2), **cfg),  # type: ignore[arg-type]
+                         port=net.port(B, A)) as b:
+        src = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+        dst = np.zeros(n, dtype=np.uint8)
+        local, remote = (dst, src) if op is WrOpcode.RDMA_READ else (src, dst)
+        pa, pb = PD(a), PD(b)
+        ma, mb = MR(pa, local, RW), MR(pb, remote, RW)
+        ca, cb = CQ(a), CQ(b)
+        qa, qb = QP(pa, ca), QP(pb, cb)
+        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid), path_mtu=1024, timeout=10)
+        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid), path_mtu=1024, timeout=10)
+        if op is WrOpcode.SEND:
+            qb.post_recv([RecvWR(k, [Sge(mb.addr + k * chunk, chunk, mb.lkey)])
+                          for k in range(n // chunk)])
+        qa.post_send([SendWR(k, op, [Sge(ma.addr + k * chunk, chunk, ma.lkey)],
+                             remote_addr=mb.addr + k * chunk, rkey=mb.rkey)
+                      for k in range(n // chunk)])
+        wcs = await collect(ca, n // chunk)
+        assert [w.status for w in wcs] == [WcStatus.SUCCESS] * (n // chunk)
+        assert [w.wr_id for w in wcs] == list(range(n // chunk))
+        assert (src == dst).all()
+        if op is WrOpcode.SEND:
+            assert len(await collect(cb, n // chunk)) == n // chunk
+        counters = a.core.counters
+        assert counters.retransmitted_packets > 0  # the link really lost frames
+        assert a.driver.link is not None and a.driver.link.lost > 0
+        dropped = a.core.counters.rx_drops + b.core.counters.rx_drops
+        assert dropped["icrc"] + dropped["ipv4_checksum"] > 0  # corruption was caught
+
+
+async def test_completion_wait_has_a_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork()
+    async with Context.open(DeviceConfig(tdf=1.0), port=net.port(A, B)) as ctx:
+        cq = CQ(ctx)
+        start = trio.current_time()
+        with pytest.raises(RemoteVerbsError, match="no completion"):
+            await cq.wait(timeout=0.25)
+        assert trio.current_time() - start == pytest.approx(0.25)
+
+
+async def test_dead_peer_ends_in_retry_exceeded_within_the_qp_timeout(
+        autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork()
+    timeout_code, retry_cnt = 12, 3  # 16.8 ms per try, 4 tries
+    async with Context.open(DeviceConfig(tdf=1.0), port=net.port(A, B)) as a:
+        pa = PD(a)
+        ca = CQ(a)
+        qa = QP(pa, ca)
+        buf = np.zeros(1 << 20, dtype=np.uint8)
+        ma = MR(pa, buf, RW)
+        async with Context.open(DeviceConfig(bind=B[0], tdf=1.0), port=net.port(B, A)) as b:
+            pb = PD(b)
+            qb = QP(pb, CQ(b))
+            mb = MR(pb, np.zeros(1 << 20, dtype=np.uint8), RW)
+            qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid), timeout=timeout_code,
+                       retry_cnt=retry_cnt)
+            qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+            qa.post_send([SendWR(k, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 1 << 20, ma.lkey)],
+                                 remote_addr=mb.addr, rkey=mb.rkey) for k in range(4)])
+            await a.sleep(20e-6)  # mid-transfer ...
+        killed = a.now()  # ... the peer's NIC is gone
+        wcs = await collect(ca, 4, timeout=1.0)
+        assert [w.status for w in wcs] == [WcStatus.RETRY_EXC_ERR] + [WcStatus.WR_FLUSH_ERR] * 3
+        bound = 4.096e-6 * 2**timeout_code * (retry_cnt + 1)
+        assert a.now() - killed <= bound + 1e-3
+        assert qa.state is QPState.ERR
+        assert a.core.counters.local_ack_timeout_err == retry_cnt + 1
+
+
+async def test_api_misuse_is_a_local_error(autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork()
+    async with Context.open(DeviceConfig(), port=net.port(A, B)) as ctx:
+        pd = PD(ctx)
+        qp = QP(pd, CQ(ctx))
+        mr = MR(pd, bytearray(64), RW)
+        with pytest.raises(LocalVerbsError, match="RESET"):
+            qp.post_send(SendWR(1, WrOpcode.SEND, [Sge(mr.addr, 8, mr.lkey)]))
+        with pytest.raises(LocalVerbsError, match="not a buffer"):
+            MR(pd, 12345, RW)
+        mr.close()
+        with pytest.raises(LocalVerbsError, match="already"):
+            mr.close()
