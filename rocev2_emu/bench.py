@@ -25,8 +25,7 @@ from rocev2_emu.ethernet import ETH_LEN, IPV4_LEN, UDP_LEN, VXLAN_LEN
 DATA_DATAGRAM: Final = VXLAN_LEN + ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + 4096 + ICRC_LEN
 
 
-def _udp_receiver(addr: tuple[str, int], seconds: float, out: mp.Queue[tuple[int, float]]
-                  ) -> None:
+def _udp_receiver(addr: tuple[str, int], seconds: float, out: mp.Queue[tuple[int, float]]) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     sock.bind(addr)
@@ -61,8 +60,9 @@ def _udp_sender(addr: tuple[str, int], seconds: float, size: int) -> None:
     sock.close()
 
 
-def udp_baseline(seconds: float = 3.0, size: int = DATA_DATAGRAM,
-                 addr: tuple[str, int] = ("127.0.0.9", 47910)) -> float:
+def udp_baseline(
+    seconds: float = 3.0, size: int = DATA_DATAGRAM, addr: tuple[str, int] = ("127.0.0.9", 47910)
+) -> float:
     """Datagrams per second from a blocking Python sender to a blocking Python receiver."""
     ctx = mp.get_context("spawn")
     q: mp.Queue[tuple[int, float]] = ctx.Queue()
@@ -79,13 +79,33 @@ def udp_baseline(seconds: float = 3.0, size: int = DATA_DATAGRAM,
 
 def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
     """Data packets per second of perftest write-bw, unpaced, MTU 4096, TDF 1; and its output."""
-    base = [sys.executable, "-m", "rocev2_emu", "write-bw", "--rate", "0", "--tdf", "1",
-            "-m", "4096", "-s", str(size), "-D", str(seconds), "-p", "18599"]
+    base = [
+        sys.executable,
+        "-m",
+        "rocev2_emu",
+        "write-bw",
+        "--rate",
+        "0",
+        "--tdf",
+        "1",
+        "-m",
+        "4096",
+        "-s",
+        str(size),
+        "-D",
+        str(seconds),
+        "-p",
+        "18599",
+    ]
     server = subprocess.Popen([*base, "--nic-addr", "127.0.0.12"], stdout=subprocess.DEVNULL)
     try:
-        out = subprocess.run([*base, "127.0.0.1", "--nic-addr", "127.0.0.13"],
-                             capture_output=True, text=True, timeout=seconds * 10 + 60,
-                             check=True).stdout
+        out = subprocess.run(
+            [*base, "127.0.0.1", "--nic-addr", "127.0.0.13"],
+            capture_output=True,
+            text=True,
+            timeout=seconds * 10 + 60,
+            check=True,
+        ).stdout
     finally:
         server.wait(30)
     m = re.search(r"^\s*\d+\s+\d+\s+([\d.]+)\s+([\d.]+)", out, re.M)
@@ -96,8 +116,10 @@ def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
 
 
 def main(which: str, seconds: float) -> int:
-    print(f"# datagram of {DATA_DATAGRAM} bytes (4096-byte RoCE payload in VXLAN), "
-          f"{seconds:g} s per run, 127.0.0.0/8 loopback")
+    print(
+        f"# datagram of {DATA_DATAGRAM} bytes (4096-byte RoCE payload in VXLAN), "
+        f"{seconds:g} s per run, 127.0.0.0/8 loopback"
+    )
     baseline = udp_baseline(seconds)
     print(f"udp-baseline   blocking Python sendto -> recv_into   {baseline:>10.0f} datagrams/s")
     if which == "udp-baseline":

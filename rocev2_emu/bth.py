@@ -109,8 +109,14 @@ OPCODE_LAYOUT: Final[dict[int, Ext]] = {
 
 # Opcodes that carry a payload (everything but requests-without-data and acknowledgements).
 NO_PAYLOAD: Final = frozenset(
-    {_O.RC_RDMA_READ_REQUEST, _O.RC_ACKNOWLEDGE, _O.RC_ATOMIC_ACKNOWLEDGE, _O.RC_COMPARE_SWAP,
-     _O.RC_FETCH_ADD, _O.CNP}
+    {
+        _O.RC_RDMA_READ_REQUEST,
+        _O.RC_ACKNOWLEDGE,
+        _O.RC_ATOMIC_ACKNOWLEDGE,
+        _O.RC_COMPARE_SWAP,
+        _O.RC_FETCH_ADD,
+        _O.CNP,
+    }
 )
 
 # BTH, IBTA §9.2:
@@ -151,7 +157,8 @@ EXT_LEN: Final[dict[Ext, int]] = {
 }
 # Total extension-header bytes after the BTH, per opcode.
 OPCODE_EXT_LEN: Final[dict[int, int]] = {
-    op: sum(n for flag, n in EXT_LEN.items() if layout & flag) for op, layout in OPCODE_LAYOUT.items()
+    op: sum(n for flag, n in EXT_LEN.items() if layout & flag)
+    for op, layout in OPCODE_LAYOUT.items()
 }
 
 DEFAULT_PKEY: Final = 0xFFFF

@@ -27,69 +27,141 @@ from rocev2_emu.oob import DEFAULT_OOB_PORT
 from rocev2_emu.perftest import PerftestError, PerftestOptions
 from rocev2_emu.perftest import run as run_perftest
 
-PERFTESTS = {"write-bw": "write_bw", "write-lat": "write_lat", "send-bw": "send_bw",
-             "read-bw": "read_bw"}
+PERFTESTS = {
+    "write-bw": "write_bw",
+    "write-lat": "write_lat",
+    "send-bw": "send_bw",
+    "read-bw": "read_bw",
+}
 
 
 def _perftest_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str) -> None:
     lat = name == "write-lat"
-    p = sub.add_parser(name, help=f"perftest ib_{name.replace('-', '_')} over the emulated NIC",
-                       description="Run without SERVER to be the server; with SERVER (the "
-                       "server's out-of-band address) to be the client. Figures are emulated.")
+    p = sub.add_parser(
+        name,
+        help=f"perftest ib_{name.replace('-', '_')} over the emulated NIC",
+        description="Run without SERVER to be the server; with SERVER (the "
+        "server's out-of-band address) to be the client. Figures are emulated.",
+    )
     p.add_argument("server", nargs="?", help="server address for the out-of-band exchange")
-    p.add_argument("-p", "--port", type=int, default=DEFAULT_OOB_PORT,
-                   help="out-of-band TCP port (default %(default)s)")
-    p.add_argument("-s", "--size", type=int, default=2 if lat else 65536,
-                   help="message size in bytes (default %(default)s)")
-    p.add_argument("-n", "--iters", type=int, default=1000 if lat else 5000,
-                   help="iterations (default %(default)s)")
-    p.add_argument("-D", "--duration", type=float, default=0.0,
-                   help="run for this many emulated seconds instead of -n iterations")
+    p.add_argument(
+        "-p",
+        "--port",
+        type=int,
+        default=DEFAULT_OOB_PORT,
+        help="out-of-band TCP port (default %(default)s)",
+    )
+    p.add_argument(
+        "-s",
+        "--size",
+        type=int,
+        default=2 if lat else 65536,
+        help="message size in bytes (default %(default)s)",
+    )
+    p.add_argument(
+        "-n",
+        "--iters",
+        type=int,
+        default=1000 if lat else 5000,
+        help="iterations (default %(default)s)",
+    )
+    p.add_argument(
+        "-D",
+        "--duration",
+        type=float,
+        default=0.0,
+        help="run for this many emulated seconds instead of -n iterations",
+    )
     p.add_argument("-a", "--all", action="store_true", help="all sizes from 2 B to 8 MiB")
     p.add_argument("-q", "--qp", type=int, default=1, help="number of QPs (default 1)")
-    p.add_argument("-m", "--mtu", type=int, default=4096, choices=[256, 512, 1024, 2048, 4096],
-                   help="path MTU (default 4096)")
-    p.add_argument("-t", "--tx-depth", type=int, default=1 if lat else 128,
-                   help="work requests in flight per QP (default %(default)s)")
-    p.add_argument("-u", "--qp-timeout", type=int, default=14,
-                   help="QP local ACK timeout code: 4.096 us * 2^N (default 14)")
+    p.add_argument(
+        "-m",
+        "--mtu",
+        type=int,
+        default=4096,
+        choices=[256, 512, 1024, 2048, 4096],
+        help="path MTU (default 4096)",
+    )
+    p.add_argument(
+        "-t",
+        "--tx-depth",
+        type=int,
+        default=1 if lat else 128,
+        help="work requests in flight per QP (default %(default)s)",
+    )
+    p.add_argument(
+        "-u",
+        "--qp-timeout",
+        type=int,
+        default=14,
+        help="QP local ACK timeout code: 4.096 us * 2^N (default 14)",
+    )
     p.add_argument("--retry-cnt", type=int, default=7, help="transport retries (default 7)")
-    p.add_argument("--report_gbits", "--report-gbits", action="store_true", dest="report_gbits",
-                   help="report Gbit/s instead of MB/s")
-    p.add_argument("--oob-addr", default="127.0.0.1",
-                   help="address the server listens on for the exchange (default %(default)s)")
-    p.add_argument("--nic-addr", help="UDP address of this NIC (default 127.0.0.2 for the "
-                   "server, 127.0.0.3 for the client)")
+    p.add_argument(
+        "--report_gbits",
+        "--report-gbits",
+        action="store_true",
+        dest="report_gbits",
+        help="report Gbit/s instead of MB/s",
+    )
+    p.add_argument(
+        "--oob-addr",
+        default="127.0.0.1",
+        help="address the server listens on for the exchange (default %(default)s)",
+    )
+    p.add_argument(
+        "--nic-addr",
+        help="UDP address of this NIC (default 127.0.0.2 for the server, 127.0.0.3 for the client)",
+    )
     p.add_argument("--nic-port", type=int, default=4789, help="NIC UDP port (default 4789)")
-    p.add_argument("--rate", type=float, default=100.0,
-                   help="emulated link rate in Gbit/s, 0 = unpaced (default 100)")
-    p.add_argument("--tdf", type=float, default=200.0,
-                   help="time-dilation factor: one emulated second lasts TDF real seconds "
-                   "(default 200)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=100.0,
+        help="emulated link rate in Gbit/s, 0 = unpaced (default 100)",
+    )
+    p.add_argument(
+        "--tdf",
+        type=float,
+        default=200.0,
+        help="time-dilation factor: one emulated second lasts TDF real seconds (default 200)",
+    )
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     p.add_argument("--duplicate", type=float, default=0.0, help="link duplication probability")
     p.add_argument("--reorder", type=float, default=0.0, help="link reordering probability")
     p.add_argument("--corrupt", type=float, default=0.0, help="link bit-corruption probability")
-    p.add_argument("--delay-us", type=float, default=0.0,
-                   help="one-way link delay, emulated microseconds")
+    p.add_argument(
+        "--delay-us", type=float, default=0.0, help="one-way link delay, emulated microseconds"
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the link's fault injection")
     p.add_argument("--pcap", help="write this NIC's frames (both directions) to a pcap file")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve Prometheus metrics on NIC-ADDR:PORT while running")
-    p.add_argument("--connect-timeout", type=float, default=60.0,
-                   help="wall seconds to wait for the peer (default 60)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on NIC-ADDR:PORT while running",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="wall seconds to wait for the peer (default 60)",
+    )
     p.set_defaults(test=PERFTESTS[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rocev2-emu", description="A RoCEv2 fabric that really runs: software NICs "
-        "speaking real RoCEv2 frames between processes.")
+        prog="rocev2-emu",
+        description="A RoCEv2 fabric that really runs: software NICs "
+        "speaking real RoCEv2 frames between processes.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="two NIC processes on 127.0.0.2/.3 run write-bw and "
-                          "write-lat, with metrics")
+    demo = sub.add_parser(
+        "demo", help="two NIC processes on 127.0.0.2/.3 run write-bw and write-lat, with metrics"
+    )
     demo.add_argument("--tdf", type=float, default=200.0, help="time-dilation factor")
     demo.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     for name in PERFTESTS:
@@ -101,38 +173,78 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> PerftestOptions:
-    faults = LinkFaults(loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
-                        corrupt=args.corrupt, delay=args.delay_us * 1e-6, seed=args.seed)
+    faults = LinkFaults(
+        loss=args.loss,
+        duplicate=args.duplicate,
+        reorder=args.reorder,
+        corrupt=args.corrupt,
+        delay=args.delay_us * 1e-6,
+        seed=args.seed,
+    )
     nic_addr = args.nic_addr or ("127.0.0.2" if args.server is None else "127.0.0.3")
     return PerftestOptions(
-        test=args.test, server=args.server, oob_port=args.port, oob_addr=args.oob_addr,
-        size=args.size, iters=args.iters, duration=args.duration, all_sizes=args.all,
-        qps=args.qp, mtu=args.mtu, report_gbits=args.report_gbits, tx_depth=args.tx_depth,
-        nic_addr=nic_addr, nic_port=args.nic_port, rate_gbps=args.rate, tdf=args.tdf,
-        faults=faults, pcap=args.pcap, metrics_port=args.metrics_port,
-        qp_timeout=args.qp_timeout, retry_cnt=args.retry_cnt,
-        connect_timeout=args.connect_timeout)
+        test=args.test,
+        server=args.server,
+        oob_port=args.port,
+        oob_addr=args.oob_addr,
+        size=args.size,
+        iters=args.iters,
+        duration=args.duration,
+        all_sizes=args.all,
+        qps=args.qp,
+        mtu=args.mtu,
+        report_gbits=args.report_gbits,
+        tx_depth=args.tx_depth,
+        nic_addr=nic_addr,
+        nic_port=args.nic_port,
+        rate_gbps=args.rate,
+        tdf=args.tdf,
+        faults=faults,
+        pcap=args.pcap,
+        metrics_port=args.metrics_port,
+        qp_timeout=args.qp_timeout,
+        retry_cnt=args.retry_cnt,
+        connect_timeout=args.connect_timeout,
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
     me = [sys.executable, "-m", "rocev2_emu"]
     common = ["--tdf", str(args.tdf), "--loss", str(args.loss), "-p", "18516"]
     runs = [("write-bw", ["-s", "65536", "-n", "400"]), ("write-lat", ["-n", "200"])]
-    print(f"rocev2-emu demo: two NIC processes, server 127.0.0.2 and client 127.0.0.3, direct "
-          f"100 Gbit/s link, TDF {args.tdf:g}; metrics at http://127.0.0.2:9102/metrics and "
-          "http://127.0.0.3:9103/metrics while each test runs\n")
+    print(
+        f"rocev2-emu demo: two NIC processes, server 127.0.0.2 and client 127.0.0.3, direct "
+        f"100 Gbit/s link, TDF {args.tdf:g}; metrics at http://127.0.0.2:9102/metrics and "
+        "http://127.0.0.3:9103/metrics while each test runs\n"
+    )
     for test, extra in runs:
-        server = subprocess.Popen([*me, test, *common, *extra, "--metrics-port", "9102",
-                                   "--nic-addr", "127.0.0.2"], stdout=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [*me, test, *common, *extra, "--metrics-port", "9102", "--nic-addr", "127.0.0.2"],
+            stdout=subprocess.DEVNULL,
+        )
         time.sleep(0.3)
         try:
-            client = subprocess.run([*me, test, "127.0.0.1", *common, *extra, "--metrics-port",
-                                     "9103", "--nic-addr", "127.0.0.3"], timeout=600)
+            client = subprocess.run(
+                [
+                    *me,
+                    test,
+                    "127.0.0.1",
+                    *common,
+                    *extra,
+                    "--metrics-port",
+                    "9103",
+                    "--nic-addr",
+                    "127.0.0.3",
+                ],
+                timeout=600,
+            )
         finally:
             server.wait(60)
         if client.returncode or server.returncode:
-            print(f"demo: {test} failed (client {client.returncode}, server "
-                  f"{server.returncode})", file=sys.stderr)
+            print(
+                f"demo: {test} failed (client {client.returncode}, server {server.returncode})",
+                file=sys.stderr,
+            )
             return 1
         print()
     return 0
@@ -140,8 +252,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         if args.command == "demo":
             return _demo(args)

@@ -31,8 +31,15 @@ LATE_WALL_SECONDS: Final = 0.005  # a wake-up this late (real time) is counted a
 
 
 class NicDriver:
-    def __init__(self, core: NicCore, port: DatagramPort, clock: DilatedClock, *,
-                 faults: LinkFaults | None = None, pcap: PcapWriter | None = None) -> None:
+    def __init__(
+        self,
+        core: NicCore,
+        port: DatagramPort,
+        clock: DilatedClock,
+        *,
+        faults: LinkFaults | None = None,
+        pcap: PcapWriter | None = None,
+    ) -> None:
         self.core = core
         self.port = port
         self.clock = clock
@@ -147,6 +154,10 @@ class NicDriver:
             self.late_wakeups += 1
             if not self._warned:
                 self._warned = True
-                log.warning("NIC %s fell %.0f µs (emulated) behind schedule at TDF %g: the "
-                            "emulation is no longer faithful; raise the TDF",
-                            self.core.config.ip, late * 1e6, self.clock.tdf)
+                log.warning(
+                    "NIC %s fell %.0f µs (emulated) behind schedule at TDF %g: the "
+                    "emulation is no longer faithful; raise the TDF",
+                    self.core.config.ip,
+                    late * 1e6,
+                    self.clock.tdf,
+                )

@@ -52,7 +52,7 @@ ECN_CE: Final = 0b11
 
 def ipv4_checksum(header: bytes | bytearray | memoryview) -> int:
     """RFC 1071 one's-complement checksum of a 20-byte IPv4 header (checksum field included)."""
-    total = sum(IPV4_WORDS.unpack_from(header, 0))
+    total: int = sum(IPV4_WORDS.unpack_from(header, 0))
     total = (total & 0xFFFF) + (total >> 16)
     total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF

@@ -39,8 +39,9 @@ class LinkFaults:
 
     @property
     def active(self) -> bool:
-        return any(getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay",
-                                              "jitter"))
+        return any(
+            getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay", "jitter")
+        )
 
 
 class FaultyLink:

@@ -42,8 +42,9 @@ class MemoryRegion:
 
     __slots__ = ("access", "addr", "buffer", "length", "lkey", "obj", "pd", "rkey", "valid")
 
-    def __init__(self, pd: ProtectionDomain, obj: Any, access: Access, addr: int,
-                 lkey: int, rkey: int) -> None:
+    def __init__(
+        self, pd: ProtectionDomain, obj: Any, access: Access, addr: int, lkey: int, rkey: int
+    ) -> None:
         try:
             view = memoryview(obj)
         except TypeError as exc:
@@ -70,8 +71,10 @@ class MemoryRegion:
         return self.buffer[off : off + length]
 
     def __repr__(self) -> str:
-        return (f"MemoryRegion(addr=0x{self.addr:x}, length={self.length}, "
-                f"lkey=0x{self.lkey:x}, rkey=0x{self.rkey:x}, access={self.access!r})")
+        return (
+            f"MemoryRegion(addr=0x{self.addr:x}, length={self.length}, "
+            f"lkey=0x{self.lkey:x}, rkey=0x{self.rkey:x}, access={self.access!r})"
+        )
 
 
 class MemoryTable:
@@ -93,7 +96,10 @@ class MemoryTable:
                 return key
 
     def register(self, pd: ProtectionDomain, obj: Any, access: Access) -> MemoryRegion:
-        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+        if (
+            access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC)
+            and not access & Access.LOCAL_WRITE
+        ):
             # ibv_reg_mr(3): remote write or atomic requires local write
             raise LocalVerbsError(f"access {access!r} needs LOCAL_WRITE with REMOTE_WRITE/ATOMIC")
         addr = (0x7F00_0000_0000 | secrets.randbits(36) << 12) & ~0xFFF

@@ -61,31 +61,44 @@ class NicCollector(Collector):
             fam = CounterMetricFamily(f"rocev2_nic_{name}", HELP.get(name, name), labels=["node"])
             fam.add_metric([node], value)
             yield fam
-        drops = CounterMetricFamily("rocev2_nic_rx_dropped_packets",
-                                    "Received frames dropped, by reason", labels=["node", "reason"])
+        drops = CounterMetricFamily(
+            "rocev2_nic_rx_dropped_packets",
+            "Received frames dropped, by reason",
+            labels=["node", "reason"],
+        )
         for reason, value in sorted(core.counters.rx_drops.items()):
             drops.add_metric([node, reason], value)
         yield drops
-        pause = CounterMetricFamily("rocev2_nic_rx_pause_frames",
-                                    "PFC frames received per priority", labels=["node", "priority"])
+        pause = CounterMetricFamily(
+            "rocev2_nic_rx_pause_frames",
+            "PFC frames received per priority",
+            labels=["node", "priority"],
+        )
         for prio, value in enumerate(core.pause_frames_received):
             pause.add_metric([node, str(prio)], value)
         yield pause
-        late = CounterMetricFamily("rocev2_emulation_late_wakeups",
-                                   "Driver wake-ups later than their deadline (run unfaithful)",
-                                   labels=["node"])
+        late = CounterMetricFamily(
+            "rocev2_emulation_late_wakeups",
+            "Driver wake-ups later than their deadline (run unfaithful)",
+            labels=["node"],
+        )
         late.add_metric([node], self.driver.late_wakeups)
         yield late
-        behind = CounterMetricFamily("rocev2_nic_tx_behind_schedule",
-                                     "Frames sent after their line-rate slot", labels=["node"])
+        behind = CounterMetricFamily(
+            "rocev2_nic_tx_behind_schedule",
+            "Frames sent after their line-rate slot",
+            labels=["node"],
+        )
         behind.add_metric([node], core.tx_behind_schedule)
         yield behind
-        tdf = GaugeMetricFamily("rocev2_emulation_tdf", "Time-dilation factor of this process",
-                                labels=["node"])
+        tdf = GaugeMetricFamily(
+            "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
+        )
         tdf.add_metric([node], self.driver.clock.tdf)
         yield tdf
-        qps = GaugeMetricFamily("rocev2_nic_queue_pairs", "Queue pairs by state",
-                                labels=["node", "state"])
+        qps = GaugeMetricFamily(
+            "rocev2_nic_queue_pairs", "Queue pairs by state", labels=["node", "state"]
+        )
         states: dict[str, int] = {}
         for qp in list(core.qps.values()):
             states[qp.state.name] = states.get(qp.state.name, 0) + 1

@@ -28,7 +28,7 @@ from rocev2_emu.ethernet import (
     mac_for_ip,
 )
 from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
-from rocev2_emu.pfc import PRIORITIES, PFC_QUANTUM_BITS, PfcFrame
+from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame
 from rocev2_emu.qp import QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
 from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_datagram_untrusted, rxe_udp_sport
@@ -88,16 +88,31 @@ class NicCore:
         self.cqs.append(cq)
         return cq
 
-    def create_qp(self, pd: ProtectionDomain, send_cq: CompletionQueue,
-                  recv_cq: CompletionQueue, *, max_send_wr: int = 1024,
-                  max_recv_wr: int = 1024, sq_sig_all: bool = False) -> QueuePair:
+    def create_qp(
+        self,
+        pd: ProtectionDomain,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        *,
+        max_send_wr: int = 1024,
+        max_recv_wr: int = 1024,
+        sq_sig_all: bool = False,
+    ) -> QueuePair:
         while True:
             qpn = secrets.randbits(24)
             if qpn > 1 and qpn not in self.qps:  # QP0 and QP1 are reserved (SMI, GSI)
                 break
-        qp = QueuePair(qpn=qpn, pd=pd, send_cq=send_cq, recv_cq=recv_cq, mrs=self.mrs,
-                       counters=self.counters, max_send_wr=max_send_wr,
-                       max_recv_wr=max_recv_wr, sq_sig_all=sq_sig_all)
+        qp = QueuePair(
+            qpn=qpn,
+            pd=pd,
+            send_cq=send_cq,
+            recv_cq=recv_cq,
+            mrs=self.mrs,
+            counters=self.counters,
+            max_send_wr=max_send_wr,
+            max_recv_wr=max_recv_wr,
+            sq_sig_all=sq_sig_all,
+        )
         self.qps[qpn] = qp
         return qp
 
@@ -207,9 +222,16 @@ class NicCore:
             if tpl is None:
                 tpl = self._template_for(qp)
             self._ip_id = (self._ip_id + 1) & 0xFFFF
-            return tpl.build(pkt.opcode, dqpn=qp.dest_qpn, psn=pkt.psn, ackreq=pkt.ackreq,
-                             solicited=pkt.solicited, ext=pkt.ext, payload=pkt.payload,
-                             ip_id=self._ip_id)
+            return tpl.build(
+                pkt.opcode,
+                dqpn=qp.dest_qpn,
+                psn=pkt.psn,
+                ackreq=pkt.ackreq,
+                solicited=pkt.solicited,
+                ext=pkt.ext,
+                payload=pkt.payload,
+                ip_id=self._ip_id,
+            )
         return None
 
     def _template_for(self, qp: QueuePair) -> FrameTemplate:
@@ -217,9 +239,16 @@ class NicCore:
             raise LocalVerbsError(f"{qp!r} has no destination address")
         dst = ip_to_int(qp.dest_ip)
         cfg = self.config
-        tpl = FrameTemplate(vni=cfg.vni, src_mac=self.mac,
-                            dst_mac=cfg.next_hop_mac or mac_for_ip(dst), src_ip=self.ip,
-                            dst_ip=dst, sport=rxe_udp_sport(qp.qpn), dscp=cfg.dscp, ecn=cfg.ecn)
+        tpl = FrameTemplate(
+            vni=cfg.vni,
+            src_mac=self.mac,
+            dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
+            src_ip=self.ip,
+            dst_ip=dst,
+            sport=rxe_udp_sport(qp.qpn),
+            dscp=cfg.dscp,
+            ecn=cfg.ecn,
+        )
         self._templates[qp.qpn] = tpl
         return tpl
 

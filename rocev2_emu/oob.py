@@ -57,8 +57,9 @@ class OobChannel:
         self._buf = bytearray()
 
     @classmethod
-    async def connect(cls, host: str, port: int = DEFAULT_OOB_PORT, *,
-                      timeout: float = 10.0) -> OobChannel:
+    async def connect(
+        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 10.0
+    ) -> OobChannel:
         """Connect to a listening peer, retrying until ``timeout`` (wall seconds)."""
         with trio.move_on_after(timeout):
             while True:
@@ -68,12 +69,14 @@ class OobChannel:
                     await trio.sleep(0.05)
                     continue
                 return cls(stream, timeout)
-        raise RemoteVerbsError(f"no out-of-band peer listening on {host}:{port} within "
-                               f"{timeout:g} s")
+        raise RemoteVerbsError(
+            f"no out-of-band peer listening on {host}:{port} within {timeout:g} s"
+        )
 
     @classmethod
-    async def accept(cls, host: str, port: int = DEFAULT_OOB_PORT, *,
-                     timeout: float = 60.0) -> OobChannel:
+    async def accept(
+        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 60.0
+    ) -> OobChannel:
         """Listen on ``host:port`` and accept exactly one peer within ``timeout`` seconds."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         try:
@@ -83,8 +86,9 @@ class OobChannel:
         finally:
             for listener in listeners:
                 await listener.aclose()
-        raise RemoteVerbsError(f"no out-of-band peer connected to {host}:{port} within "
-                               f"{timeout:g} s")
+        raise RemoteVerbsError(
+            f"no out-of-band peer connected to {host}:{port} within {timeout:g} s"
+        )
 
     async def send(self, obj: Any) -> None:
         data = msgpack.packb(obj, use_bin_type=True)
@@ -106,16 +110,16 @@ class OobChannel:
                         try:
                             return msgpack.unpackb(body, raw=False)
                         except Exception as exc:  # msgpack raises several types
-                            raise RemoteVerbsError(f"malformed out-of-band message: {exc}") \
-                                from exc
+                            raise RemoteVerbsError(f"malformed out-of-band message: {exc}") from exc
                 chunk = await self.stream.receive_some(65536)
                 if not chunk:
                     raise RemoteVerbsError("out-of-band peer closed the connection")
                 self._buf += chunk
         raise RemoteVerbsError(f"no out-of-band message within {self.timeout:g} s")
 
-    async def exchange(self, local: list[QPInfo], extra: dict[str, Any] | None = None
-                       ) -> tuple[list[QPInfo], dict[str, Any]]:
+    async def exchange(
+        self, local: list[QPInfo], extra: dict[str, Any] | None = None
+    ) -> tuple[list[QPInfo], dict[str, Any]]:
         """Swap QP descriptions (and free-form parameters) with the peer."""
         await self.send({"qps": [asdict(q) for q in local], "extra": extra or {}})
         msg = await self.recv()

@@ -11,8 +11,9 @@ Gbit/s (10^9).
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -93,14 +94,21 @@ async def run(opts: PerftestOptions) -> int:
     """Run one perftest side; returns the process exit code."""
     if opts.test not in TITLES:
         raise PerftestError(f"unknown test {opts.test!r}; choose from {sorted(TITLES)}")
-    config = DeviceConfig(bind=opts.nic_addr, port=opts.nic_port, link_gbps=opts.rate_gbps,
-                          tdf=opts.tdf, faults=opts.faults, pcap=opts.pcap)
+    config = DeviceConfig(
+        bind=opts.nic_addr,
+        port=opts.nic_port,
+        link_gbps=opts.rate_gbps,
+        tdf=opts.tdf,
+        faults=opts.faults,
+        pcap=opts.pcap,
+    )
     async with Context.open(config) as ctx:
         if opts.metrics_port:
             serve(nic_registry(ctx.driver, opts.nic_addr), opts.metrics_port)
         if opts.is_server:
-            chan = await OobChannel.accept(opts.oob_addr, opts.oob_port,
-                                           timeout=opts.connect_timeout)
+            chan = await OobChannel.accept(
+                opts.oob_addr, opts.oob_port, timeout=opts.connect_timeout
+            )
             params = await chan.recv()
             if not isinstance(params, dict) or params.get("test") != opts.test:
                 raise PerftestError(f"client runs {params!r}, this server runs {opts.test}")
@@ -108,10 +116,26 @@ async def run(opts: PerftestOptions) -> int:
                 setattr(opts, key, params[key])
         else:
             assert opts.server is not None
-            chan = await OobChannel.connect(opts.server, opts.oob_port,
-                                            timeout=opts.connect_timeout)
-            await chan.send({"test": opts.test, **{k: getattr(opts, k) for k in (
-                "size", "iters", "duration", "all_sizes", "qps", "mtu", "tx_depth")}})
+            chan = await OobChannel.connect(
+                opts.server, opts.oob_port, timeout=opts.connect_timeout
+            )
+            await chan.send(
+                {
+                    "test": opts.test,
+                    **{
+                        k: getattr(opts, k)
+                        for k in (
+                            "size",
+                            "iters",
+                            "duration",
+                            "all_sizes",
+                            "qps",
+                            "mtu",
+                            "tx_depth",
+                        )
+                    },
+                }
+            )
         side = await _setup(ctx, chan, opts)
         _print_header(opts)
         _print_addresses(side)
@@ -144,14 +168,17 @@ async def _setup(ctx: Context, chan: OobChannel, opts: PerftestOptions) -> _Side
     depth = max(opts.tx_depth, 512)
     qps = [QP(pd, cq, max_send_wr=depth, max_recv_wr=depth) for _ in range(opts.qps)]
     host, port = ctx.udp_address
-    local = [QPInfo(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr + i * per_qp,
-                    per_qp) for i, qp in enumerate(qps)]
+    local = [
+        QPInfo(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr + i * per_qp, per_qp)
+        for i, qp in enumerate(qps)
+    ]
     remote, _ = await chan.exchange(local)
     if len(remote) != len(qps):
         raise PerftestError(f"peer has {len(remote)} QPs, we have {len(qps)}")
     for qp, info in zip(qps, remote, strict=True):
-        qp.connect(info.remote(), path_mtu=opts.mtu, timeout=opts.qp_timeout,
-                   retry_cnt=opts.retry_cnt)
+        qp.connect(
+            info.remote(), path_mtu=opts.mtu, timeout=opts.qp_timeout, retry_cnt=opts.retry_cnt
+        )
     ack = local_ack_timeout(opts.qp_timeout) or 1.0
     cq_timeout = ack * (opts.retry_cnt + 2) * 2 + 0.5
     return _Side(ctx, pd, cq, mr, buf, qps, remote, max_size, cq_timeout, per_qp)
@@ -159,18 +186,23 @@ async def _setup(ctx: Context, chan: OobChannel, opts: PerftestOptions) -> _Side
 
 def _print_addresses(side: _Side) -> None:
     for i, qp in enumerate(side.qps):
-        print(f" local address: LID 0000 QPN 0x{qp.qp_num:04x} PSN 0x{qp.psn:06x} "
-              f"RKey 0x{side.mr.rkey:08x} VAddr 0x{side.mr.addr + i * side.per_qp:016x}")
+        print(
+            f" local address: LID 0000 QPN 0x{qp.qp_num:04x} PSN 0x{qp.psn:06x} "
+            f"RKey 0x{side.mr.rkey:08x} VAddr 0x{side.mr.addr + i * side.per_qp:016x}"
+        )
         print(f" GID: {_gid_str(side.ctx.gid)}")
         r = side.remote[i]
-        print(f" remote address: LID 0000 QPN 0x{r.qpn:04x} PSN 0x{r.psn:06x} "
-              f"RKey 0x{r.rkey:08x} VAddr 0x{r.vaddr:016x}")
+        print(
+            f" remote address: LID 0000 QPN 0x{r.qpn:04x} PSN 0x{r.psn:06x} "
+            f"RKey 0x{r.rkey:08x} VAddr 0x{r.vaddr:016x}"
+        )
         print(f" GID: {_gid_str(r.gid)}")
 
 
 def _gid_str(ip: str) -> str:
     return "00:00:00:00:00:00:00:00:00:00:255:255:" + ":".join(
-        f"{int(o):02d}" for o in ip.split("."))
+        f"{int(o):02d}" for o in ip.split(".")
+    )
 
 
 def _print_header(opts: PerftestOptions) -> None:
@@ -190,8 +222,10 @@ def _print_header(opts: PerftestOptions) -> None:
 def _check(wcs: list[WorkCompletion]) -> None:
     for wc in wcs:
         if wc.status is not WcStatus.SUCCESS:
-            raise PerftestError(f"completion with error: wr_id {wc.wr_id} status "
-                                f"{wc.status.name} ({int(wc.status)}) on QP 0x{wc.qp_num:06x}")
+            raise PerftestError(
+                f"completion with error: wr_id {wc.wr_id} status "
+                f"{wc.status.name} ({int(wc.status)}) on QP 0x{wc.qp_num:06x}"
+            )
 
 
 async def _bandwidth(side: _Side, chan: OobChannel, opts: PerftestOptions) -> None:
@@ -204,17 +238,20 @@ async def _bandwidth(side: _Side, chan: OobChannel, opts: PerftestOptions) -> No
             count, elapsed, peak = await _post_loop(side, opts, size)
         await chan.barrier(f"size-{size}")
         avg = size * count / elapsed if elapsed > 0 else 0.0
-        conv = (lambda b: b * 8 / 1e9) if opts.report_gbits else (lambda b: b / 2**20)
-        print(f" {size:<10d} {count:<10d}       {conv(peak):<10.2f}         {conv(avg):<10.2f}"
-              f"\t\t   {count / elapsed / 1e6 if elapsed > 0 else 0.0:.6f}")
+        scale = 8 / 1e9 if opts.report_gbits else 1 / 2**20
+        print(
+            f" {size:<10d} {count:<10d}       {peak * scale:<10.2f}         {avg * scale:<10.2f}"
+            f"\t\t   {count / elapsed / 1e6 if elapsed > 0 else 0.0:.6f}"
+        )
     await chan.barrier("done")
     print(LINE)
 
 
 async def _post_loop(side: _Side, opts: PerftestOptions, size: int) -> tuple[int, float, float]:
     """Client side of write/read/send bandwidth: keep tx_depth messages in flight per QP."""
-    op = {"write_bw": WrOpcode.RDMA_WRITE, "read_bw": WrOpcode.RDMA_READ,
-          "send_bw": WrOpcode.SEND}[opts.test]
+    op = {"write_bw": WrOpcode.RDMA_WRITE, "read_bw": WrOpcode.RDMA_READ, "send_bw": WrOpcode.SEND}[
+        opts.test
+    ]
     ctx = side.ctx
     depth = min(opts.tx_depth, 16) if op is WrOpcode.RDMA_READ else opts.tx_depth
     cq_mod = 1 if opts.duration else max(1, min(100, depth // 2))
@@ -229,14 +266,28 @@ async def _post_loop(side: _Side, opts: PerftestOptions, size: int) -> tuple[int
         for i, qp in enumerate(side.qps):
             info = side.remote[i]
             batch = []
-            while outstanding[i] < depth and posted[i] < iters and (
-                    stop_at is None or ctx.now() < stop_at):
+            while (
+                outstanding[i] < depth
+                and posted[i] < iters
+                and (stop_at is None or ctx.now() < stop_at)
+            ):
                 posted[i] += 1
-                flags = SendFlags.SIGNALED if posted[i] % cq_mod == 0 or posted[i] == iters \
+                flags = (
+                    SendFlags.SIGNALED
+                    if posted[i] % cq_mod == 0 or posted[i] == iters
                     else SendFlags.NONE
+                )
                 laddr = side.mr.addr + i * side.per_qp
-                batch.append(SendWR(posted[i], op, [Sge(laddr, size, side.mr.lkey)], flags,
-                                    remote_addr=info.vaddr, rkey=info.rkey))
+                batch.append(
+                    SendWR(
+                        posted[i],
+                        op,
+                        [Sge(laddr, size, side.mr.lkey)],
+                        flags,
+                        remote_addr=info.vaddr,
+                        rkey=info.rkey,
+                    )
+                )
                 outstanding[i] += 1
             if batch:
                 qp.post_send(batch)
@@ -272,8 +323,7 @@ def _peak(stamps: list[tuple[float, int]], size: int, window: int) -> float:
     return best
 
 
-async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
-                         ) -> tuple[int, float, float]:
+async def _receive_sends(side: _Side, opts: PerftestOptions, size: int) -> tuple[int, float, float]:
     """Server side of send_bw: keep receives posted, count arrivals."""
     depth = 512
     for i, qp in enumerate(side.qps):
@@ -302,8 +352,9 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
         for wc in wcs:
             qp = next(q for q in side.qps if q.qp_num == wc.qp_num)
             i = side.qps.index(qp)
-            qp.post_recv(RecvWR(wc.wr_id, [Sge(side.mr.addr + i * side.per_qp, size,
-                                               side.mr.lkey)]))
+            qp.post_recv(
+                RecvWR(wc.wr_id, [Sge(side.mr.addr + i * side.per_qp, size, side.mr.lkey)])
+            )
         if opts.duration and start is not None and now - start >= opts.duration:
             break
     assert start is not None
@@ -315,8 +366,10 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int
 
 async def _latency(side: _Side, chan: OobChannel, opts: PerftestOptions) -> None:
     """Ping-pong RDMA WRITEs; each side polls its memory for the peer's iteration number."""
-    print(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]"
-          "    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ")
+    print(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]"
+        "    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+    )
     ctx = side.ctx
     qp, info = side.qps[0], side.remote[0]
     for size in _sizes(opts):
@@ -331,25 +384,32 @@ async def _latency(side: _Side, chan: OobChannel, opts: PerftestOptions) -> None
             if opts.is_server:
                 await _wait_byte(side, inbox, size - 1, tag)
             side.buf[send_off + size - 1] = tag
-            qp.post_send(SendWR(it, WrOpcode.RDMA_WRITE,
-                                [Sge(side.mr.addr + send_off, size, side.mr.lkey)],
-                                SendFlags.SIGNALED if it % 64 == 0 or it == iters
-                                else SendFlags.NONE,
-                                remote_addr=info.vaddr + side.max_size, rkey=info.rkey))
+            qp.post_send(
+                SendWR(
+                    it,
+                    WrOpcode.RDMA_WRITE,
+                    [Sge(side.mr.addr + send_off, size, side.mr.lkey)],
+                    SendFlags.SIGNALED if it % 64 == 0 or it == iters else SendFlags.NONE,
+                    remote_addr=info.vaddr + side.max_size,
+                    rkey=info.rkey,
+                )
+            )
             if not opts.is_server:
                 await _wait_byte(side, inbox, size - 1, tag)
             stamps.append(ctx.now())
             _check(side.cq.poll(64))
-        rtts = [(b - a) / 2 * 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
+        rtts = [(b - a) / 2 * 1e6 for a, b in itertools.pairwise(stamps)]
         if not rtts:
             rtts = [0.0]
         rtts.sort()
         p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))]
         p999 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.999))]
         stdev = statistics.pstdev(rtts)
-        print(f" {size:<7d}{iters:<10d}     {rtts[0]:<10.2f}     {rtts[-1]:<10.2f}   "
-              f"{statistics.median(rtts):<10.2f}     \t{statistics.fmean(rtts):<10.2f}    "
-              f"\t{stdev:<10.2f}\t\t{p99:<10.2f}\t\t{p999:<10.2f}")
+        print(
+            f" {size:<7d}{iters:<10d}     {rtts[0]:<10.2f}     {rtts[-1]:<10.2f}   "
+            f"{statistics.median(rtts):<10.2f}     \t{statistics.fmean(rtts):<10.2f}    "
+            f"\t{stdev:<10.2f}\t\t{p99:<10.2f}\t\t{p999:<10.2f}"
+        )
     await chan.barrier("done")
     print(LINE)
 
@@ -362,7 +422,6 @@ async def _wait_byte(side: _Side, inbox: np.ndarray, index: int, tag: int) -> No
             _check(side.cq.poll(64))
             await lot.park()
         return
-    raise PerftestError(f"peer did not write iteration tag {tag} within "
-                        f"{side.cq_timeout * 1e3:.0f} ms (emulated)")
-
-
+    raise PerftestError(
+        f"peer did not write iteration tag {tag} within {side.cq_timeout * 1e3:.0f} ms (emulated)"
+    )

@@ -74,4 +74,6 @@ def decode_pfc_untrusted(frame: bytes | bytearray | memoryview) -> PfcFrame:
     if dst != PFC_DST_MAC:
         raise MalformedFrame("pfc", f"PFC destination {dst.hex()} != 0180c2000001")
     q = tuple(times)
-    return PfcFrame(bytes(dst), bytes(src), enable, (q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]))
+    return PfcFrame(
+        bytes(dst), bytes(src), enable, (q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7])
+    )

@@ -45,8 +45,9 @@ class UdpPort:
             self.sock.bind(bind)
         except OSError as exc:
             self.sock.close()
-            raise OSError(exc.errno, f"cannot bind the NIC's UDP port {bind[0]}:{bind[1]}: "
-                          f"{exc.strerror}") from exc
+            raise OSError(
+                exc.errno, f"cannot bind the NIC's UDP port {bind[0]}:{bind[1]}: {exc.strerror}"
+            ) from exc
         self.sock.setblocking(False)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.peer = peer
@@ -101,8 +102,9 @@ class MemoryNetwork:
 
 
 class MemoryPort:
-    def __init__(self, net: MemoryNetwork, address: tuple[str, int],
-                 peer: tuple[str, int] | None) -> None:
+    def __init__(
+        self, net: MemoryNetwork, address: tuple[str, int], peer: tuple[str, int] | None
+    ) -> None:
         self.net = net
         self.address = address
         self.peer = peer

@@ -33,11 +33,16 @@ from rocev2_emu.work import (
 if TYPE_CHECKING:
     from rocev2_emu.roce import RoceFrame
 
-RESPONSE_OPCODES: Final = frozenset({
-    Op.RC_RDMA_READ_RESPONSE_FIRST, Op.RC_RDMA_READ_RESPONSE_MIDDLE,
-    Op.RC_RDMA_READ_RESPONSE_LAST, Op.RC_RDMA_READ_RESPONSE_ONLY, Op.RC_ACKNOWLEDGE,
-    Op.RC_ATOMIC_ACKNOWLEDGE,
-})
+RESPONSE_OPCODES: Final = frozenset(
+    {
+        Op.RC_RDMA_READ_RESPONSE_FIRST,
+        Op.RC_RDMA_READ_RESPONSE_MIDDLE,
+        Op.RC_RDMA_READ_RESPONSE_LAST,
+        Op.RC_RDMA_READ_RESPONSE_ONLY,
+        Op.RC_ACKNOWLEDGE,
+        Op.RC_ATOMIC_ACKNOWLEDGE,
+    }
+)
 MAX_MESSAGE: Final = 1 << 31
 # Packets a requester keeps unacknowledged before it waits (go-back-N costs up to this much per
 # loss).  IBTA sets no window; real NICs are bounded by the bandwidth-delay product, which an
@@ -48,10 +53,19 @@ DEFAULT_MAX_INFLIGHT: Final = 256
 class QueuePair:
     """One RC QP of a NIC."""
 
-    def __init__(self, *, qpn: int, pd: ProtectionDomain, send_cq: CompletionQueue,
-                 recv_cq: CompletionQueue, mrs: MemoryTable, counters: NicCounters,
-                 max_send_wr: int = 1024, max_recv_wr: int = 1024, sq_sig_all: bool = False
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        qpn: int,
+        pd: ProtectionDomain,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        mrs: MemoryTable,
+        counters: NicCounters,
+        max_send_wr: int = 1024,
+        max_recv_wr: int = 1024,
+        sq_sig_all: bool = False,
+    ) -> None:
         self.qpn = qpn
         self.pd = pd
         self.send_cq = send_cq
@@ -93,8 +107,14 @@ class QueuePair:
                 self.dest_qpn = value
             elif name == "ah_attr":
                 self.dest_ip = value
-            elif name in ("max_dest_rd_atomic", "min_rnr_timer", "timeout", "retry_cnt",
-                          "rnr_retry", "max_rd_atomic"):
+            elif name in (
+                "max_dest_rd_atomic",
+                "min_rnr_timer",
+                "timeout",
+                "retry_cnt",
+                "rnr_retry",
+                "max_rd_atomic",
+            ):
                 setattr(self, name, value)
         previous = self.state
         if target is QPState.ERR:
@@ -131,8 +151,9 @@ class QueuePair:
         if not can_post_send(self.state):
             raise LocalVerbsError(f"post_send on QP 0x{self.qpn:06x} in state {self.state.name}")
         if len(self.requester.wqes) >= self.max_send_wr:
-            raise LocalVerbsError(f"send queue of QP 0x{self.qpn:06x} is full "
-                                  f"({self.max_send_wr} outstanding)")
+            raise LocalVerbsError(
+                f"send queue of QP 0x{self.qpn:06x} is full ({self.max_send_wr} outstanding)"
+            )
         op = WrOpcode(wr.opcode)
         need = Access.NONE
         if op in (WrOpcode.RDMA_READ, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
@@ -140,17 +161,21 @@ class QueuePair:
         sges = SgeList.resolve(wr.sg_list, self.mrs, self.pd, need)
         if sges.length > MAX_MESSAGE:
             raise LocalVerbsError(f"message of {sges.length} bytes > 2^31")
-        if op in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
-            if sges.length != 8 or wr.remote_addr % 8:
-                raise LocalVerbsError("atomics need one 8-byte SGE and an 8-byte aligned "
-                                      f"remote_addr (got {sges.length} bytes at "
-                                      f"0x{wr.remote_addr:x})")
+        if op in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD) and (
+            sges.length != 8 or wr.remote_addr % 8
+        ):
+            raise LocalVerbsError(
+                "atomics need one 8-byte SGE and an 8-byte aligned "
+                f"remote_addr (got {sges.length} bytes at 0x{wr.remote_addr:x})"
+            )
         if op in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM) and (
-                wr.imm_data is None or not 0 <= wr.imm_data < 1 << 32):
+            wr.imm_data is None or not 0 <= wr.imm_data < 1 << 32
+        ):
             raise LocalVerbsError(f"{op.name} needs 32-bit imm_data, got {wr.imm_data!r}")
         if self.state is QPState.ERR:
-            self.send_cq.push(WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WC_OPCODE_OF[op],
-                                             0, self.qpn))
+            self.send_cq.push(
+                WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WC_OPCODE_OF[op], 0, self.qpn)
+            )
             return
         self.requester.post(wr, sges)
 
@@ -161,8 +186,9 @@ class QueuePair:
             raise LocalVerbsError(f"receive queue of QP 0x{self.qpn:06x} is full")
         sges = SgeList.resolve(wr.sg_list, self.mrs, self.pd, Access.LOCAL_WRITE)
         if self.state is QPState.ERR:
-            self.recv_cq.push(WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0,
-                                             self.qpn))
+            self.recv_cq.push(
+                WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qpn)
+            )
             return
         self.responder.recvs.append((wr, sges))
 

@@ -58,14 +58,23 @@ class QPAttr:
     max_rd_atomic: int | None = None
 
     def mask(self) -> set[str]:
-        return {f.name for f in fields(self) if f.name != "qp_state" and getattr(self, f.name)
-                is not None}
+        return {
+            f.name
+            for f in fields(self)
+            if f.name != "qp_state" and getattr(self, f.name) is not None
+        }
 
 
 S = QPState
 _INIT_ATTRS: Final = {"qp_access_flags", "pkey_index", "port_num"}
-_RTR_REQ: Final = {"ah_attr", "path_mtu", "dest_qp_num", "rq_psn", "max_dest_rd_atomic",
-                   "min_rnr_timer"}
+_RTR_REQ: Final = {
+    "ah_attr",
+    "path_mtu",
+    "dest_qp_num",
+    "rq_psn",
+    "max_dest_rd_atomic",
+    "min_rnr_timer",
+}
 _RTS_REQ: Final = {"sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"}
 _RTS_OPT: Final = {"qp_access_flags", "min_rnr_timer"}
 
@@ -78,8 +87,12 @@ TRANSITIONS: Final[dict[tuple[QPState, QPState], tuple[frozenset[str], frozenset
     (S.RTS, S.RTS): (frozenset(), frozenset(_RTS_OPT)),
     (S.RTS, S.SQD): (frozenset(), frozenset()),
     (S.SQD, S.RTS): (frozenset(), frozenset(_RTS_OPT)),
-    (S.SQD, S.SQD): (frozenset(), frozenset(_RTS_OPT | {"timeout", "retry_cnt", "rnr_retry",
-                                                         "max_rd_atomic", "max_dest_rd_atomic"})),
+    (S.SQD, S.SQD): (
+        frozenset(),
+        frozenset(
+            _RTS_OPT | {"timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "max_dest_rd_atomic"}
+        ),
+    ),
     (S.SQE, S.RTS): (frozenset(), frozenset({"qp_access_flags"})),
 }
 
@@ -104,8 +117,9 @@ def check_transition(current: QPState, attr: QPAttr) -> QPState:
     given = attr.mask()
     if target in (S.RESET, S.ERR):
         if given:
-            raise LocalVerbsError(f"{current.name}->{target.name} takes no attributes, got "
-                                  f"{sorted(given)}")
+            raise LocalVerbsError(
+                f"{current.name}->{target.name} takes no attributes, got {sorted(given)}"
+            )
         return target
     rule = TRANSITIONS.get((current, target))
     if rule is None:

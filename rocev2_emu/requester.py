@@ -101,8 +101,17 @@ class OutPacket(NamedTuple):
 class SendWqe:
     """A posted send work request and its progress."""
 
-    __slots__ = ("first_psn", "kind", "length", "npkts", "rerequest_psn", "resp_pkts", "sges",
-                 "started", "wr")
+    __slots__ = (
+        "first_psn",
+        "kind",
+        "length",
+        "npkts",
+        "rerequest_psn",
+        "resp_pkts",
+        "sges",
+        "started",
+        "wr",
+    )
 
     def __init__(self, wr: SendWR, sges: SgeList, first_psn: int, mtu: int) -> None:
         self.wr = wr
@@ -165,14 +174,18 @@ class Requester:
             return None
         w = self.wqes[self.tx_idx]
         kind = w.kind
-        if psn_diff(self.frontier, self.una) >= self.qp.max_inflight and \
-                psn_diff(self.tx_psn(), self.frontier) >= 0:
+        if (
+            psn_diff(self.frontier, self.una) >= self.qp.max_inflight
+            and psn_diff(self.tx_psn(), self.frontier) >= 0
+        ):
             return None  # window full: only retransmissions may go
         if not w.started:
             if not self.qp.may_start_new_requests():
                 return None
             if kind in _READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
-                inflight = sum(1 for i in range(self.tx_idx) if self.wqes[i].kind in _READ_OR_ATOMIC)
+                inflight = sum(
+                    1 for i in range(self.tx_idx) if self.wqes[i].kind in _READ_OR_ATOMIC
+                )
                 if kind in _READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
                     return None
                 if w.wr.send_flags & SendFlags.FENCE and inflight:
@@ -236,8 +249,9 @@ class Requester:
     def _read_request(self, w: SendWqe) -> OutPacket:
         done = w.resp_pkts * self.qp.mtu
         ext = pack_reth(w.wr.remote_addr + done, w.wr.rkey, w.length - done)
-        return OutPacket(Op.RC_RDMA_READ_REQUEST, psn_add(w.first_psn, w.resp_pkts), False,
-                         False, ext, b"")
+        return OutPacket(
+            Op.RC_RDMA_READ_REQUEST, psn_add(w.first_psn, w.resp_pkts), False, False, ext, b""
+        )
 
     # -- acknowledgements ------------------------------------------------------------------
     def on_response(self, f: RoceFrame, now: float) -> None:
@@ -292,8 +306,11 @@ class Requester:
                 self.qp.counters.req_remote_access_errors += 1
             elif code == NakCode.INVALID_REQUEST:
                 self.qp.counters.req_remote_invalid_request += 1
-            self.qp.fail(_NAK_STATUS.get(NakCode(code) if code <= 4 else NakCode.INVALID_REQUEST,
-                                         WcStatus.REM_OP_ERR))
+            self.qp.fail(
+                _NAK_STATUS.get(
+                    NakCode(code) if code <= 4 else NakCode.INVALID_REQUEST, WcStatus.REM_OP_ERR
+                )
+            )
         # reserved syndromes are ignored
 
     def _ack_through(self, psn: int, now: float) -> None:
@@ -440,11 +457,20 @@ class Requester:
             self.tx_pkt = 0  # the transmitter pointed into the WQE just completed
         else:
             self.tx_idx -= 1
-        if status is not WcStatus.SUCCESS or w.wr.send_flags & SendFlags.SIGNALED \
-                or self.qp.sq_sig_all:
-            self.qp.send_cq.push(WorkCompletion(
-                w.wr.wr_id, status, WC_OPCODE_OF[w.kind],
-                w.length if status is WcStatus.SUCCESS else 0, self.qp.qpn))
+        if (
+            status is not WcStatus.SUCCESS
+            or w.wr.send_flags & SendFlags.SIGNALED
+            or self.qp.sq_sig_all
+        ):
+            self.qp.send_cq.push(
+                WorkCompletion(
+                    w.wr.wr_id,
+                    status,
+                    WC_OPCODE_OF[w.kind],
+                    w.length if status is WcStatus.SUCCESS else 0,
+                    self.qp.qpn,
+                )
+            )
 
     def flush(self, head_status: WcStatus | None) -> None:
         """Complete every outstanding WQE: the head with ``head_status``, the rest flushed."""

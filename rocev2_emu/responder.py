@@ -17,7 +17,7 @@ Follows IBTA vol. 1 §9.7.4-9.7.5 (responder side):
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from rocev2_emu.bth import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NakCode, Reth, psn_add, psn_diff
 from rocev2_emu.bth import Opcode as Op
@@ -31,17 +31,34 @@ if TYPE_CHECKING:
 
 _SEND_FIRST: Final = frozenset({Op.RC_SEND_FIRST, Op.RC_SEND_ONLY, Op.RC_SEND_ONLY_WITH_IMMEDIATE})
 _SEND_MORE: Final = frozenset({Op.RC_SEND_MIDDLE, Op.RC_SEND_LAST, Op.RC_SEND_LAST_WITH_IMMEDIATE})
-_WRITE_FIRST: Final = frozenset({Op.RC_RDMA_WRITE_FIRST, Op.RC_RDMA_WRITE_ONLY,
-                                 Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE})
-_WRITE_MORE: Final = frozenset({Op.RC_RDMA_WRITE_MIDDLE, Op.RC_RDMA_WRITE_LAST,
-                                Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE})
-_LAST: Final = frozenset({Op.RC_SEND_LAST, Op.RC_SEND_LAST_WITH_IMMEDIATE, Op.RC_SEND_ONLY,
-                          Op.RC_SEND_ONLY_WITH_IMMEDIATE, Op.RC_RDMA_WRITE_LAST,
-                          Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RC_RDMA_WRITE_ONLY,
-                          Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE})
-_FIRST: Final = frozenset({Op.RC_SEND_FIRST, Op.RC_SEND_ONLY, Op.RC_SEND_ONLY_WITH_IMMEDIATE,
-                           Op.RC_RDMA_WRITE_FIRST, Op.RC_RDMA_WRITE_ONLY,
-                           Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE})
+_WRITE_FIRST: Final = frozenset(
+    {Op.RC_RDMA_WRITE_FIRST, Op.RC_RDMA_WRITE_ONLY, Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE}
+)
+_WRITE_MORE: Final = frozenset(
+    {Op.RC_RDMA_WRITE_MIDDLE, Op.RC_RDMA_WRITE_LAST, Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE}
+)
+_LAST: Final = frozenset(
+    {
+        Op.RC_SEND_LAST,
+        Op.RC_SEND_LAST_WITH_IMMEDIATE,
+        Op.RC_SEND_ONLY,
+        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
+        Op.RC_RDMA_WRITE_LAST,
+        Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        Op.RC_RDMA_WRITE_ONLY,
+        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    }
+)
+_FIRST: Final = frozenset(
+    {
+        Op.RC_SEND_FIRST,
+        Op.RC_SEND_ONLY,
+        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
+        Op.RC_RDMA_WRITE_FIRST,
+        Op.RC_RDMA_WRITE_ONLY,
+        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    }
+)
 _ATOMICS: Final = frozenset({Op.RC_COMPARE_SWAP, Op.RC_FETCH_ADD})
 _U64: Final = (1 << 64) - 1
 
@@ -51,8 +68,9 @@ class _ReadResponse:
 
     __slots__ = ("first_psn", "length", "mr", "next_pkt", "npkts", "va")
 
-    def __init__(self, mr: MemoryRegion | None, va: int, length: int, first_psn: int,
-                 mtu: int) -> None:
+    def __init__(
+        self, mr: MemoryRegion | None, va: int, length: int, first_psn: int, mtu: int
+    ) -> None:
         self.mr, self.va, self.length, self.first_psn = mr, va, length, first_psn
         self.npkts = max(1, -(-length // mtu))
         self.next_pkt = 0
@@ -67,9 +85,25 @@ class _Resource:
         self.first_psn, self.npkts, self.orig = first_psn, npkts, orig
 
 
-# Items of the response FIFO: ("ack", psn, syndrome, msn) | ("atomic", psn, orig, msn) |
-# ("read", _ReadResponse)
-_Item = tuple[str, int, int, int] | tuple[str, _ReadResponse]
+class _Ack(NamedTuple):
+    """An ACK or NAK waiting in the response FIFO."""
+
+    first_psn: int
+    syndrome: int
+    msn: int
+
+
+class _AtomicAck(NamedTuple):
+    first_psn: int
+    orig: int
+    msn: int
+
+
+class _AccessDenied(Exception):
+    """Raised inside the responder after a remote-access NAK has been queued."""
+
+
+_Item = _Ack | _AtomicAck | _ReadResponse
 
 
 class Responder:
@@ -105,21 +139,26 @@ class Responder:
             self._duplicate(f)
             return
         op = f.opcode
-        if self.in_send is not None and op not in _SEND_MORE or \
-                self.in_write and op not in _WRITE_MORE or \
-                self.in_send is None and not self.in_write and op in _SEND_MORE | _WRITE_MORE:
+        if (
+            (self.in_send is not None and op not in _SEND_MORE)
+            or (self.in_write and op not in _WRITE_MORE)
+            or (self.in_send is None and not self.in_write and op in _SEND_MORE | _WRITE_MORE)
+        ):
             self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} out of sequence")
             return
-        if op in _SEND_FIRST or op in _SEND_MORE:
-            done = self._send(f)
-        elif op in _WRITE_FIRST or op in _WRITE_MORE:
-            done = self._write(f)
-        elif op == Op.RC_RDMA_READ_REQUEST:
-            done = self._read(f)
-        elif op in _ATOMICS:
-            done = self._atomic(f)
-        else:
-            self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} not valid on an RC QP")
+        try:
+            if op in _SEND_FIRST or op in _SEND_MORE:
+                done = self._send(f)
+            elif op in _WRITE_FIRST or op in _WRITE_MORE:
+                done = self._write(f)
+            elif op == Op.RC_RDMA_READ_REQUEST:
+                done = self._read(f)
+            elif op in _ATOMICS:
+                done = self._atomic(f)
+            else:
+                self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} not valid on an RC QP")
+                return
+        except _AccessDenied:
             return
         if done:
             self.in_nak_episode = False
@@ -147,8 +186,9 @@ class Responder:
         n = len(f.payload)
         if self.offset + n > sges.length:
             self.qp.counters.resp_local_length_error += 1
-            self.qp.recv_cq.push(WorkCompletion(wr.wr_id, WcStatus.LOC_LEN_ERR, WcOpcode.RECV,
-                                                0, self.qp.qpn))
+            self.qp.recv_cq.push(
+                WorkCompletion(wr.wr_id, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, self.qp.qpn)
+            )
             self.in_send = None
             self._fatal(NakCode.INVALID_REQUEST, f"SEND of > {sges.length} bytes overflows receive")
             return False
@@ -158,8 +198,11 @@ class Responder:
         if op in _LAST:
             self.in_send = None
             self.msn += 1
-            self.qp.recv_cq.push(WorkCompletion(wr.wr_id, WcStatus.SUCCESS, WcOpcode.RECV,
-                                                self.offset, self.qp.qpn, f.imm))
+            self.qp.recv_cq.push(
+                WorkCompletion(
+                    wr.wr_id, WcStatus.SUCCESS, WcOpcode.RECV, self.offset, self.qp.qpn, f.imm
+                )
+            )
             self._ack_if_asked(f)
         elif f.ackreq:
             self._ack(f.psn, AETH_ACK)
@@ -171,18 +214,21 @@ class Responder:
             reth = f.reth
             assert reth is not None
             mr = self._check_remote(reth, Access.REMOTE_WRITE, reth.dma_len)
-            if mr is False:
-                return False
             self.write_view = mr.view(reth.va, reth.dma_len) if mr is not None else None
             self.write_len = reth.dma_len
             self.offset = 0
             self.in_write = True
             self.qp.counters.rx_write_requests += 1
         n = len(f.payload)
-        if not self._payload_ok(f) or self.offset + n > self.write_len or \
-                op in _LAST and self.offset + n != self.write_len:
-            self._fatal(NakCode.INVALID_REQUEST,
-                        f"WRITE payload {n} at offset {self.offset} of {self.write_len}")
+        if (
+            not self._payload_ok(f)
+            or self.offset + n > self.write_len
+            or (op in _LAST and self.offset + n != self.write_len)
+        ):
+            self._fatal(
+                NakCode.INVALID_REQUEST,
+                f"WRITE payload {n} at offset {self.offset} of {self.write_len}",
+            )
             return False
         recv = None
         if op in (Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE):
@@ -200,9 +246,16 @@ class Responder:
             self.write_view = None
             self.msn += 1
             if recv is not None:
-                self.qp.recv_cq.push(WorkCompletion(recv[0].wr_id, WcStatus.SUCCESS,
-                                                    WcOpcode.RECV_RDMA_WITH_IMM, self.write_len,
-                                                    self.qp.qpn, f.imm))
+                self.qp.recv_cq.push(
+                    WorkCompletion(
+                        recv[0].wr_id,
+                        WcStatus.SUCCESS,
+                        WcOpcode.RECV_RDMA_WITH_IMM,
+                        self.write_len,
+                        self.qp.qpn,
+                        f.imm,
+                    )
+                )
             self._ack_if_asked(f)
         elif f.ackreq:
             self._ack(f.psn, AETH_ACK)
@@ -212,12 +265,10 @@ class Responder:
         reth = f.reth
         assert reth is not None
         mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len)
-        if mr is False:
-            return False
         self.qp.counters.rx_read_requests += 1
         resp = _ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu)
         self._remember(_Resource(f.psn, resp.npkts, None))
-        self.out.append(("read", resp))
+        self.out.append(resp)
         self.msn += 1
         self.epsn = psn_add(self.epsn, resp.npkts)
         return True
@@ -226,8 +277,6 @@ class Responder:
         a = f.atomic_eth
         assert a is not None
         mr = self._check_remote(Reth(a.va, a.rkey, 8), Access.REMOTE_ATOMIC, 8)
-        if mr is False:
-            return False
         if mr is None or a.va % 8:
             self._fatal(NakCode.INVALID_REQUEST, f"atomic VA 0x{a.va:x} is not 8-byte aligned")
             return False
@@ -241,7 +290,7 @@ class Responder:
         cell[:] = new.to_bytes(8, "little")
         self._remember(_Resource(f.psn, 1, orig))
         self.msn += 1
-        self.out.append(("atomic", f.psn, orig, self.msn))
+        self.out.append(_AtomicAck(f.psn, orig, self.msn))
         self._advance(f, 1)
         return True
 
@@ -253,25 +302,29 @@ class Responder:
             reth = f.reth
             if res is None or res.orig is not None or reth is None:
                 return
-            mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len, fatal=False)
-            if mr is not False:
-                # The requester has gone back to this PSN and will resend everything after
-                # it, so answer from here in PSN order: drop what is still queued for this
-                # READ and for later requests (as rxe reuses the resource), then replay.
-                self._truncate_from(res.first_psn)
-                self.out.append(("read", _ReadResponse(mr, reth.va, reth.dma_len, f.psn,
-                                                       self.qp.mtu)))
+            try:
+                mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len, fatal=False)
+            except _AccessDenied:
+                return
+            # The requester has gone back to this PSN and will resend everything after it,
+            # so answer from here in PSN order: drop what is still queued for this READ and
+            # for later requests (as rxe reuses the resource), then replay.
+            self._truncate_from(res.first_psn)
+            self.out.append(_ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu))
         elif op in _ATOMICS:
             res = self._resource_of(f.psn)
             if res is not None and res.orig is not None and res.first_psn == f.psn:
-                self.out.append(("atomic", f.psn, res.orig, self.msn))
+                self.out.append(_AtomicAck(f.psn, res.orig, self.msn))
         elif f.ackreq or op in _LAST:
             self._ack(psn_add(self.epsn, -1), AETH_ACK)
 
     # -- checks and helpers ----------------------------------------------------------------
-    def _check_remote(self, reth: Reth, need: Access, length: int,
-                      fatal: bool = True) -> MemoryRegion | None | bool:
-        """The MR for a remote access, None for a zero-length one, False after a NAK."""
+    def _check_remote(
+        self, reth: Reth, need: Access, length: int, fatal: bool = True
+    ) -> MemoryRegion | None:
+        """The MR for a remote access, None for a zero-length one (IBTA C9-88: no checks).
+
+        Raises _AccessDenied, after queueing the NAK when ``fatal``."""
         if length == 0:
             return None
         mr = self.qp.mrs.by_rkey(reth.rkey)
@@ -280,7 +333,7 @@ class Responder:
         elif mr.pd is not self.qp.pd:
             why = f"rkey 0x{reth.rkey:08x} belongs to another protection domain"
         elif not mr.contains(reth.va, length):
-            why = (f"[0x{reth.va:x}, +{length}) outside MR [0x{mr.addr:x}, +{mr.length})")
+            why = f"[0x{reth.va:x}, +{length}) outside MR [0x{mr.addr:x}, +{mr.length})"
         elif not mr.access & need or not self.qp.access & need:
             why = f"{need.name} not granted (MR {mr.access!r}, QP {self.qp.access!r})"
         else:
@@ -288,7 +341,7 @@ class Responder:
         if fatal:
             self.qp.counters.resp_remote_access_errors += 1
             self._fatal(NakCode.REMOTE_ACCESS_ERROR, why)
-        return False
+        raise _AccessDenied(why)
 
     def _advance(self, f: RoceFrame, n: int) -> None:
         self.epsn = psn_add(f.psn, n)
@@ -301,10 +354,10 @@ class Responder:
     def _ack(self, psn: int, syndrome: int) -> None:
         if syndrome == AETH_ACK and self.out:
             tail = self.out[-1]
-            if tail[0] == "ack" and tail[2] == AETH_ACK:
-                self.out[-1] = ("ack", psn, syndrome, self.msn)
+            if isinstance(tail, _Ack) and tail.syndrome == AETH_ACK:
+                self.out[-1] = _Ack(psn, syndrome, self.msn)
                 return
-        self.out.append(("ack", psn, syndrome, self.msn))
+        self.out.append(_Ack(psn, syndrome, self.msn))
 
     def _rnr(self, psn: int) -> None:
         self.qp.counters.out_of_buffer += 1
@@ -316,14 +369,13 @@ class Responder:
             self.qp.counters.resp_invalid_request += 1
         self.qp.last_error = f"responder: {code.name}: {why}"
         self.out.clear()
-        self.out.append(("ack", self.epsn, AETH_NAK | code, self.msn))
+        self.out.append(_Ack(self.epsn, AETH_NAK | code, self.msn))
         self.qp.fail(None)
 
     def _truncate_from(self, psn: int) -> None:
         kept: deque[_Item] = deque()
         for item in self.out:
-            start = item[1].first_psn if isinstance(item[1], _ReadResponse) else item[1]
-            if psn_diff(start, psn) >= 0:
+            if psn_diff(item.first_psn, psn) >= 0:
                 break
             kept.append(item)
         self.out = kept
@@ -344,15 +396,14 @@ class Responder:
         if not self.out:
             return None
         item = self.out[0]
-        if item[0] == "read":
-            assert isinstance(item[1], _ReadResponse)
-            return self._read_packet(item[1])
+        if isinstance(item, _ReadResponse):
+            return self._read_packet(item)
         self.out.popleft()
-        kind, psn, value, msn = item  # type: ignore[misc]
-        if kind == "ack":
-            return OutPacket(Op.RC_ACKNOWLEDGE, psn, False, False, pack_aeth(value, msn), b"")
-        return OutPacket(Op.RC_ATOMIC_ACKNOWLEDGE, psn, False, False,
-                         pack_aeth(AETH_ACK, msn) + pack_atomic_ack(value), b"")
+        if isinstance(item, _Ack):
+            ext = pack_aeth(item.syndrome, item.msn)
+            return OutPacket(Op.RC_ACKNOWLEDGE, item.first_psn, False, False, ext, b"")
+        ext = pack_aeth(AETH_ACK, item.msn) + pack_atomic_ack(item.orig)
+        return OutPacket(Op.RC_ATOMIC_ACKNOWLEDGE, item.first_psn, False, False, ext, b"")
 
     def _read_packet(self, r: _ReadResponse) -> OutPacket:
         k = r.next_pkt
@@ -379,8 +430,14 @@ class Responder:
                 self.qp.counters.resp_remote_access_errors += 1
                 self.qp.last_error = "responder: MR deregistered during an RDMA READ"
                 self.qp.fail(None)
-                return OutPacket(Op.RC_ACKNOWLEDGE, psn_add(r.first_psn, k), False, False,
-                                 pack_aeth(AETH_NAK | NakCode.REMOTE_ACCESS_ERROR, self.msn), b"")
+                return OutPacket(
+                    Op.RC_ACKNOWLEDGE,
+                    psn_add(r.first_psn, k),
+                    False,
+                    False,
+                    pack_aeth(AETH_NAK | NakCode.REMOTE_ACCESS_ERROR, self.msn),
+                    b"",
+                )
             payload = r.mr.view(r.va + off, n)
         return OutPacket(op, psn_add(r.first_psn, k), False, False, ext, payload)
 
@@ -390,5 +447,6 @@ class Responder:
         self.in_send = None
         self.recvs.clear()
         for wr, _ in pending:
-            self.qp.recv_cq.push(WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV,
-                                                0, self.qp.qpn))
+            self.qp.recv_cq.push(
+                WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qp.qpn)
+            )

@@ -75,7 +75,9 @@ def rxe_udp_sport(qpn: int) -> int:
     return 0xC000 | ((qpn * 0x61C88647) & 0xFFFFFFFF) >> 18
 
 
-def icrc_of(ip_udp_bth: bytes | bytearray | memoryview, rest: bytes | bytearray | memoryview) -> int:
+def icrc_of(
+    ip_udp_bth: bytes | bytearray | memoryview, rest: bytes | bytearray | memoryview
+) -> int:
     """ICRC of a packet given its IPv4+UDP+BTH headers (40 bytes) and the bytes after the BTH."""
     masked = bytearray(b"\xff" * 8)
     masked += ip_udp_bth[: IPV4_LEN + UDP_LEN + BTH_LEN]
@@ -127,8 +129,18 @@ class RoceFrame(NamedTuple):
 class FrameTemplate:
     """Encoder for one flow: fixed VXLAN VNI, MACs, IPs, UDP source port, DSCP and ECN."""
 
-    __slots__ = ("_ip_const", "_mask_buf", "_prefix", "dst_ip", "dscp", "ecn", "sport", "src_ip",
-                 "tos", "ttl")
+    __slots__ = (
+        "_ip_const",
+        "_mask_buf",
+        "_prefix",
+        "dscp",
+        "dst_ip",
+        "ecn",
+        "sport",
+        "src_ip",
+        "tos",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -153,8 +165,13 @@ class FrameTemplate:
         )
         # One's-complement sum of the IPv4 words that never change for this flow.
         self._ip_const = (
-            (0x45 << 8 | self.tos) + IPV4_DF + (ttl << 8 | IPPROTO_UDP)
-            + (src_ip >> 16) + (src_ip & 0xFFFF) + (dst_ip >> 16) + (dst_ip & 0xFFFF)
+            (0x45 << 8 | self.tos)
+            + IPV4_DF
+            + (ttl << 8 | IPPROTO_UDP)
+            + (src_ip >> 16)
+            + (src_ip & 0xFFFF)
+            + (dst_ip >> 16)
+            + (dst_ip & 0xFFFF)
         )
         self._mask_buf = bytearray(b"\xff" * _MASKED_LEN)
 
@@ -186,13 +203,28 @@ class FrameTemplate:
         s = (s & 0xFFFF) + (s >> 16)
         s = (s & 0xFFFF) + (s >> 16)
         IPV4_HEADER.pack_into(
-            buf, _IP_OFF, 0x45, self.tos, total, ip_id, IPV4_DF, self.ttl, IPPROTO_UDP,
-            ~s & 0xFFFF, self.src_ip, self.dst_ip,
+            buf,
+            _IP_OFF,
+            0x45,
+            self.tos,
+            total,
+            ip_id,
+            IPV4_DF,
+            self.ttl,
+            IPPROTO_UDP,
+            ~s & 0xFFFF,
+            self.src_ip,
+            self.dst_ip,
         )
         UDP_HEADER.pack_into(buf, _UDP_OFF, self.sport, ROCEV2_UDP_PORT, udp_len, 0)
         BTH.pack_into(
-            buf, _BTH_OFF, opcode, solicited << 7 | pad << 4, pkey,
-            fecn << 31 | becn << 30 | dqpn, ackreq << 31 | psn,
+            buf,
+            _BTH_OFF,
+            opcode,
+            solicited << 7 | pad << 4,
+            pkey,
+            fecn << 31 | becn << 30 | dqpn,
+            ackreq << 31 | psn,
         )
         pos = _EXT_OFF
         if elen:
@@ -240,7 +272,9 @@ def decode_frame_untrusted(
     if dport != ROCEV2_UDP_PORT:
         raise MalformedFrame("udp_port", f"UDP destination port {dport} is not RoCEv2 (4791)")
     if udp_len != total - IPV4_LEN:
-        raise MalformedFrame("udp_length", f"UDP length {udp_len} != IPv4 payload {total - IPV4_LEN}")
+        raise MalformedFrame(
+            "udp_length", f"UDP length {udp_len} != IPv4 payload {total - IPV4_LEN}"
+        )
     b = u + UDP_LEN
     opcode, flags, pkey, word1, word2 = BTH.unpack_from(frame, b)
     layout = OPCODE_LAYOUT.get(opcode)
@@ -291,11 +325,34 @@ def decode_frame_untrusted(
             e += 16
     payload = memoryview(frame)[e : end - pad]
     return RoceFrame(
-        bytes(dst), bytes(src), tos >> 2, tos & 3, ttl, ip_id, sip, dip, sport,
-        opcode, bool(flags & 0x80), bool(flags & 0x40), pad, tver, pkey,
-        bool(word1 >> 31), bool(word1 >> 30 & 1), word1 & 0xFFFFFF,
-        bool(word2 >> 31), word2 & 0xFFFFFF,
-        reth, aeth, imm, atomic_eth, atomic_ack, deth, payload, icrc,
+        bytes(dst),
+        bytes(src),
+        tos >> 2,
+        tos & 3,
+        ttl,
+        ip_id,
+        sip,
+        dip,
+        sport,
+        opcode,
+        bool(flags & 0x80),
+        bool(flags & 0x40),
+        pad,
+        tver,
+        pkey,
+        bool(word1 >> 31),
+        bool(word1 >> 30 & 1),
+        word1 & 0xFFFFFF,
+        bool(word2 >> 31),
+        word2 & 0xFFFFFF,
+        reth,
+        aeth,
+        imm,
+        atomic_eth,
+        atomic_ack,
+        deth,
+        payload,
+        icrc,
     )
 
 

@@ -27,7 +27,7 @@ import trio
 
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.driver import NicDriver
-from rocev2_emu.errors import LocalVerbsError, RemoteVerbsError
+from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.memory import Access, MemoryRegion
@@ -78,8 +78,9 @@ class RemoteQP:
 class Context:
     """An open NIC.  Use :meth:`open`; everything lives until the ``async with`` ends."""
 
-    def __init__(self, core: NicCore, driver: NicDriver, clock: DilatedClock,
-                 port: DatagramPort) -> None:
+    def __init__(
+        self, core: NicCore, driver: NicDriver, clock: DilatedClock, port: DatagramPort
+    ) -> None:
         self.core = core
         self.driver = driver
         self.clock = clock
@@ -87,13 +88,20 @@ class Context:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: DeviceConfig, *,
-                   port: DatagramPort | None = None) -> AsyncIterator[Context]:
+    async def open(
+        cls, config: DeviceConfig, *, port: DatagramPort | None = None
+    ) -> AsyncIterator[Context]:
         clock = DilatedClock(config.tdf)
         gid = config.gid or default_gid(config.bind)
-        core = NicCore(NicConfig(ip=gid, next_hop_mac=config.next_hop_mac, vni=config.vni,
-                                 link_bps=config.link_gbps * 1e9,
-                                 catchup=CATCHUP_WALL_SECONDS / config.tdf))
+        core = NicCore(
+            NicConfig(
+                ip=gid,
+                next_hop_mac=config.next_hop_mac,
+                vni=config.vni,
+                link_bps=config.link_gbps * 1e9,
+                catchup=CATCHUP_WALL_SECONDS / config.tdf,
+            )
+        )
         if port is None:
             port = UdpPort((config.bind, config.port), config.link_peer)
         pcap = PcapWriter(config.pcap) if config.pcap else None
@@ -198,20 +206,33 @@ class CQ:
                 wcs = self.cq.poll(num_entries)
                 if wcs:
                     return wcs
-        raise RemoteVerbsError(f"no completion on CQ {self.cq.handle} within {timeout * 1e6:.0f}"
-                               f" µs (emulated)")
+        raise RemoteVerbsError(
+            f"no completion on CQ {self.cq.handle} within {timeout * 1e6:.0f} µs (emulated)"
+        )
 
 
 class QP:
     """An RC queue pair."""
 
-    def __init__(self, pd: PD, send_cq: CQ, recv_cq: CQ | None = None, *,
-                 max_send_wr: int = 1024, max_recv_wr: int = 1024,
-                 sq_sig_all: bool = False) -> None:
+    def __init__(
+        self,
+        pd: PD,
+        send_cq: CQ,
+        recv_cq: CQ | None = None,
+        *,
+        max_send_wr: int = 1024,
+        max_recv_wr: int = 1024,
+        sq_sig_all: bool = False,
+    ) -> None:
         self.ctx = pd.ctx
         self.qp: QueuePair = self.ctx.core.create_qp(
-            pd.pd, send_cq.cq, (recv_cq or send_cq).cq, max_send_wr=max_send_wr,
-            max_recv_wr=max_recv_wr, sq_sig_all=sq_sig_all)
+            pd.pd,
+            send_cq.cq,
+            (recv_cq or send_cq).cq,
+            max_send_wr=max_send_wr,
+            max_recv_wr=max_recv_wr,
+            sq_sig_all=sq_sig_all,
+        )
         self.psn = self.ctx.core.random_psn()
 
     @property
@@ -226,18 +247,44 @@ class QP:
         self.ctx.core.modify_qp(self.qp, attr)
         self.ctx.driver.kick()
 
-    def connect(self, remote: RemoteQP, *, access: Access = Access.LOCAL_WRITE
-                | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC,
-                path_mtu: int = 4096, timeout: int = 14, retry_cnt: int = 7,
-                rnr_retry: int = 7, min_rnr_timer: int = 12, max_rd_atomic: int = 16) -> None:
+    def connect(
+        self,
+        remote: RemoteQP,
+        *,
+        access: Access = Access.LOCAL_WRITE
+        | Access.REMOTE_WRITE
+        | Access.REMOTE_READ
+        | Access.REMOTE_ATOMIC,
+        path_mtu: int = 4096,
+        timeout: int = 14,
+        retry_cnt: int = 7,
+        rnr_retry: int = 7,
+        min_rnr_timer: int = 12,
+        max_rd_atomic: int = 16,
+    ) -> None:
         """RESET -> INIT -> RTR -> RTS towards ``remote``, with perftest's usual attributes."""
-        self.modify(QPAttr(qp_state=QPState.INIT, port_num=1, pkey_index=0,
-                           qp_access_flags=access))
-        self.modify(QPAttr(qp_state=QPState.RTR, path_mtu=path_mtu, dest_qp_num=remote.qpn,
-                           rq_psn=remote.psn, max_dest_rd_atomic=max_rd_atomic,
-                           min_rnr_timer=min_rnr_timer, ah_attr=remote.gid))
-        self.modify(QPAttr(qp_state=QPState.RTS, sq_psn=self.psn, timeout=timeout,
-                           retry_cnt=retry_cnt, rnr_retry=rnr_retry, max_rd_atomic=max_rd_atomic))
+        self.modify(QPAttr(qp_state=QPState.INIT, port_num=1, pkey_index=0, qp_access_flags=access))
+        self.modify(
+            QPAttr(
+                qp_state=QPState.RTR,
+                path_mtu=path_mtu,
+                dest_qp_num=remote.qpn,
+                rq_psn=remote.psn,
+                max_dest_rd_atomic=max_rd_atomic,
+                min_rnr_timer=min_rnr_timer,
+                ah_attr=remote.gid,
+            )
+        )
+        self.modify(
+            QPAttr(
+                qp_state=QPState.RTS,
+                sq_psn=self.psn,
+                timeout=timeout,
+                retry_cnt=retry_cnt,
+                rnr_retry=rnr_retry,
+                max_rd_atomic=max_rd_atomic,
+            )
+        )
         if remote.udp is not None and self.ctx.port.peer is None:
             self.ctx.set_link_peer(remote.udp)
 
@@ -255,5 +302,3 @@ class QP:
         if self.qp.state is not QPState.RESET:
             self.ctx.core.modify_qp(self.qp, QPAttr(qp_state=QPState.ERR))
         self.ctx.core.destroy_qp(self.qp)
-
-

@@ -169,8 +169,9 @@ class SgeList:
         self.length = sum(len(p) for p in pieces)
 
     @classmethod
-    def resolve(cls, sges: list[Sge], mrs: MemoryTable, pd: ProtectionDomain,
-                need: Access) -> SgeList:
+    def resolve(
+        cls, sges: list[Sge], mrs: MemoryTable, pd: ProtectionDomain, need: Access
+    ) -> SgeList:
         """Check every SGE against its MR (lkey, PD, bounds, access) and map it."""
         pieces = []
         for i, sge in enumerate(sges):

@@ -30,8 +30,9 @@ def seeded(size: int, seed: int) -> np.ndarray:
 
 
 async def main(args: argparse.Namespace) -> None:
-    faults = LinkFaults(loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
-                        seed=args.seed + 1)
+    faults = LinkFaults(
+        loss=args.loss, duplicate=args.duplicate, reorder=args.reorder, seed=args.seed + 1
+    )
     config = DeviceConfig(bind=args.nic_addr, link_gbps=0, tdf=1.0, faults=faults)
     async with Context.open(config) as ctx:
         buf = seeded(args.size, args.seed)
@@ -44,14 +45,22 @@ async def main(args: argparse.Namespace) -> None:
         local = QPInfo(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, args.size)
         (remote,), _ = await chan.exchange([local])
         qp.connect(remote.remote(), path_mtu=args.mtu, timeout=args.qp_timeout)
-        qp.post_recv([RecvWR(k, [Sge(mr.addr + off, min(RECV_CHUNK, args.size - off), mr.lkey)])
-                      for k, off in enumerate(range(0, args.size, RECV_CHUNK))])
+        qp.post_recv(
+            [
+                RecvWR(k, [Sge(mr.addr + off, min(RECV_CHUNK, args.size - off), mr.lkey)])
+                for k, off in enumerate(range(0, args.size, RECV_CHUNK))
+            ]
+        )
         await chan.send({"ready": True})
         while True:
             msg = await chan.recv()
             if msg.get("cmd") == "digest":
-                await chan.send({"sha256": hashlib.sha256(buf.tobytes()).hexdigest(),
-                                 "received": len(cq.poll(1 << 16))})
+                await chan.send(
+                    {
+                        "sha256": hashlib.sha256(buf.tobytes()).hexdigest(),
+                        "received": len(cq.poll(1 << 16)),
+                    }
+                )
             elif msg.get("cmd") == "exit":
                 await chan.send({"bye": True})
                 return

@@ -38,9 +38,21 @@ def free_port() -> int:
 @contextmanager
 def peer_process(nic_addr: str, oob_port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.peer", "--nic-addr", nic_addr,
-         "--oob-port", str(oob_port), "--size", str(SIZE), *extra],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.peer",
+            "--nic-addr",
+            nic_addr,
+            "--oob-port",
+            str(oob_port),
+            "--size",
+            str(SIZE),
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         yield proc
     finally:
@@ -50,11 +62,12 @@ def peer_process(nic_addr: str, oob_port: int, *extra: str) -> Iterator[subproce
 
 
 @asynccontextmanager
-async def connected(nic_addr: str, oob_port: int, faults: LinkFaults, qp_timeout: int = 14,
-                    retry_cnt: int = 7) -> AsyncIterator[tuple[Context, QP, CQ, MR, np.ndarray,
-                                                               QPInfo, OobChannel]]:
-    async with Context.open(DeviceConfig(bind=nic_addr, link_gbps=0, tdf=1.0,
-                                         faults=faults)) as ctx:
+async def connected(
+    nic_addr: str, oob_port: int, faults: LinkFaults, qp_timeout: int = 14, retry_cnt: int = 7
+) -> AsyncIterator[tuple[Context, QP, CQ, MR, np.ndarray, QPInfo, OobChannel]]:
+    async with Context.open(
+        DeviceConfig(bind=nic_addr, link_gbps=0, tdf=1.0, faults=faults)
+    ) as ctx:
         buf = np.zeros(SIZE, dtype=np.uint8)
         pd = PD(ctx)
         mr = MR(pd, buf, Access.LOCAL_WRITE)
@@ -86,16 +99,35 @@ async def test_a_few_mib_byte_exact_under_loss_reordering_and_duplication(op: st
     flags = [f"--{k}={v}" for k, v in FAULTS.items()]
     with peer_process(peer_addr, port, *flags) as proc:
         async with connected(addr, port, LinkFaults(seed=3, **FAULTS)) as (
-                ctx, qp, cq, mr, buf, remote, chan):
+            ctx,
+            qp,
+            cq,
+            mr,
+            buf,
+            remote,
+            chan,
+        ):
             chunk = RECV_CHUNK
             if op != "read":
                 buf[:] = seeded(SIZE, 99)
-            wr_op = {"write": WrOpcode.RDMA_WRITE, "read": WrOpcode.RDMA_READ,
-                     "send": WrOpcode.SEND}[op]
+            wr_op = {
+                "write": WrOpcode.RDMA_WRITE,
+                "read": WrOpcode.RDMA_READ,
+                "send": WrOpcode.SEND,
+            }[op]
             n = SIZE // chunk
-            qp.post_send([SendWR(k, wr_op, [Sge(mr.addr + k * chunk, chunk, mr.lkey)],
-                                 remote_addr=remote.vaddr + k * chunk, rkey=remote.rkey)
-                          for k in range(n)])
+            qp.post_send(
+                [
+                    SendWR(
+                        k,
+                        wr_op,
+                        [Sge(mr.addr + k * chunk, chunk, mr.lkey)],
+                        remote_addr=remote.vaddr + k * chunk,
+                        rkey=remote.rkey,
+                    )
+                    for k in range(n)
+                ]
+            )
             wcs = await completions(cq, n, timeout=120)
             assert [w.status for w in wcs] == [WcStatus.SUCCESS] * n
             await chan.send({"cmd": "digest"})
@@ -116,11 +148,22 @@ async def test_peer_killed_mid_transfer_completes_with_retry_exceeded() -> None:
     port = free_port()
     timeout_code, retry_cnt = 12, 3  # 16.8 ms per try
     with peer_process("127.0.0.32", port) as proc:
-        async with connected("127.0.0.31", port, LinkFaults(), qp_timeout=timeout_code,
-                             retry_cnt=retry_cnt) as (ctx, qp, cq, mr, buf, remote, chan):
+        async with connected(
+            "127.0.0.31", port, LinkFaults(), qp_timeout=timeout_code, retry_cnt=retry_cnt
+        ) as (ctx, qp, cq, mr, _buf, remote, _chan):
             n = 256
-            qp.post_send([SendWR(k, WrOpcode.RDMA_WRITE, [Sge(mr.addr, SIZE, mr.lkey)],
-                                 remote_addr=remote.vaddr, rkey=remote.rkey) for k in range(n)])
+            qp.post_send(
+                [
+                    SendWR(
+                        k,
+                        WrOpcode.RDMA_WRITE,
+                        [Sge(mr.addr, SIZE, mr.lkey)],
+                        remote_addr=remote.vaddr,
+                        rkey=remote.rkey,
+                    )
+                    for k in range(n)
+                ]
+            )
             first = await completions(cq, 1, timeout=60)  # data is flowing ...
             assert first[0].status is WcStatus.SUCCESS
             proc.send_signal(signal.SIGKILL)  # ... when the server dies

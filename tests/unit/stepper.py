@@ -40,10 +40,20 @@ class Endpoint:
 
 
 class Stepper:
-    def __init__(self, *, delay: float = 1e-6, link_bps: float = 100e9, mtu: int = 1024,
-                 timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7,
-                 min_rnr_timer: int = 1, max_rd_atomic: int = 4,
-                 tamper: Tamper | None = None, psn: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        delay: float = 1e-6,
+        link_bps: float = 100e9,
+        mtu: int = 1024,
+        timeout: int = 14,
+        retry_cnt: int = 7,
+        rnr_retry: int = 7,
+        min_rnr_timer: int = 1,
+        max_rd_atomic: int = 4,
+        tamper: Tamper | None = None,
+        psn: tuple[int, int] | None = None,
+    ) -> None:
         self.now = 0.0
         self.delay = delay
         self.tamper = tamper
@@ -60,17 +70,40 @@ class Stepper:
         psns = psn or (self.eps[0].nic.random_psn(), self.eps[1].nic.random_psn())
         for i, ep in enumerate(self.eps):
             peer = self.eps[1 - i]
-            ep.nic.modify_qp(ep.qp, QPAttr(qp_state=QPState.INIT, port_num=1,
-                                           qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE
-                                           | Access.REMOTE_READ | Access.REMOTE_ATOMIC))
-            ep.nic.modify_qp(ep.qp, QPAttr(qp_state=QPState.RTR, path_mtu=mtu,
-                                           dest_qp_num=peer.qp.qpn, rq_psn=psns[1 - i],
-                                           max_dest_rd_atomic=max_rd_atomic,
-                                           min_rnr_timer=min_rnr_timer,
-                                           ah_attr=f"10.0.0.{2 - i}"))
-            ep.nic.modify_qp(ep.qp, QPAttr(qp_state=QPState.RTS, sq_psn=psns[i], timeout=timeout,
-                                           retry_cnt=retry_cnt, rnr_retry=rnr_retry,
-                                           max_rd_atomic=max_rd_atomic))
+            ep.nic.modify_qp(
+                ep.qp,
+                QPAttr(
+                    qp_state=QPState.INIT,
+                    port_num=1,
+                    qp_access_flags=Access.LOCAL_WRITE
+                    | Access.REMOTE_WRITE
+                    | Access.REMOTE_READ
+                    | Access.REMOTE_ATOMIC,
+                ),
+            )
+            ep.nic.modify_qp(
+                ep.qp,
+                QPAttr(
+                    qp_state=QPState.RTR,
+                    path_mtu=mtu,
+                    dest_qp_num=peer.qp.qpn,
+                    rq_psn=psns[1 - i],
+                    max_dest_rd_atomic=max_rd_atomic,
+                    min_rnr_timer=min_rnr_timer,
+                    ah_attr=f"10.0.0.{2 - i}",
+                ),
+            )
+            ep.nic.modify_qp(
+                ep.qp,
+                QPAttr(
+                    qp_state=QPState.RTS,
+                    sq_psn=psns[i],
+                    timeout=timeout,
+                    retry_cnt=retry_cnt,
+                    rnr_retry=rnr_retry,
+                    max_rd_atomic=max_rd_atomic,
+                ),
+            )
 
     @property
     def a(self) -> Endpoint:
@@ -80,8 +113,15 @@ class Stepper:
     def b(self) -> Endpoint:
         return self.eps[1]
 
-    def reg(self, ep: Endpoint, buf: object, access: Access = Access.LOCAL_WRITE
-            | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC) -> MemoryRegion:
+    def reg(
+        self,
+        ep: Endpoint,
+        buf: object,
+        access: Access = Access.LOCAL_WRITE
+        | Access.REMOTE_WRITE
+        | Access.REMOTE_READ
+        | Access.REMOTE_ATOMIC,
+    ) -> MemoryRegion:
         assert isinstance(ep.pd, object)
         mr = ep.nic.reg_mr(ep.pd, buf, access)  # type: ignore[arg-type]
         ep.mrs.append(mr)
@@ -124,8 +164,12 @@ class Stepper:
                 return
             self.step()
 
-    def run(self, until: Callable[[], bool] | None = None, max_time: float = 10.0,
-            max_steps: int = 2_000_000) -> None:
+    def run(
+        self,
+        until: Callable[[], bool] | None = None,
+        max_time: float = 10.0,
+        max_steps: int = 2_000_000,
+    ) -> None:
         for _ in range(max_steps):
             if until is not None and until():
                 return

@@ -24,14 +24,23 @@ def _capture(path: Path) -> tuple[Stepper, int]:
     src = np.arange(3000, dtype=np.uint8)
     dst = np.zeros(3000, dtype=np.uint8)
     ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 3000, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
-    s.a.nic.post_send(s.a.qp, SendWR(2, WrOpcode.RDMA_READ, [Sge(ma.addr, 8, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 3000, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+        ),
+    )
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            2, WrOpcode.RDMA_READ, [Sge(ma.addr, 8, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+        ),
+    )
     s.run(lambda: len(s.a.cq.entries) == 2)
     writer = PcapWriter(path)
-    frames = sorted([(i, d) for i, d in enumerate(s.sent[0])] +
-                    [(i + 0.5, d) for i, d in enumerate(s.sent[1])])
+    frames = sorted(
+        [(i, d) for i, d in enumerate(s.sent[0])] + [(i + 0.5, d) for i, d in enumerate(s.sent[1])]
+    )
     for k, (_, d) in enumerate(frames):
         writer.write(k * 1e-6, d[8:])
     writer.write(1e-3, encode_pfc(s.a.nic.mac, {3: 0xFFFF}))
@@ -52,8 +61,19 @@ def test_pcap_round_trip(tmp_path: Path) -> None:
 
 def _tshark(path: Path, *fields: str, display: str) -> list[list[str]]:
     tshark = require_tool("tshark", "apt-get install tshark")
-    args = [tshark, "-r", str(path), "-o", "ip.check_checksum:TRUE", "-Y", display, "-T",
-            "fields", "-E", "separator=|"]
+    args = [
+        tshark,
+        "-r",
+        str(path),
+        "-o",
+        "ip.check_checksum:TRUE",
+        "-Y",
+        display,
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+    ]
     for f in fields:
         args += ["-e", f]
     out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
@@ -63,9 +83,16 @@ def _tshark(path: Path, *fields: str, display: str) -> list[list[str]]:
 def test_tshark_decodes_roce_opcodes_psns_qpns_icrc_and_pfc(tmp_path: Path) -> None:
     path = tmp_path / "roce.pcap"
     s, n = _capture(path)
-    rows = _tshark(path, "frame.number", "infiniband.bth.opcode", "infiniband.bth.psn",
-                   "infiniband.bth.destqp", "infiniband.invariant.crc", "ip.checksum.status",
-                   display="infiniband")
+    rows = _tshark(
+        path,
+        "frame.number",
+        "infiniband.bth.opcode",
+        "infiniband.bth.psn",
+        "infiniband.bth.destqp",
+        "infiniband.invariant.crc",
+        "ip.checksum.status",
+        display="infiniband",
+    )
     assert len(rows) == n + 1
     opcodes = {int(r[1]) for r in rows}
     # RDMA WRITE First/Middle/Last, ACK, READ request and READ response only
@@ -83,6 +110,7 @@ def test_tshark_decodes_roce_opcodes_psns_qpns_icrc_and_pfc(tmp_path: Path) -> N
         del pkt[BTH].icrc
         expected = Ether(bytes(pkt))[BTH].icrc
         assert (int(row[4], 16) == expected) == (row is not rows[-1])
-    pfc = _tshark(path, "macc.opcode", "macc.cbfc.enbv.c3", "macc.cbfc.pause_time.c3",
-                  display="macc")
+    pfc = _tshark(
+        path, "macc.opcode", "macc.cbfc.enbv.c3", "macc.cbfc.pause_time.c3", display="macc"
+    )
     assert pfc == [["0x0101", "1", "65535"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -39,8 +40,16 @@ def drop_once(pred: Callable[[int, object], bool]) -> Callable[[int, bytes, floa
 def write(s: Stepper, n: int, *, wr_id: int = 1, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     src, dst = pattern(n, seed), np.zeros(n, dtype=np.uint8)
     ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
-    s.a.nic.post_send(s.a.qp, SendWR(wr_id, WrOpcode.RDMA_WRITE, [Sge(ma.addr, n, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            wr_id,
+            WrOpcode.RDMA_WRITE,
+            [Sge(ma.addr, n, ma.lkey)],
+            remote_addr=mb.addr,
+            rkey=mb.rkey,
+        ),
+    )
     return src, dst
 
 
@@ -60,31 +69,80 @@ def test_write_read_send_with_imm_and_atomics() -> None:
     ma, mb = s.reg(s.a, a_buf), s.reg(s.b, b_buf)
     s.b.nic.post_recv(s.b.qp, RecvWR(77, [Sge(mb.addr + 8000, 2000, mb.lkey)]))
     s.b.nic.post_recv(s.b.qp, RecvWR(78, [Sge(mb.addr, 8, mb.lkey)]))
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 3000, ma.lkey)],
-                                     remote_addr=mb.addr + 100, rkey=mb.rkey))
-    s.a.nic.post_send(s.a.qp, SendWR(2, WrOpcode.RDMA_READ, [Sge(ma.addr + 5000, 2500, ma.lkey)],
-                                     remote_addr=mb.addr + 5000, rkey=mb.rkey))
-    s.a.nic.post_send(s.a.qp, SendWR(3, WrOpcode.SEND_WITH_IMM,
-                                     [Sge(ma.addr, 1000, ma.lkey), Sge(ma.addr + 9000, 900,
-                                                                         ma.lkey)],
-                                     imm_data=0xCAFE))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1,
+            WrOpcode.RDMA_WRITE,
+            [Sge(ma.addr, 3000, ma.lkey)],
+            remote_addr=mb.addr + 100,
+            rkey=mb.rkey,
+        ),
+    )
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            2,
+            WrOpcode.RDMA_READ,
+            [Sge(ma.addr + 5000, 2500, ma.lkey)],
+            remote_addr=mb.addr + 5000,
+            rkey=mb.rkey,
+        ),
+    )
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            3,
+            WrOpcode.SEND_WITH_IMM,
+            [Sge(ma.addr, 1000, ma.lkey), Sge(ma.addr + 9000, 900, ma.lkey)],
+            imm_data=0xCAFE,
+        ),
+    )
     cell = 9992  # 8-aligned offset in b for atomics
     b_buf[cell : cell + 8] = np.frombuffer((40).to_bytes(8, "little"), dtype=np.uint8)
-    s.a.nic.post_send(s.a.qp, SendWR(4, WrOpcode.ATOMIC_FETCH_AND_ADD,
-                                     [Sge(ma.addr + 9990 - 6, 8, ma.lkey)],
-                                     remote_addr=mb.addr + cell, rkey=mb.rkey, compare_add=2))
-    s.a.nic.post_send(s.a.qp, SendWR(5, WrOpcode.ATOMIC_CMP_AND_SWP,
-                                     [Sge(ma.addr + 16, 8, ma.lkey)],
-                                     remote_addr=mb.addr + cell, rkey=mb.rkey, compare_add=42,
-                                     swap=7))
-    s.a.nic.post_send(s.a.qp, SendWR(6, WrOpcode.RDMA_WRITE_WITH_IMM,
-                                     [Sge(ma.addr, 5, ma.lkey)], remote_addr=mb.addr + 20,
-                                     rkey=mb.rkey, imm_data=5))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            4,
+            WrOpcode.ATOMIC_FETCH_AND_ADD,
+            [Sge(ma.addr + 9990 - 6, 8, ma.lkey)],
+            remote_addr=mb.addr + cell,
+            rkey=mb.rkey,
+            compare_add=2,
+        ),
+    )
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            5,
+            WrOpcode.ATOMIC_CMP_AND_SWP,
+            [Sge(ma.addr + 16, 8, ma.lkey)],
+            remote_addr=mb.addr + cell,
+            rkey=mb.rkey,
+            compare_add=42,
+            swap=7,
+        ),
+    )
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            6,
+            WrOpcode.RDMA_WRITE_WITH_IMM,
+            [Sge(ma.addr, 5, ma.lkey)],
+            remote_addr=mb.addr + 20,
+            rkey=mb.rkey,
+            imm_data=5,
+        ),
+    )
     wcs = run_until_completions(s, 6)
     assert [(w.wr_id, w.status, w.opcode) for w in wcs] == [
-        (1, WcStatus.SUCCESS, WcOpcode.RDMA_WRITE), (2, WcStatus.SUCCESS, WcOpcode.RDMA_READ),
-        (3, WcStatus.SUCCESS, WcOpcode.SEND), (4, WcStatus.SUCCESS, WcOpcode.FETCH_ADD),
-        (5, WcStatus.SUCCESS, WcOpcode.COMP_SWAP), (6, WcStatus.SUCCESS, WcOpcode.RDMA_WRITE)]
+        (1, WcStatus.SUCCESS, WcOpcode.RDMA_WRITE),
+        (2, WcStatus.SUCCESS, WcOpcode.RDMA_READ),
+        (3, WcStatus.SUCCESS, WcOpcode.SEND),
+        (4, WcStatus.SUCCESS, WcOpcode.FETCH_ADD),
+        (5, WcStatus.SUCCESS, WcOpcode.COMP_SWAP),
+        (6, WcStatus.SUCCESS, WcOpcode.RDMA_WRITE),
+    ]
     assert (b_buf[100:3100] == a0[:3000]).all()
     assert (a_buf[5000:7500] == b0[5000:7500]).all()
     assert (b_buf[8000:9000] == a0[:1000]).all() and (b_buf[9000:9900] == a0[9000:9900]).all()
@@ -93,7 +151,9 @@ def test_write_read_send_with_imm_and_atomics() -> None:
     assert int.from_bytes(b_buf[cell : cell + 8].tobytes(), "little") == 7
     recv = s.b.completions()
     assert [(w.wr_id, w.opcode, w.byte_len, w.imm_data) for w in recv] == [
-        (77, WcOpcode.RECV, 1900, 0xCAFE), (78, WcOpcode.RECV_RDMA_WITH_IMM, 5, 5)]
+        (77, WcOpcode.RECV, 1900, 0xCAFE),
+        (78, WcOpcode.RECV_RDMA_WITH_IMM, 5, 5),
+    ]
     assert s.a.nic.counters.retransmitted_packets == 0
 
 
@@ -106,8 +166,10 @@ def test_segmentation_by_path_mtu_and_ack_coalescing() -> None:
         data = [decode(d) for d in s.sent[0]]
         assert len(data) == -(-100_000 // mtu)
         assert all(len(f.payload) == mtu for f in data[:-1])
-        assert [f.opcode for f in data[:2]] == [Opcode.RC_RDMA_WRITE_FIRST,
-                                                Opcode.RC_RDMA_WRITE_MIDDLE]
+        assert [f.opcode for f in data[:2]] == [
+            Opcode.RC_RDMA_WRITE_FIRST,
+            Opcode.RC_RDMA_WRITE_MIDDLE,
+        ]
         assert data[-1].opcode == Opcode.RC_RDMA_WRITE_LAST and data[-1].ackreq
         acks = [decode(d) for d in s.sent[1]]
         assert all(a.opcode == Opcode.RC_ACKNOWLEDGE for a in acks)
@@ -117,9 +179,16 @@ def test_segmentation_by_path_mtu_and_ack_coalescing() -> None:
 def test_psn_wraps_at_24_bits() -> None:
     s = Stepper(mtu=256, psn=(0xFFFFFA, 0xFFFFFC))
     src, dst = write(s, 256 * 20)
-    s.a.nic.post_send(s.a.qp, SendWR(2, WrOpcode.RDMA_READ,
-                                     [Sge(s.a.mrs[0].addr, 256 * 12, s.a.mrs[0].lkey)],
-                                     remote_addr=s.b.mrs[0].addr, rkey=s.b.mrs[0].rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            2,
+            WrOpcode.RDMA_READ,
+            [Sge(s.a.mrs[0].addr, 256 * 12, s.a.mrs[0].lkey)],
+            remote_addr=s.b.mrs[0].addr,
+            rkey=s.b.mrs[0].rkey,
+        ),
+    )
     wcs = run_until_completions(s, 2)
     assert all(w.status is WcStatus.SUCCESS for w in wcs)
     psns = [decode(d).psn for d in s.sent[0]]
@@ -132,8 +201,12 @@ def test_psn_wraps_at_24_bits() -> None:
 def test_loss_of_a_packet_is_recovered_by_go_back_n(which: str) -> None:
     start = 1000
     k = {"first": 0, "middle": 5, "last": 9}[which]
-    s = Stepper(mtu=1024, psn=(start, 5000), timeout=8,
-                tamper=drop_once(lambda side, f: side == 0 and f.psn == start + k))
+    s = Stepper(
+        mtu=1024,
+        psn=(start, 5000),
+        timeout=8,
+        tamper=drop_once(lambda side, f: side == 0 and f.psn == start + k),
+    )
     src, dst = write(s, 10 * 1024)
     wcs = run_until_completions(s)
     assert wcs[0].status is WcStatus.SUCCESS and (src == dst).all()
@@ -154,8 +227,11 @@ def test_loss_of_a_packet_is_recovered_by_go_back_n(which: str) -> None:
 
 
 def test_lost_ack_is_recovered_by_timeout_and_duplicate_reack() -> None:
-    s = Stepper(mtu=1024, timeout=8,
-                tamper=drop_once(lambda side, f: side == 1 and f.opcode == Opcode.RC_ACKNOWLEDGE))
+    s = Stepper(
+        mtu=1024,
+        timeout=8,
+        tamper=drop_once(lambda side, f: side == 1 and f.opcode == Opcode.RC_ACKNOWLEDGE),
+    )
     src, dst = write(s, 2048)
     wcs = run_until_completions(s)
     assert [w.status for w in wcs] == [WcStatus.SUCCESS] and (src == dst).all()
@@ -171,8 +247,9 @@ def test_lost_nak_is_recovered_by_timeout() -> None:
     s = Stepper(mtu=1024, psn=(10, 20), timeout=8, tamper=None)
     lost_data = drop_once(lambda side, f: side == 0 and f.psn == 12)
     lost_nak = drop_once(pred)
-    s.tamper = lambda side, d, now: [x for y in lost_data(side, d, now) for x in
-                                     lost_nak(side, y, now)]
+    s.tamper = lambda side, d, now: [
+        x for y in lost_data(side, d, now) for x in lost_nak(side, y, now)
+    ]
     src, dst = write(s, 8 * 1024)
     run_until_completions(s)
     assert (src == dst).all()
@@ -207,8 +284,12 @@ def test_duplicate_read_is_replayed() -> None:
     s = Stepper(mtu=1024, tamper=tamper)
     local, remote = np.zeros(5000, dtype=np.uint8), pattern(5000)
     ma, mb = s.reg(s.a, local), s.reg(s.b, remote)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_READ, [Sge(ma.addr, 5000, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1, WrOpcode.RDMA_READ, [Sge(ma.addr, 5000, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+        ),
+    )
     wcs = run_until_completions(s)
     assert wcs[0].status is WcStatus.SUCCESS and (local == remote).all()
     assert s.b.nic.counters.duplicate_request == 1
@@ -218,12 +299,21 @@ def test_duplicate_read_is_replayed() -> None:
 
 
 def test_read_request_retried_after_lost_response_is_replayed() -> None:
-    s = Stepper(mtu=1024, timeout=8, tamper=drop_once(
-        lambda side, f: side == 1 and f.opcode == Opcode.RC_RDMA_READ_RESPONSE_ONLY))
+    s = Stepper(
+        mtu=1024,
+        timeout=8,
+        tamper=drop_once(
+            lambda side, f: side == 1 and f.opcode == Opcode.RC_RDMA_READ_RESPONSE_ONLY
+        ),
+    )
     local, remote = np.zeros(1000, dtype=np.uint8), pattern(1000)
     ma, mb = s.reg(s.a, local), s.reg(s.b, remote)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_READ, [Sge(ma.addr, 1000, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1, WrOpcode.RDMA_READ, [Sge(ma.addr, 1000, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+        ),
+    )
     wcs = run_until_completions(s)
     assert wcs[0].status is WcStatus.SUCCESS and (local == remote).all()
     assert s.a.nic.counters.local_ack_timeout_err == 1
@@ -233,13 +323,25 @@ def test_read_request_retried_after_lost_response_is_replayed() -> None:
 
 def test_duplicate_atomic_is_answered_from_saved_result_never_reexecuted() -> None:
     # Lose the first atomic ACK: the requester times out and sends the FETCH_ADD again.
-    s = Stepper(mtu=1024, timeout=8, tamper=drop_once(
-        lambda side, f: side == 1 and f.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE))
+    s = Stepper(
+        mtu=1024,
+        timeout=8,
+        tamper=drop_once(lambda side, f: side == 1 and f.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE),
+    )
     local, remote = np.zeros(8, dtype=np.uint8), np.zeros(8, dtype=np.uint8)
     remote[:] = np.frombuffer((100).to_bytes(8, "little"), dtype=np.uint8)
     ma, mb = s.reg(s.a, local), s.reg(s.b, remote)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.ATOMIC_FETCH_AND_ADD, [Sge(ma.addr, 8, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey, compare_add=5))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1,
+            WrOpcode.ATOMIC_FETCH_AND_ADD,
+            [Sge(ma.addr, 8, ma.lkey)],
+            remote_addr=mb.addr,
+            rkey=mb.rkey,
+            compare_add=5,
+        ),
+    )
     wcs = run_until_completions(s)
     assert wcs[0].status is WcStatus.SUCCESS
     assert int.from_bytes(remote.tobytes(), "little") == 105  # added once
@@ -258,8 +360,11 @@ def test_rnr_with_rnr_retry_0_fails_and_flushes() -> None:
     for i in range(3):
         s.a.nic.post_send(s.a.qp, SendWR(i, WrOpcode.SEND, [Sge(ma.addr, 10, ma.lkey)]))
     wcs = run_until_completions(s, 3)
-    assert [w.status for w in wcs] == [WcStatus.RNR_RETRY_EXC_ERR, WcStatus.WR_FLUSH_ERR,
-                                       WcStatus.WR_FLUSH_ERR]
+    assert [w.status for w in wcs] == [
+        WcStatus.RNR_RETRY_EXC_ERR,
+        WcStatus.WR_FLUSH_ERR,
+        WcStatus.WR_FLUSH_ERR,
+    ]
     assert s.a.qp.state is QPState.ERR
     assert s.a.nic.counters.rnr_nak_received == 1 and s.b.nic.counters.out_of_buffer == 1
 
@@ -282,17 +387,28 @@ def test_rnr_with_rnr_retry_7_waits_until_a_receive_is_posted() -> None:
 
 
 def test_retry_exhaustion_completes_with_retry_exceeded_and_flushes_the_rest() -> None:
-    s = Stepper(mtu=1024, timeout=5, retry_cnt=2,
-                tamper=lambda side, d, now: [] if side == 0 else [d])
+    s = Stepper(
+        mtu=1024, timeout=5, retry_cnt=2, tamper=lambda side, d, now: [] if side == 0 else [d]
+    )
     ma = s.reg(s.a, pattern(4096))
     mb = s.reg(s.b, np.zeros(4096, dtype=np.uint8))
     for i in range(3):
-        s.a.nic.post_send(s.a.qp, SendWR(i, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 1000, ma.lkey)],
-                                         remote_addr=mb.addr, rkey=mb.rkey))
+        s.a.nic.post_send(
+            s.a.qp,
+            SendWR(
+                i,
+                WrOpcode.RDMA_WRITE,
+                [Sge(ma.addr, 1000, ma.lkey)],
+                remote_addr=mb.addr,
+                rkey=mb.rkey,
+            ),
+        )
     wcs = run_until_completions(s, 3)
-    assert [(w.wr_id, w.status) for w in wcs] == [(0, WcStatus.RETRY_EXC_ERR),
-                                                  (1, WcStatus.WR_FLUSH_ERR),
-                                                  (2, WcStatus.WR_FLUSH_ERR)]
+    assert [(w.wr_id, w.status) for w in wcs] == [
+        (0, WcStatus.RETRY_EXC_ERR),
+        (1, WcStatus.WR_FLUSH_ERR),
+        (2, WcStatus.WR_FLUSH_ERR),
+    ]
     assert s.a.qp.state is QPState.ERR
     t = local_ack_timeout(5)
     assert t == pytest.approx(4.096e-6 * 32)
@@ -322,8 +438,12 @@ def test_remote_access_errors_leave_memory_untouched(fault: str) -> None:
     rkey = mb.rkey ^ 0x5A5A if fault == "bad_rkey" else mb.rkey
     length = 5000 if fault != "out_of_bounds" else 4000
     addr = mb.addr + (0 if fault != "out_of_bounds" else 1001)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, length, ma.lkey)],
-                                     remote_addr=addr, rkey=rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, length, ma.lkey)], remote_addr=addr, rkey=rkey
+        ),
+    )
     s.a.nic.post_send(s.a.qp, SendWR(2, WrOpcode.SEND, [Sge(ma.addr, 10, ma.lkey)]))
     wcs = run_until_completions(s, 2)
     assert [w.status for w in wcs] == [WcStatus.REM_ACCESS_ERR, WcStatus.WR_FLUSH_ERR]
@@ -338,8 +458,12 @@ def test_read_of_deregistered_memory_is_refused() -> None:
     ma = s.reg(s.a, np.zeros(100, dtype=np.uint8))
     mb = s.reg(s.b, pattern(100))
     s.b.nic.dereg_mr(mb)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_READ, [Sge(ma.addr, 100, ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1, WrOpcode.RDMA_READ, [Sge(ma.addr, 100, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+        ),
+    )
     assert run_until_completions(s)[0].status is WcStatus.REM_ACCESS_ERR
     assert not s.a.mrs[0].buffer.tobytes().strip(b"\0")
 
@@ -347,8 +471,14 @@ def test_read_of_deregistered_memory_is_refused() -> None:
 def test_invalid_opcode_sequence_gets_invalid_request_nak() -> None:
     s = Stepper(mtu=1024, psn=(0, 50))
     mb = s.reg(s.b, np.zeros(4096, dtype=np.uint8))
-    tpl = FrameTemplate(vni=1, src_mac=s.a.nic.mac, dst_mac=s.b.nic.mac, src_ip=s.a.nic.ip,
-                        dst_ip=s.b.nic.ip, sport=0xC000)
+    tpl = FrameTemplate(
+        vni=1,
+        src_mac=s.a.nic.mac,
+        dst_mac=s.b.nic.mac,
+        src_ip=s.a.nic.ip,
+        dst_ip=s.b.nic.ip,
+        sport=0xC000,
+    )
     # a WRITE MIDDLE with the expected PSN but no WRITE FIRST before it
     bogus = tpl.build(Opcode.RC_RDMA_WRITE_MIDDLE, dqpn=s.b.qp.qpn, psn=0, payload=bytes(1024))
     s.b.nic.receive_datagram(bytes(bogus), 0.0)
@@ -360,8 +490,13 @@ def test_invalid_opcode_sequence_gets_invalid_request_nak() -> None:
     # a first packet that announces more than it sends is also an invalid request
     s2 = Stepper(mtu=1024, psn=(0, 50))
     mb = s2.reg(s2.b, np.zeros(4096, dtype=np.uint8))
-    only = tpl.build(Opcode.RC_RDMA_WRITE_ONLY, dqpn=s2.b.qp.qpn, psn=0,
-                     ext=pack_reth(mb.addr, mb.rkey, 4000), payload=bytes(100))
+    only = tpl.build(
+        Opcode.RC_RDMA_WRITE_ONLY,
+        dqpn=s2.b.qp.qpn,
+        psn=0,
+        ext=pack_reth(mb.addr, mb.rkey, 4000),
+        payload=bytes(100),
+    )
     s2.b.nic.receive_datagram(bytes(only), 0.0)
     assert s2.b.qp.state is QPState.ERR
 
@@ -385,22 +520,50 @@ def test_local_misuse_raises() -> None:
     with pytest.raises(LocalVerbsError, match="INIT"):
         nic.post_send(qp, wr)
     with pytest.raises(LocalVerbsError, match="does not allow"):
-        nic.modify_qp(qp, QPAttr(qp_state=QPState.RTR, path_mtu=1024, dest_qp_num=5, rq_psn=0,
-                                 max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr="10.0.0.2",
-                                 sq_psn=3))
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTR,
+                path_mtu=1024,
+                dest_qp_num=5,
+                rq_psn=0,
+                max_dest_rd_atomic=1,
+                min_rnr_timer=1,
+                ah_attr="10.0.0.2",
+                sq_psn=3,
+            ),
+        )
     with pytest.raises(LocalVerbsError, match="path_mtu"):
-        nic.modify_qp(qp, QPAttr(qp_state=QPState.RTR, path_mtu=1500, dest_qp_num=5, rq_psn=0,
-                                 max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr="10.0.0.2"))
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTR,
+                path_mtu=1500,
+                dest_qp_num=5,
+                rq_psn=0,
+                max_dest_rd_atomic=1,
+                min_rnr_timer=1,
+                ah_attr="10.0.0.2",
+            ),
+        )
     with pytest.raises(LocalVerbsError, match="no QP transition"):
-        nic.modify_qp(qp, QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=1, retry_cnt=1,
-                                 rnr_retry=1, max_rd_atomic=1))
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTS, sq_psn=0, timeout=1, retry_cnt=1, rnr_retry=1, max_rd_atomic=1
+            ),
+        )
     # an SGE outside its MR, an unknown lkey, a misaligned atomic
     for bad in (Sge(ma.addr + 60, 8, ma.lkey), Sge(ma.addr, 8, ma.lkey ^ 1)):
         with pytest.raises(LocalVerbsError, match="sg_list"):
             s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.SEND, [bad]))
     with pytest.raises(LocalVerbsError, match="aligned"):
-        s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.ATOMIC_FETCH_AND_ADD,
-                                         [Sge(ma.addr, 8, ma.lkey)], remote_addr=4, rkey=1))
+        s.a.nic.post_send(
+            s.a.qp,
+            SendWR(
+                1, WrOpcode.ATOMIC_FETCH_AND_ADD, [Sge(ma.addr, 8, ma.lkey)], remote_addr=4, rkey=1
+            ),
+        )
     with pytest.raises(LocalVerbsError, match="imm_data"):
         s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.SEND_WITH_IMM, [Sge(ma.addr, 8, ma.lkey)]))
     ro = s.a.nic.reg_mr(s.a.pd, np.zeros(8, dtype=np.uint8), Access.NONE)  # type: ignore[arg-type]
@@ -417,7 +580,9 @@ def test_posted_receives_are_flushed_on_error() -> None:
     s.b.nic.post_recv(s.b.qp, RecvWR(2, [Sge(mb.addr, 8, mb.lkey)]))
     s.b.nic.modify_qp(s.b.qp, QPAttr(qp_state=QPState.ERR))
     assert [(w.wr_id, w.status) for w in s.b.completions()] == [
-        (1, WcStatus.WR_FLUSH_ERR), (2, WcStatus.WR_FLUSH_ERR)]
+        (1, WcStatus.WR_FLUSH_ERR),
+        (2, WcStatus.WR_FLUSH_ERR),
+    ]
 
 
 def test_sqd_holds_new_requests_until_rts() -> None:
@@ -437,8 +602,10 @@ def test_max_rd_atomic_bounds_outstanding_reads() -> None:
         f = decode(data)
         if side == 0 and f.opcode == Opcode.RC_RDMA_READ_REQUEST:
             outstanding.append(1)
-        if side == 1 and f.opcode in (Opcode.RC_RDMA_READ_RESPONSE_ONLY,
-                                      Opcode.RC_RDMA_READ_RESPONSE_LAST):
+        if side == 1 and f.opcode in (
+            Opcode.RC_RDMA_READ_RESPONSE_ONLY,
+            Opcode.RC_RDMA_READ_RESPONSE_LAST,
+        ):
             outstanding.pop()
         peak.append(len(outstanding))
         return [data]
@@ -447,9 +614,16 @@ def test_max_rd_atomic_bounds_outstanding_reads() -> None:
     s = Stepper(mtu=1024, max_rd_atomic=2, tamper=tamper)
     ma, mb = s.reg(s.a, np.zeros(8192, dtype=np.uint8)), s.reg(s.b, pattern(8192))
     for i in range(8):
-        s.a.nic.post_send(s.a.qp, SendWR(i, WrOpcode.RDMA_READ,
-                                         [Sge(ma.addr + 1024 * i, 1024, ma.lkey)],
-                                         remote_addr=mb.addr + 1024 * i, rkey=mb.rkey))
+        s.a.nic.post_send(
+            s.a.qp,
+            SendWR(
+                i,
+                WrOpcode.RDMA_READ,
+                [Sge(ma.addr + 1024 * i, 1024, ma.lkey)],
+                remote_addr=mb.addr + 1024 * i,
+                rkey=mb.rkey,
+            ),
+        )
     assert len(run_until_completions(s, 8)) == 8
     assert max(peak) == 2
 
@@ -458,8 +632,17 @@ def test_unsignaled_work_requests_complete_silently() -> None:
     s = Stepper()
     ma, mb = s.reg(s.a, pattern(100)), s.reg(s.b, np.zeros(100, dtype=np.uint8))
     for i, flags in enumerate([SendFlags.NONE, SendFlags.NONE, SendFlags.SIGNALED]):
-        s.a.nic.post_send(s.a.qp, SendWR(i, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 10, ma.lkey)],
-                                         flags, remote_addr=mb.addr, rkey=mb.rkey))
+        s.a.nic.post_send(
+            s.a.qp,
+            SendWR(
+                i,
+                WrOpcode.RDMA_WRITE,
+                [Sge(ma.addr, 10, ma.lkey)],
+                flags,
+                remote_addr=mb.addr,
+                rkey=mb.rkey,
+            ),
+        )
     assert [w.wr_id for w in run_until_completions(s)] == [2]
     assert not s.a.qp.requester.wqes
 
@@ -470,8 +653,9 @@ def test_unsignaled_work_requests_complete_silently() -> None:
 def test_nic_counts_and_drops_bad_frames() -> None:
     s = Stepper()
     nic = s.b.nic
-    tpl = FrameTemplate(vni=1, src_mac=s.a.nic.mac, dst_mac=nic.mac, src_ip=s.a.nic.ip,
-                        dst_ip=nic.ip, sport=0xC000)
+    tpl = FrameTemplate(
+        vni=1, src_mac=s.a.nic.mac, dst_mac=nic.mac, src_ip=s.a.nic.ip, dst_ip=nic.ip, sport=0xC000
+    )
     good = bytes(tpl.build(Opcode.RC_SEND_ONLY, dqpn=s.b.qp.qpn, psn=99, payload=b"x"))
     bad_icrc = bytearray(good)
     bad_icrc[-1] ^= 1
@@ -482,8 +666,14 @@ def test_nic_counts_and_drops_bad_frames() -> None:
         nic.receive_datagram(d, 0.0)
     qp = nic.create_qp(s.b.pd, s.b.cq, s.b.cq)  # type: ignore[arg-type]
     nic.receive_datagram(bytes(tpl.build(Opcode.RC_SEND_ONLY, dqpn=qp.qpn, psn=1)), 0.0)
-    assert dict(nic.counters.rx_drops) == {"ethertype": 1, "icrc": 1, "ipv4_checksum": 1,
-                                           "unknown_qp": 1, "truncated": 1, "qp_state": 1}
+    assert dict(nic.counters.rx_drops) == {
+        "ethertype": 1,
+        "icrc": 1,
+        "ipv4_checksum": 1,
+        "unknown_qp": 1,
+        "truncated": 1,
+        "qp_state": 1,
+    }
 
 
 def test_pfc_pause_stops_the_roce_priority_for_quanta_times_512_bit_times() -> None:
@@ -517,7 +707,7 @@ def test_egress_paces_frames_at_line_rate() -> None:
             t = nic.get_timer()  # type: ignore[assignment]
             continue
         departures.append((t, len(d) - 8))
-    for (t0, size), (t1, _) in zip(departures, departures[1:], strict=False):
+    for (t0, size), (t1, _) in itertools.pairwise(departures):
         assert t1 - t0 == pytest.approx((size + 24) * 8 / 10e9)
 
 
@@ -533,8 +723,16 @@ def test_read_recovers_from_lost_responses() -> None:
     lost = {psn_add(100, 3), psn_add(100, 7), psn_add(100, 9)}
     local, remote = np.zeros(10 * 1024, dtype=np.uint8), pattern(10 * 1024)
     ma, mb = s.reg(s.a, local), s.reg(s.b, remote)
-    s.a.nic.post_send(s.a.qp, SendWR(1, WrOpcode.RDMA_READ, [Sge(ma.addr, len(local), ma.lkey)],
-                                     remote_addr=mb.addr, rkey=mb.rkey))
+    s.a.nic.post_send(
+        s.a.qp,
+        SendWR(
+            1,
+            WrOpcode.RDMA_READ,
+            [Sge(ma.addr, len(local), ma.lkey)],
+            remote_addr=mb.addr,
+            rkey=mb.rkey,
+        ),
+    )
     assert run_until_completions(s)[0].status is WcStatus.SUCCESS
     assert (local == remote).all()
     assert s.a.nic.counters.implied_nak_seq_err >= 1

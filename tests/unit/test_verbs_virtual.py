@@ -21,8 +21,9 @@ A, B = ("127.0.0.2", 4789), ("127.0.0.3", 4789)
 
 
 def lossy(seed: int) -> LinkFaults:
-    return LinkFaults(loss=0.01, duplicate=0.01, reorder=0.01, corrupt=0.005, delay=2e-6,
-                      jitter=1e-6, seed=seed)
+    return LinkFaults(
+        loss=0.01, duplicate=0.01, reorder=0.01, corrupt=0.005, delay=2e-6, jitter=1e-6, seed=seed
+    )
 
 
 async def collect(cq: CQ, n: int, timeout: float = 30.0) -> list[WorkCompletion]:
@@ -34,14 +35,21 @@ async def collect(cq: CQ, n: int, timeout: float = 30.0) -> list[WorkCompletion]
 
 @pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND])
 async def test_data_is_exact_over_a_lossy_reordering_duplicating_link(
-        autojump_clock: trio.testing.MockClock, op: WrOpcode) -> None:
+    autojump_clock: trio.testing.MockClock, op: WrOpcode
+) -> None:
     net = MemoryNetwork()
     n, chunk = 1 << 20, 64 << 10
     cfg = dict(link_gbps=100.0, tdf=1.0)
-    async with Context.open(DeviceConfig(bind=A[0], faults=lossy(1), **cfg),  # type: ignore[arg-type]
-                            port=net.port(A, B)) as a, \
-            Context.open(DeviceConfig(bind=B[0], faults=lossy(2), **cfg),  # type: ignore[arg-type]
-                         port=net.port(B, A)) as b:
+    async with (
+        Context.open(
+            DeviceConfig(bind=A[0], faults=lossy(1), **cfg),  # type: ignore[arg-type]
+            port=net.port(A, B),
+        ) as a,
+        Context.open(
+            DeviceConfig(bind=B[0], faults=lossy(2), **cfg),  # type: ignore[arg-type]
+            port=net.port(B, A),
+        ) as b,
+    ):
         src = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
         dst = np.zeros(n, dtype=np.uint8)
         local, remote = (dst, src) if op is WrOpcode.RDMA_READ else (src, dst)
@@ -52,11 +60,21 @@ async def test_data_is_exact_over_a_lossy_reordering_duplicating_link(
         qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid), path_mtu=1024, timeout=10)
         qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid), path_mtu=1024, timeout=10)
         if op is WrOpcode.SEND:
-            qb.post_recv([RecvWR(k, [Sge(mb.addr + k * chunk, chunk, mb.lkey)])
-                          for k in range(n // chunk)])
-        qa.post_send([SendWR(k, op, [Sge(ma.addr + k * chunk, chunk, ma.lkey)],
-                             remote_addr=mb.addr + k * chunk, rkey=mb.rkey)
-                      for k in range(n // chunk)])
+            qb.post_recv(
+                [RecvWR(k, [Sge(mb.addr + k * chunk, chunk, mb.lkey)]) for k in range(n // chunk)]
+            )
+        qa.post_send(
+            [
+                SendWR(
+                    k,
+                    op,
+                    [Sge(ma.addr + k * chunk, chunk, ma.lkey)],
+                    remote_addr=mb.addr + k * chunk,
+                    rkey=mb.rkey,
+                )
+                for k in range(n // chunk)
+            ]
+        )
         wcs = await collect(ca, n // chunk)
         assert [w.status for w in wcs] == [WcStatus.SUCCESS] * (n // chunk)
         assert [w.wr_id for w in wcs] == list(range(n // chunk))
@@ -81,7 +99,8 @@ async def test_completion_wait_has_a_deadline(autojump_clock: trio.testing.MockC
 
 
 async def test_dead_peer_ends_in_retry_exceeded_within_the_qp_timeout(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     net = MemoryNetwork()
     timeout_code, retry_cnt = 12, 3  # 16.8 ms per try, 4 tries
     async with Context.open(DeviceConfig(tdf=1.0), port=net.port(A, B)) as a:
@@ -94,11 +113,22 @@ async def test_dead_peer_ends_in_retry_exceeded_within_the_qp_timeout(
             pb = PD(b)
             qb = QP(pb, CQ(b))
             mb = MR(pb, np.zeros(1 << 20, dtype=np.uint8), RW)
-            qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid), timeout=timeout_code,
-                       retry_cnt=retry_cnt)
+            qa.connect(
+                RemoteQP(qb.qp_num, qb.psn, b.gid), timeout=timeout_code, retry_cnt=retry_cnt
+            )
             qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
-            qa.post_send([SendWR(k, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 1 << 20, ma.lkey)],
-                                 remote_addr=mb.addr, rkey=mb.rkey) for k in range(4)])
+            qa.post_send(
+                [
+                    SendWR(
+                        k,
+                        WrOpcode.RDMA_WRITE,
+                        [Sge(ma.addr, 1 << 20, ma.lkey)],
+                        remote_addr=mb.addr,
+                        rkey=mb.rkey,
+                    )
+                    for k in range(4)
+                ]
+            )
             await a.sleep(20e-6)  # mid-transfer ...
         killed = a.now()  # ... the peer's NIC is gone
         wcs = await collect(ca, 4, timeout=1.0)
