@@ -23,6 +23,7 @@ from rocev2_emu.errors import LocalVerbsError, MalformedFrame
 from rocev2_emu.ethernet import (
     ECN_CE,
     ECN_ECT0,
+    VXLAN_FLAG_I,
     VXLAN_LEN,
     ip_to_int,
     mac_for_ip,
@@ -31,7 +32,7 @@ from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomai
 from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame
 from rocev2_emu.qp import QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
-from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_datagram_untrusted, rxe_udp_sport
+from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_frame_untrusted, rxe_udp_sport
 from rocev2_emu.work import CompletionQueue, RecvWR, SendWR
 
 WIRE_OVERHEAD: Final = 24  # preamble + SFD (8), FCS (4), inter-frame gap (12) bytes
@@ -71,7 +72,6 @@ class NicCore:
         self._active: dict[int, QueuePair] = {}
         self._templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
-        self._ip_id = 0
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -146,7 +146,9 @@ class NicCore:
         c.rx_packets += 1
         c.rx_bytes += len(data) - VXLAN_LEN
         try:
-            _vni, frame = decode_datagram_untrusted(data)
+            if len(data) < VXLAN_LEN or not data[0] & VXLAN_FLAG_I:
+                raise MalformedFrame("vxlan", "not a VXLAN datagram (short, or no I flag)")
+            frame = decode_frame_untrusted(memoryview(data)[VXLAN_LEN:])
         except MalformedFrame as exc:
             c.rx_drops[exc.reason] += 1
             return
@@ -207,30 +209,23 @@ class NicCore:
             self.tx_free_at = start + (size + WIRE_OVERHEAD) * 8 / rate
         return datagram
 
-    def _next_qp_datagram(self, now: float) -> bytearray | None:
+    def _next_qp_datagram(self, now: float) -> bytes | None:
         if self.paused_until[self.config.priority] > now:
             return None
         active = self._active
         for _ in range(len(active)):
             qpn = next(iter(active))
-            qp = active.pop(qpn)
+            qp = active[qpn]
             pkt = qp.next_packet(now)
             if pkt is None:
+                del active[qpn]
                 continue
-            active[qpn] = qp  # round-robin: back of the line
-            tpl = self._templates.get(qpn)
-            if tpl is None:
-                tpl = self._template_for(qp)
-            self._ip_id = (self._ip_id + 1) & 0xFFFF
+            if len(active) > 1:  # round-robin: to the back of the line
+                del active[qpn]
+                active[qpn] = qp
+            tpl = self._templates.get(qpn) or self._template_for(qp)
             return tpl.build(
-                pkt.opcode,
-                dqpn=qp.dest_qpn,
-                psn=pkt.psn,
-                ackreq=pkt.ackreq,
-                solicited=pkt.solicited,
-                ext=pkt.ext,
-                payload=pkt.payload,
-                ip_id=self._ip_id,
+                pkt.opcode, qp.dest_qpn, pkt.psn, pkt.ackreq, pkt.solicited, pkt.ext, pkt.payload
             )
         return None
 

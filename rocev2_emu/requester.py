@@ -29,6 +29,7 @@ from rocev2_emu.bth import (
     AETH_NAK,
     AETH_RNR_NAK,
     AETH_VALUE_MASK,
+    PSN_MASK,
     NakCode,
     psn_add,
     psn_diff,
@@ -87,6 +88,10 @@ _READ_RESP_POSITION: Final = {
 }
 
 
+_POSITIONS: Final = ((True, True), (True, False), (False, False), (False, True))
+_new_tuple = tuple.__new__
+
+
 class OutPacket(NamedTuple):
     """A transport packet for the NIC to frame: BTH fields, extension headers, payload."""
 
@@ -99,33 +104,48 @@ class OutPacket(NamedTuple):
 
 
 class SendWqe:
-    """A posted send work request and its progress."""
+    """A posted send work request and its progress.
+
+    For SEND and WRITE the four opcodes and the extension headers of the message are worked
+    out once here, so cutting a packet is a few comparisons."""
 
     __slots__ = (
+        "first_ext",
         "first_psn",
         "kind",
+        "last_ext",
         "length",
         "npkts",
+        "ops",
         "rerequest_psn",
         "resp_pkts",
         "sges",
+        "solicited",
         "started",
         "wr",
     )
 
     def __init__(self, wr: SendWR, sges: SgeList, first_psn: int, mtu: int) -> None:
         self.wr = wr
-        self.kind = wr.opcode
+        kind = self.kind = wr.opcode
         self.sges = sges
         self.length = sges.length
         self.first_psn = first_psn
-        if self.kind in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
+        if kind in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
             self.npkts = 1
         else:
             self.npkts = max(1, -(-self.length // mtu))
         self.resp_pkts = 0  # READ: response packets received in order
         self.rerequest_psn = -1
         self.started = False
+        with_imm = kind in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+        table = _SEND_OPS if kind in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) else _WRITE_OPS
+        # (only, first, middle, last)
+        self.ops = tuple(table[(*pos, with_imm)] for pos in _POSITIONS)
+        is_write = kind in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+        self.first_ext = pack_reth(wr.remote_addr, wr.rkey, self.length) if is_write else b""
+        self.last_ext = pack_imm(wr.imm_data or 0) if with_imm else b""
+        self.solicited = bool(wr.send_flags & SendFlags.SOLICITED)
 
     @property
     def last_psn(self) -> int:
@@ -170,81 +190,84 @@ class Requester:
             if now < self.rnr_until:
                 return None
             self.rnr_until = None
-        if self.tx_idx >= len(self.wqes):
+        wqes = self.wqes
+        if self.tx_idx >= len(wqes):
             return None
-        w = self.wqes[self.tx_idx]
+        w = wqes[self.tx_idx]
         kind = w.kind
-        if (
-            psn_diff(self.frontier, self.una) >= self.qp.max_inflight
-            and psn_diff(self.tx_psn(), self.frontier) >= 0
-        ):
+        qp = self.qp
+        if (self.frontier - self.una) & PSN_MASK >= qp.max_inflight and psn_diff(
+            self.tx_psn(), self.frontier
+        ) >= 0:
             return None  # window full: only retransmissions may go
-        if not w.started:
-            if not self.qp.may_start_new_requests():
-                return None
-            if kind in _READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
-                inflight = sum(
-                    1 for i in range(self.tx_idx) if self.wqes[i].kind in _READ_OR_ATOMIC
-                )
-                if kind in _READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
-                    return None
-                if w.wr.send_flags & SendFlags.FENCE and inflight:
-                    return None
-            w.started = True
-        if kind is WrOpcode.RDMA_READ:
-            pkt = self._read_request(w)
-            npsn = w.npkts - w.resp_pkts
-            self.tx_idx += 1
-        elif kind in _READ_OR_ATOMIC:
-            wr = w.wr
-            if kind is WrOpcode.ATOMIC_CMP_AND_SWP:
-                opcode = Op.RC_COMPARE_SWAP
-                ext = pack_atomic_eth(wr.remote_addr, wr.rkey, wr.swap, wr.compare_add)
-            else:  # ibv_send_wr: compare_add is the addend of a fetch-and-add
-                opcode = Op.RC_FETCH_ADD
-                ext = pack_atomic_eth(wr.remote_addr, wr.rkey, wr.compare_add, 0)
-            pkt = OutPacket(opcode, w.first_psn, False, False, ext, b"")
-            npsn = 1
+        if not w.started and not self._may_start(w):
+            return None
+        if kind in _READ_OR_ATOMIC:
+            pkt, npsn = self._read_or_atomic(w)
             self.tx_idx += 1
         else:
-            pkt = self._data_packet(w, self.tx_pkt)
-            npsn = 1
-            self.tx_pkt += 1
-            if self.tx_pkt == w.npkts:
+            k = self.tx_pkt
+            n = w.npkts
+            mtu = qp.mtu
+            self.since_ackreq += 1
+            if k == n - 1:  # last (or only) packet: ask for an ACK
+                opcode = w.ops[0] if k == 0 else w.ops[3]
+                ext = w.first_ext + w.last_ext if k == 0 else w.last_ext
+                ackreq, solicited = True, w.solicited
+                self.since_ackreq = 0
                 self.tx_idx += 1
                 self.tx_pkt = 0
-        end = psn_add(pkt.psn, npsn)
-        if psn_diff(end, self.frontier) > 0:
-            self.frontier = end
+                size = w.length - k * mtu
+            else:
+                opcode, ext = (w.ops[1], w.first_ext) if k == 0 else (w.ops[2], b"")
+                solicited = False
+                ackreq = self.since_ackreq >= ACKREQ_INTERVAL
+                if ackreq:
+                    self.since_ackreq = 0
+                self.tx_pkt = k + 1
+                size = mtu
+            payload = w.sges.gather(k * mtu, size)
+            pkt = _new_tuple(
+                OutPacket, (opcode, (w.first_psn + k) & PSN_MASK, ackreq, solicited, ext, payload)
+            )
+            npsn = 1
+        ahead = (pkt.psn + npsn - self.frontier) & PSN_MASK
+        if 0 < ahead < 1 << 23:
+            self.frontier = (pkt.psn + npsn) & PSN_MASK
         else:
-            self.qp.counters.retransmitted_packets += 1
+            qp.counters.retransmitted_packets += 1
         if self.ack_deadline is None:
-            timeout = local_ack_timeout(self.qp.timeout)
+            timeout = local_ack_timeout(qp.timeout)
             if timeout is not None:
                 self.ack_deadline = now + timeout
         return pkt
 
-    def _data_packet(self, w: SendWqe, k: int) -> OutPacket:
-        mtu = self.qp.mtu
-        first = k == 0
-        last = k == w.npkts - 1
+    def _may_start(self, w: SendWqe) -> bool:
+        """Whether a WQE may start now (QP state, max_rd_atomic, fence); marks it started."""
+        if not self.qp.may_start_new_requests():
+            return False
+        kind = w.kind
+        if kind in _READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
+            inflight = sum(1 for i in range(self.tx_idx) if self.wqes[i].kind in _READ_OR_ATOMIC)
+            if kind in _READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
+                return False
+            if w.wr.send_flags & SendFlags.FENCE and inflight:
+                return False
+        w.started = True
+        return True
+
+    def _read_or_atomic(self, w: SendWqe) -> tuple[OutPacket, int]:
+        """The request packet of a READ or atomic and the PSNs it covers."""
+        if w.kind is WrOpcode.RDMA_READ:
+            return self._read_request(w), w.npkts - w.resp_pkts
         wr = w.wr
-        with_imm = wr.opcode in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
-        is_send = wr.opcode in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM)
-        opcode = (_SEND_OPS if is_send else _WRITE_OPS)[first, last, with_imm]
-        ext = b""
-        if first and not is_send:
-            ext = pack_reth(wr.remote_addr, wr.rkey, w.length)
-        if last and with_imm:
-            ext += pack_imm(wr.imm_data or 0)
-        off = k * mtu
-        payload = w.sges.gather(off, min(mtu, w.length - off))
-        self.since_ackreq += 1
-        ackreq = last or self.since_ackreq >= ACKREQ_INTERVAL
-        if ackreq:
-            self.since_ackreq = 0
-        solicited = last and bool(wr.send_flags & SendFlags.SOLICITED)
-        return OutPacket(opcode, psn_add(w.first_psn, k), ackreq, solicited, ext, payload)
+        if w.kind is WrOpcode.ATOMIC_CMP_AND_SWP:
+            opcode = Op.RC_COMPARE_SWAP
+            ext = pack_atomic_eth(wr.remote_addr, wr.rkey, wr.swap, wr.compare_add)
+        else:  # ibv_send_wr: compare_add is the addend of a fetch-and-add
+            opcode = Op.RC_FETCH_ADD
+            ext = pack_atomic_eth(wr.remote_addr, wr.rkey, wr.compare_add, 0)
+        return OutPacket(opcode, w.first_psn, False, False, ext, b""), 1
 
     def _read_request(self, w: SendWqe) -> OutPacket:
         done = w.resp_pkts * self.qp.mtu

@@ -19,7 +19,16 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from rocev2_emu.bth import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NakCode, Reth, psn_add, psn_diff
+from rocev2_emu.bth import (
+    AETH_ACK,
+    AETH_NAK,
+    AETH_RNR_NAK,
+    PSN_MASK,
+    NakCode,
+    Reth,
+    psn_add,
+    psn_diff,
+)
 from rocev2_emu.bth import Opcode as Op
 from rocev2_emu.memory import Access, MemoryRegion
 from rocev2_emu.requester import OutPacket
@@ -128,7 +137,22 @@ class Responder:
 
     # -- requests --------------------------------------------------------------------------
     def on_request(self, f: RoceFrame) -> None:
-        d = psn_diff(f.psn, self.epsn)
+        psn = f.psn
+        if psn == self.epsn and self.in_write and f.opcode == Op.RC_RDMA_WRITE_MIDDLE:
+            # The body of a multi-packet WRITE, by far the commonest packet: same rules as the
+            # general path below (full MTU, inside the announced length), fewer steps.
+            payload = f.payload
+            n = len(payload)
+            off = self.offset
+            if n == self.qp.mtu and off + n < self.write_len and self.write_view is not None:
+                self.write_view[off : off + n] = payload
+                self.offset = off + n
+                self.epsn = (psn + 1) & PSN_MASK
+                self.in_nak_episode = False
+                if f.ackreq:
+                    self._ack(psn, AETH_ACK)
+                return
+        d = psn_diff(psn, self.epsn)
         if d > 0:
             self.qp.counters.out_of_sequence += 1
             if not self.in_nak_episode:
