@@ -1,0 +1,121 @@
+"""The perftest commands as users run them: two processes, perftest's output, a pcap of the
+run decoded by tshark, and Prometheus metrics scraped while it runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from rocev2_emu.verbs import Context, DeviceConfig
+from tests.conftest import require_tool
+from tests.integration.test_processes import free_port
+
+pytestmark = pytest.mark.integration
+CLI = [sys.executable, "-m", "rocev2_emu"]
+
+
+def run_pair(test: str, *flags: str, client_flags: tuple[str, ...] = ()) -> tuple[str, str]:
+    port = str(free_port())
+    common = [*flags, "-p", port, "--tdf", "20", "--connect-timeout", "30"]
+    server = subprocess.Popen(
+        [*CLI, test, *common, "--nic-addr", "127.0.0.41"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        client = subprocess.run(
+            [*CLI, test, "127.0.0.1", *common, *client_flags, "--nic-addr", "127.0.0.42"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert client.returncode == 0, client.stderr
+    assert server.returncode == 0
+    return client.stdout, out
+
+
+@pytest.mark.parametrize("test", ["write-bw", "read-bw", "send-bw"])
+def test_bandwidth_tests_print_perftest_tables(test: str) -> None:
+    client, server = run_pair(test, "-s", "8192", "-n", "200")
+    for out in (client, server):
+        assert re.search(
+            r"local address: LID 0000 QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]{6} "
+            r"RKey 0x[0-9a-f]{8} VAddr 0x[0-9a-f]{16}",
+            out,
+        )
+        assert "remote address: LID 0000 QPN" in out
+        assert "TDF 20" in out
+    row = re.search(r"^ 8192\s+200\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", client, re.M)
+    assert row is not None, client
+    peak, avg, mpps = map(float, row.groups())
+    assert mpps > 0
+    assert 0 < avg <= peak
+    assert avg < 100e9 / 8 / 2**20  # never faster than the 100 Gbit/s link it emulates
+
+
+def test_write_lat_and_report_gbits_and_all_sizes() -> None:
+    client, _ = run_pair("write-lat", "-n", "50")
+    assert "t_typical[usec]" in client
+    assert re.search(r"^ 2\s+50\s+[\d.]+", client, re.M)
+    client, _ = run_pair("write-bw", "-a", "-n", "4", "--report_gbits", "--rate", "0")
+    assert "BW average[Gb/sec]" in client
+    sizes = [int(m) for m in re.findall(r"^ (\d+)\s+4\s", client, re.M)]
+    assert sizes == [1 << k for k in range(1, 24)]
+
+
+def test_a_perftest_capture_is_decoded_by_tshark(tmp_path: Path) -> None:
+    tshark = require_tool("tshark", "apt-get install tshark")
+    pcap = tmp_path / "client.pcap"
+    run_pair(
+        "write-bw", "-s", "10000", "-n", "20", "-m", "4096", client_flags=("--pcap", str(pcap))
+    )
+    out = subprocess.run(
+        [tshark, "-r", str(pcap), "-T", "fields", "-e", "infiniband.bth.opcode"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    # 20 writes of 10000 B at MTU 4096: first/middle/last each time, and the ACKs received
+    assert out.count("6") == 20 and out.count("7") == 20 and out.count("8") == 20
+    assert "17" in out
+
+
+async def test_metrics_are_served_in_prometheus_format() -> None:
+    from rocev2_emu.metrics import nic_registry, serve
+
+    port = free_port()
+    async with Context.open(DeviceConfig(bind="127.0.0.45")) as ctx:
+        ctx.core.counters.packet_seq_err = 3
+        ctx.core.counters.rx_drops["icrc"] = 2
+        serve(nic_registry(ctx.driver, "n1"), port, addr="127.0.0.45")
+        url = f"http://127.0.0.45:{port}/metrics"
+        body = await trio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode()
+        )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
+    assert samples["rocev2_nic_packet_seq_err_total", (("node", "n1"),)] == 3
+    assert samples["rocev2_nic_rx_dropped_packets_total", (("node", "n1"), ("reason", "icrc"))] == 2
+    assert samples["rocev2_emulation_tdf", (("node", "n1"),)] == 1.0
+    for name in (
+        "out_of_sequence",
+        "local_ack_timeout_err",
+        "duplicate_request",
+        "retransmitted_packets",
+        "tx_bytes",
+        "rx_packets",
+    ):
+        assert ("rocev2_nic_" + name + "_total", (("node", "n1"),)) in samples
