@@ -2,7 +2,7 @@
 
 ``udp-baseline`` measures what plain blocking Python moves on this machine: one process sends
 datagrams of a RoCE data frame's size (a 4096-byte payload in VXLAN/Ethernet/IPv4/UDP/BTH/ICRC)
-with ``sendto`` as fast as it can, another receives them with ``recv_into``; the figure is
+on a connected socket as fast as it can, another receives them with ``recv_into``; the figure is
 datagrams received per wall second.  ``write-bw`` measures the same thing for the emulated NIC:
 perftest write-bw between two processes over a direct link at unpaced emulated rate, MTU 4096,
 TDF 1 (so emulated and wall time coincide), and reports data packets per second next to the
@@ -52,11 +52,12 @@ def _udp_receiver(addr: tuple[str, int], seconds: float, out: mp.Queue[tuple[int
 def _udp_sender(addr: tuple[str, int], seconds: float, size: int) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    sock.connect(addr)  # the faster of the two plain ways (the NIC's port connects too)
     data = bytes(size)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for _ in range(64):
-            sock.sendto(data, addr)
+            sock.send(data)
     sock.close()
 
 
@@ -121,7 +122,7 @@ def main(which: str, seconds: float) -> int:
         f"{seconds:g} s per run, 127.0.0.0/8 loopback"
     )
     baseline = udp_baseline(seconds)
-    print(f"udp-baseline   blocking Python sendto -> recv_into   {baseline:>10.0f} datagrams/s")
+    print(f"udp-baseline   blocking Python send -> recv_into     {baseline:>10.0f} datagrams/s")
     if which == "udp-baseline":
         return 0
     rate, out = nic_write_bw(seconds)

@@ -152,6 +152,7 @@ async def run(opts: PerftestOptions) -> int:
                 print(LINE)
             else:
                 await _bandwidth(side, chan, opts)
+            _print_transport(ctx)
         finally:
             await chan.aclose()
     return 0
@@ -217,6 +218,19 @@ def _print_header(opts: PerftestOptions) -> None:
     print(f" Emulation       : TDF {opts.tdf:g}, link {rate}; figures in emulated time")
     print(" Data ex. method : Ethernet (msgpack over TCP)")
     print(LINE)
+
+
+def _print_transport(ctx: Context) -> None:
+    """What perftest cannot show: what the transport had to do to get the figures above."""
+    c = ctx.core.counters
+    drops = sum(c.rx_drops.values())
+    print(
+        f" Transport: {c.tx_packets} frames out, {c.rx_packets} in; retransmitted "
+        f"{c.retransmitted_packets}, NAK seq-err {c.packet_seq_err}, implied NAK "
+        f"{c.implied_nak_seq_err}, ACK timeouts {c.local_ack_timeout_err}, RNR NAKs "
+        f"{c.rnr_nak_received}, out-of-sequence {c.out_of_sequence}, duplicates "
+        f"{c.duplicate_request}, dropped {drops}; pump late {ctx.driver.late_wakeups}x"
+    )
 
 
 def _check(wcs: list[WorkCompletion]) -> None:

@@ -47,7 +47,7 @@ MAX_MESSAGE: Final = 1 << 31
 # Packets a requester keeps unacknowledged before it waits (go-back-N costs up to this much per
 # loss).  IBTA sets no window; real NICs are bounded by the bandwidth-delay product, which an
 # unpaced emulated link does not have.
-DEFAULT_MAX_INFLIGHT: Final = 256
+DEFAULT_MAX_INFLIGHT: Final = 512
 
 
 class QueuePair:
