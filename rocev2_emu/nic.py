@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rocev2_emu.bth import Opcode
@@ -37,6 +37,9 @@ from rocev2_emu.work import CompletionQueue, RecvWR, SendWR
 
 WIRE_OVERHEAD: Final = 24  # preamble + SFD (8), FCS (4), inter-frame gap (12) bytes
 NOMINAL_BPS: Final = 100e9  # pause quanta are timed at this rate when the link is unpaced
+# DSCP -> 802.1p priority: RoCE data on 3, CNPs on 6 (the usual lossless-fabric convention);
+# any other DSCP maps to its class selector (DSCP >> 3).
+DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
 
 
 @dataclass(slots=True)
@@ -48,8 +51,8 @@ class NicConfig:
     next_hop_mac: bytes | None = None  # a switch port's MAC; None: the peer NIC's (direct link)
     vni: int = 1
     link_bps: float = 100e9  # emulated line rate; 0 = unpaced
-    dscp: int = DSCP_ROCE
-    priority: int = 3  # traffic class of RoCE traffic (DSCP 26 -> 3)
+    dscp: int = DSCP_ROCE  # DSCP of QPs that set no traffic class of their own
+    dscp_map: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_DSCP_MAP))
     ecn: int = ECN_ECT0
     catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
 
@@ -69,7 +72,8 @@ class NicCore:
         self.pause_frames_received = [0] * PRIORITIES
         self.tx_free_at = 0.0
         self.tx_behind_schedule = 0  # frames that left later than their slot + catch-up
-        self._active: dict[int, QueuePair] = {}
+        # QPs with something to send, per priority, in round-robin order
+        self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
         self._templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
 
@@ -120,18 +124,27 @@ class NicCore:
         if self.qps.get(qp.qpn) is not qp:
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
-        self._active.pop(qp.qpn, None)
+        self._active[qp.priority].pop(qp.qpn, None)
         self._templates.pop(qp.qpn, None)
 
     def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
+        self._active[qp.priority].pop(qp.qpn, None)
         qp.modify(attr)
         self._templates.pop(qp.qpn, None)
+        qp.priority = self.priority_of(self.dscp_of(qp))
         if qp.state in (QPState.RTS, QPState.ERR):
-            self._active[qp.qpn] = qp
+            self._active[qp.priority][qp.qpn] = qp
+
+    def dscp_of(self, qp: QueuePair) -> int:
+        return self.config.dscp if qp.traffic_class is None else qp.traffic_class
+
+    def priority_of(self, dscp: int) -> int:
+        """The 802.1p priority of a DSCP: the configured map, else its class selector."""
+        return self.config.dscp_map.get(dscp, dscp >> 3)
 
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
-        self._active[qp.qpn] = qp
+        self._active[qp.priority][qp.qpn] = qp
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
         qp.post_recv(wr)
@@ -173,7 +186,7 @@ class NicCore:
         if not qp.receive(frame, now):
             c.rx_drops["qp_state"] += 1
             return
-        self._active[qp.qpn] = qp
+        self._active[qp.priority][qp.qpn] = qp
 
     def _on_pfc(self, frame: PfcFrame, now: float) -> None:
         rate = self.config.link_bps or NOMINAL_BPS
@@ -210,23 +223,31 @@ class NicCore:
         return datagram
 
     def _next_qp_datagram(self, now: float) -> bytes | None:
-        if self.paused_until[self.config.priority] > now:
-            return None
-        active = self._active
-        for _ in range(len(active)):
-            qpn = next(iter(active))
-            qp = active[qpn]
-            pkt = qp.next_packet(now)
-            if pkt is None:
-                del active[qpn]
+        """Highest priority first; within a priority, QPs take turns (round-robin)."""
+        for prio in range(PRIORITIES - 1, -1, -1):
+            active = self._active[prio]
+            if not active or self.paused_until[prio] > now:
                 continue
-            if len(active) > 1:  # round-robin: to the back of the line
-                del active[qpn]
-                active[qpn] = qp
-            tpl = self._templates.get(qpn) or self._template_for(qp)
-            return tpl.build(
-                pkt.opcode, qp.dest_qpn, pkt.psn, pkt.ackreq, pkt.solicited, pkt.ext, pkt.payload
-            )
+            for _ in range(len(active)):
+                qpn = next(iter(active))
+                qp = active[qpn]
+                pkt = qp.next_packet(now)
+                if pkt is None:
+                    del active[qpn]
+                    continue
+                if len(active) > 1:  # to the back of the line
+                    del active[qpn]
+                    active[qpn] = qp
+                tpl = self._templates.get(qpn) or self._template_for(qp)
+                return tpl.build(
+                    pkt.opcode,
+                    qp.dest_qpn,
+                    pkt.psn,
+                    pkt.ackreq,
+                    pkt.solicited,
+                    pkt.ext,
+                    pkt.payload,
+                )
         return None
 
     def _template_for(self, qp: QueuePair) -> FrameTemplate:
@@ -241,7 +262,7 @@ class NicCore:
             src_ip=self.ip,
             dst_ip=dst,
             sport=rxe_udp_sport(qp.qpn),
-            dscp=cfg.dscp,
+            dscp=self.dscp_of(qp),
             ecn=cfg.ecn,
         )
         self._templates[qp.qpn] = tpl
@@ -251,10 +272,11 @@ class NicCore:
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
         times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
-        if self._control or self._active:
+        waiting = [self.paused_until[p] for p in range(PRIORITIES) if self._active[p]]
+        if self._control or waiting:
             t = self.tx_free_at if self.config.link_bps else 0.0
             if not self._control:
-                t = max(t, self.paused_until[self.config.priority])
+                t = max(t, min(waiting))  # the earliest priority that may send
             times.append(t)
         return min(times) if times else None
 
@@ -263,4 +285,4 @@ class NicCore:
             t = qp.get_timer()
             if t is not None and t <= now:
                 qp.handle_timer(now)
-                self._active[qp.qpn] = qp
+                self._active[qp.priority][qp.qpn] = qp

@@ -3,8 +3,8 @@
 Before two RC QPs can talk, each side must learn the other's QPN, starting PSN, GID (the
 emulated IPv4), the UDP address of its NIC, and - for RDMA - an rkey, address and length.  An
 :class:`OobChannel` carries length-prefixed msgpack maps over one TCP connection; every receive
-has a deadline and every malformed message is a clear error.  :func:`exchange` swaps two
-:class:`QPInfo` lists and the caller connects its QPs with them.
+has a deadline and every malformed message is a clear error.  :meth:`OobChannel.exchange` swaps
+two :class:`QPInfo` lists; :func:`connect_qp` does that for one QP and brings it to RTS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import msgpack
 import trio
 
 from rocev2_emu.errors import RemoteVerbsError
-from rocev2_emu.verbs import RemoteQP
+from rocev2_emu.verbs import MR, QP, RemoteQP
 
 DEFAULT_OOB_PORT: Final = 18515  # perftest's default
 _LEN: Final = struct.Struct("!I")
@@ -135,3 +135,23 @@ class OobChannel:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+async def connect_qp(chan: OobChannel, qp: QP, mr: MR | None = None, **attrs: Any) -> QPInfo:
+    """Swap QP data (and ``mr``'s rkey, address and length) with the peer over ``chan`` and
+    bring ``qp`` to RTS towards it; ``attrs`` go to :meth:`QP.connect`.  Returns the peer's."""
+    ctx = qp.ctx
+    host, port = ctx.udp_address
+    local = QPInfo(
+        qp.qp_num,
+        qp.psn,
+        ctx.gid,
+        host,
+        port,
+        *((mr.rkey, mr.addr, mr.length) if mr is not None else (0, 0, 0)),
+    )
+    remote, _ = await chan.exchange([local])
+    if len(remote) != 1:
+        raise RemoteVerbsError(f"out-of-band peer described {len(remote)} QPs, expected 1")
+    qp.connect(remote[0].remote(), **attrs)
+    return remote[0]

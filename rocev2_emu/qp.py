@@ -88,6 +88,8 @@ class QueuePair:
         self.max_rd_atomic = 1
         self.last_error = ""
         self.max_inflight = DEFAULT_MAX_INFLIGHT
+        self.traffic_class: int | None = None  # DSCP of this QP's packets (ah_attr.grh)
+        self.priority = 3  # 802.1p priority, set by the NIC from the DSCP
         self.requester = Requester(self)
         self.responder = Responder(self)
 
@@ -107,6 +109,8 @@ class QueuePair:
                 self.dest_qpn = value
             elif name == "ah_attr":
                 self.dest_ip = value
+            elif name == "traffic_class":
+                self.traffic_class = value
             elif name in (
                 "max_dest_rd_atomic",
                 "min_rnr_timer",

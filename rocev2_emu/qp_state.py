@@ -50,6 +50,7 @@ class QPAttr:
     max_dest_rd_atomic: int | None = None
     min_rnr_timer: int | None = None
     ah_attr: str | None = None  # destination IPv4 address (the RoCEv2 GID is IPv4-mapped)
+    traffic_class: int | None = None  # DSCP of the QP's packets (ah_attr.grh.traffic_class >> 2)
     # RTR -> RTS
     sq_psn: int | None = None
     timeout: int | None = None
@@ -82,7 +83,10 @@ _RTS_OPT: Final = {"qp_access_flags", "min_rnr_timer"}
 TRANSITIONS: Final[dict[tuple[QPState, QPState], tuple[frozenset[str], frozenset[str]]]] = {
     (S.RESET, S.INIT): (frozenset({"qp_access_flags", "port_num"}), frozenset({"pkey_index"})),
     (S.INIT, S.INIT): (frozenset(), frozenset(_INIT_ATTRS)),
-    (S.INIT, S.RTR): (frozenset(_RTR_REQ), frozenset({"qp_access_flags", "pkey_index"})),
+    (S.INIT, S.RTR): (
+        frozenset(_RTR_REQ),
+        frozenset({"qp_access_flags", "pkey_index", "traffic_class"}),
+    ),
     (S.RTR, S.RTS): (frozenset(_RTS_REQ), frozenset(_RTS_OPT)),
     (S.RTS, S.RTS): (frozenset(), frozenset(_RTS_OPT)),
     (S.RTS, S.SQD): (frozenset(), frozenset()),
@@ -106,6 +110,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "max_rd_atomic": (0, 16),
     "min_rnr_timer": (0, 31),
     "timeout": (0, 31),
+    "traffic_class": (0, 63),
     "retry_cnt": (0, 7),
     "rnr_retry": (0, 7),
 }

@@ -18,7 +18,7 @@ import trio
 
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.memory import Access
-from rocev2_emu.oob import OobChannel, QPInfo
+from rocev2_emu.oob import OobChannel, connect_qp
 from rocev2_emu.verbs import CQ, MR, PD, QP, Context, DeviceConfig
 from rocev2_emu.work import RecvWR, Sge
 
@@ -41,10 +41,7 @@ async def main(args: argparse.Namespace) -> None:
         cq = CQ(ctx, 1 << 16)
         qp = QP(pd, cq, max_recv_wr=4096)
         chan = await OobChannel.accept("127.0.0.1", args.oob_port, timeout=60)
-        host, port = ctx.udp_address
-        local = QPInfo(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, args.size)
-        (remote,), _ = await chan.exchange([local])
-        qp.connect(remote.remote(), path_mtu=args.mtu, timeout=args.qp_timeout)
+        await connect_qp(chan, qp, mr, path_mtu=args.mtu, timeout=args.qp_timeout)
         qp.post_recv(
             [
                 RecvWR(k, [Sge(mr.addr + off, min(RECV_CHUNK, args.size - off), mr.lkey)])

@@ -736,3 +736,87 @@ def test_read_recovers_from_lost_responses() -> None:
     assert run_until_completions(s)[0].status is WcStatus.SUCCESS
     assert (local == remote).all()
     assert s.a.nic.counters.implied_nak_seq_err >= 1
+
+
+def test_priorities_strict_order_and_pause_per_priority() -> None:
+    from rocev2_emu.ethernet import encode_vxlan
+    from rocev2_emu.pfc import encode_pfc
+
+    s = Stepper(link_bps=100e9, mtu=1024)
+    nic_a, nic_b = s.a.nic, s.b.nic
+    # a second QP pair whose packets carry DSCP 46 (priority 5 by class selector)
+    qa2 = nic_a.create_qp(s.a.pd, s.a.cq, s.a.cq)  # type: ignore[arg-type]
+    qb2 = nic_b.create_qp(s.b.pd, s.b.cq, s.b.cq)  # type: ignore[arg-type]
+    for nic, qp, peer, ip in ((nic_a, qa2, qb2, "10.0.0.2"), (nic_b, qb2, qa2, "10.0.0.1")):
+        nic.modify_qp(qp, QPAttr(qp_state=QPState.INIT, port_num=1, qp_access_flags=RW))
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTR,
+                path_mtu=1024,
+                dest_qp_num=peer.qpn,
+                rq_psn=0,
+                max_dest_rd_atomic=1,
+                min_rnr_timer=1,
+                ah_attr=ip,
+                traffic_class=46,
+            ),
+        )
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTS,
+                sq_psn=0,
+                timeout=14,
+                retry_cnt=7,
+                rnr_retry=7,
+                max_rd_atomic=1,
+            ),
+        )
+    assert (s.a.qp.priority, qa2.priority) == (3, 5)
+    src, dst = pattern(4096), np.zeros(8192, dtype=np.uint8)
+    ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
+    for qp, off in ((s.a.qp, 0), (qa2, 4096)):
+        nic_a.post_send(
+            qp,
+            SendWR(
+                off,
+                WrOpcode.RDMA_WRITE,
+                [Sge(ma.addr, 4096, ma.lkey)],
+                remote_addr=mb.addr + off,
+                rkey=mb.rkey,
+            ),
+        )
+    t, order = 0.0, []
+    while len(order) < 8:  # strict priority: all of priority 5 leaves before priority 3
+        d = nic_a.next_datagram(t)
+        if d is None:
+            t = nic_a.get_timer()  # type: ignore[assignment]
+            continue
+        order.append(decode(d).dscp)
+    assert order == [46] * 4 + [26] * 4
+    # pause priority 3 only: priority 5 still sends
+    for qp, off in ((s.a.qp, 0), (qa2, 4096)):
+        nic_a.post_send(
+            qp,
+            SendWR(
+                9,
+                WrOpcode.RDMA_WRITE,
+                [Sge(ma.addr, 1024, ma.lkey)],
+                remote_addr=mb.addr + off,
+                rkey=mb.rkey,
+            ),
+        )
+    t_pause = t + 1e-6
+    nic_a.receive_datagram(encode_vxlan(1, encode_pfc(nic_b.mac, {3: 0xFFFF, 5: 0})), t_pause)
+    sent, t = [], t_pause
+    for _ in range(10):
+        d = nic_a.next_datagram(t)
+        if d is not None:
+            sent.append(decode(d).dscp)
+        else:
+            t = max(t, nic_a.get_timer() or t)
+            if t >= t_pause + 1e-4:
+                break
+    assert sent == [46]
+    assert nic_a.get_timer() == pytest.approx(t_pause + 0xFFFF * 512 / 100e9)
