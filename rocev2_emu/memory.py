@@ -3,7 +3,8 @@
 A memory region registers a buffer (numpy array, bytearray, or any writable C-contiguous buffer)
 with a protection domain and access flags (ibv_access_flags: LOCAL_WRITE, REMOTE_WRITE,
 REMOTE_READ, REMOTE_ATOMIC).  It is addressed by a virtual address range and carries an lkey
-and an rkey; keys, like QPNs, come from a CSPRNG (``secrets``) so a peer cannot guess them.
+and an rkey; keys, like QPNs, come from a CSPRNG (``random.SystemRandom``) so a peer cannot
+guess them; tests may inject a seeded ``random.Random`` for reproducible runs.
 Deregistration revokes both keys at once.  The responder checks remote access in the order
 IBTA §9.7.4.1.3 (C9-89..C9-92) gives: rkey, protection domain, bounds, access rights.
 """
@@ -11,7 +12,7 @@ IBTA §9.7.4.1.3 (C9-89..C9-92) gives: rkey, protection domain, bounds, access r
 from __future__ import annotations
 
 import enum
-import secrets
+import random
 from typing import Any
 
 from rocev2_emu.errors import LocalVerbsError
@@ -80,7 +81,8 @@ class MemoryRegion:
 class MemoryTable:
     """Every MR of one NIC, looked up by lkey or rkey."""
 
-    def __init__(self) -> None:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.SystemRandom()
         self._by_lkey: dict[int, MemoryRegion] = {}
         self._by_rkey: dict[int, MemoryRegion] = {}
         self._pd_count = 0
@@ -91,7 +93,7 @@ class MemoryTable:
 
     def _fresh_key(self) -> int:
         while True:
-            key = secrets.randbits(32)
+            key = self.rng.getrandbits(32)
             if key and key not in self._by_lkey and key not in self._by_rkey:
                 return key
 
@@ -102,7 +104,7 @@ class MemoryTable:
         ):
             # ibv_reg_mr(3): remote write or atomic requires local write
             raise LocalVerbsError(f"access {access!r} needs LOCAL_WRITE with REMOTE_WRITE/ATOMIC")
-        addr = (0x7F00_0000_0000 | secrets.randbits(36) << 12) & ~0xFFF
+        addr = (0x7F00_0000_0000 | self.rng.getrandbits(36) << 12) & ~0xFFF
         mr = MemoryRegion(pd, obj, access, addr, self._fresh_key(), self._fresh_key())
         self._by_lkey[mr.lkey] = mr
         self._by_rkey[mr.rkey] = mr

@@ -12,7 +12,7 @@ Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clo
 
 from __future__ import annotations
 
-import secrets
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -60,12 +60,14 @@ class NicConfig:
 class NicCore:
     """A RoCEv2 NIC with one Ethernet port."""
 
-    def __init__(self, config: NicConfig) -> None:
+    def __init__(self, config: NicConfig, rng: random.Random | None = None) -> None:
+        """``rng`` draws QPNs, PSNs and keys: a CSPRNG unless a test injects a seeded one."""
         self.config = config
+        self.rng = rng or random.SystemRandom()
         self.ip = ip_to_int(config.ip)
         self.mac = config.mac or mac_for_ip(self.ip)
         self.counters = NicCounters()
-        self.mrs = MemoryTable()
+        self.mrs = MemoryTable(self.rng)
         self.qps: dict[int, QueuePair] = {}
         self.cqs: list[CompletionQueue] = []
         self.paused_until = [0.0] * PRIORITIES
@@ -103,7 +105,7 @@ class NicCore:
         sq_sig_all: bool = False,
     ) -> QueuePair:
         while True:
-            qpn = secrets.randbits(24)
+            qpn = self.rng.getrandbits(24)
             if qpn > 1 and qpn not in self.qps:  # QP0 and QP1 are reserved (SMI, GSI)
                 break
         qp = QueuePair(
@@ -150,7 +152,7 @@ class NicCore:
         qp.post_recv(wr)
 
     def random_psn(self) -> int:
-        return secrets.randbits(24)
+        return self.rng.getrandbits(24)
 
     # -- receive ---------------------------------------------------------------------------
     def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:

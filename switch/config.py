@@ -1,0 +1,60 @@
+"""What a switch is told about itself: its ports, its routes, its buffer, PFC, ECN, watchdog.
+
+Every time and rate is emulated.  ECN defaults scale with the port's speed as the ns-3 HPCC
+simulator's configuration does (Kmin 100 KB and Kmax 400 KB at 25 Gbit/s, i.e. 4 KB and 16 KB
+per Gbit/s, Pmax 0.2); the PFC watchdog defaults are SONiC pfcwd's (200 ms detection, 200 ms
+restoration, action drop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from switch.mmu import MmuConfig
+
+DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
+
+
+@dataclass(slots=True, frozen=True)
+class EcnThresholds:
+    kmin_bytes: int
+    kmax_bytes: int
+    pmax: float
+
+    @classmethod
+    def for_rate(cls, rate_bps: float) -> EcnThresholds:
+        gbps = rate_bps / 1e9
+        return cls(int(4000 * gbps), int(16000 * gbps), 0.2)
+
+
+@dataclass(slots=True)
+class PortConfig:
+    index: int
+    vni: int  # names the link (RFC 7348 VNI)
+    rate_bps: float  # emulated line rate; 0 = unpaced
+    mac: bytes  # this port's MAC
+    peer_mac: bytes  # the neighbour's MAC (destination MAC of frames sent out of this port)
+    peer_name: str = ""
+    ecn: EcnThresholds | None = None  # None: scaled to the port's rate
+
+
+@dataclass(slots=True)
+class SwitchConfig:
+    name: str
+    ports: list[PortConfig]
+    routes: dict[int, tuple[int, ...]]  # destination IPv4 -> equal-cost egress ports
+    mmu: MmuConfig = field(default_factory=MmuConfig)
+    pfc_enabled: bool = True
+    lossless: frozenset[int] = frozenset({3})
+    pfc_quanta: int = 0xFFFF
+    dscp_map: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_DSCP_MAP))
+    ecn_enabled: bool = True
+    ecn_priorities: frozenset[int] = frozenset({3})
+    watchdog_detect: float = 0.200
+    watchdog_restore: float = 0.200
+    watchdog_action: str = "drop"  # or "forward"
+    seed: int = 0
+
+    def priority_of(self, dscp: int) -> int:
+        return self.dscp_map.get(dscp, dscp >> 3)

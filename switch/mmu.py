@@ -1,0 +1,125 @@
+"""The switch's memory management unit: one shared buffer, per-(ingress port, priority)
+accounting, a reserve and PFC headroom per port, and the thresholds that drive PFC.
+
+Modelled on the ns-3 HPCC simulator's ``switch-mmu.cc`` (itself after Broadcom's MMU):
+
+* Every (ingress port, priority) has a guaranteed ``reserve``; bytes beyond it come from the
+  shared pool.  ``shared_used(port, prio) = max(0, ingress_bytes - reserve)``.
+* Lossless priorities: XOFF when a counter's shared use reaches the PFC threshold - static
+  (``xoff_bytes``) or dynamic, ``alpha x free shared buffer`` - and XON when it falls
+  ``xon_offset`` below it (hysteresis).  Bytes that arrive after XOFF land in the port's
+  ``headroom``; a lossless packet is dropped only when both the shared pool and the headroom are
+  exhausted (then it is counted: it means the headroom was sized too small).
+* Lossy priorities tail-drop when their shared use would exceed ``alpha x free`` (the classic
+  dynamic threshold) or the pool is full.
+
+Counts are bytes of Ethernet frames.  No I/O, no clock: the pipeline calls in and acts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+PRIORITIES: Final = 8
+
+
+@dataclass(slots=True)
+class MmuConfig:
+    buffer_bytes: int = 12 * 2**20
+    reserve_bytes: int = 4 * 1024  # per (ingress port, priority)
+    headroom_bytes: int = 96 * 1024  # per port, for lossless traffic in flight after XOFF
+    alpha: float = 1 / 8  # dynamic threshold factor (HPCC: pfc_a_shift 3)
+    xoff_bytes: int = 0  # > 0: static XOFF threshold instead of the dynamic one
+    xon_offset_bytes: int = 2 * 4200  # hysteresis: XON this far below the threshold
+
+
+class Mmu:
+    def __init__(self, config: MmuConfig, ports: int, lossless: frozenset[int]) -> None:
+        if config.buffer_bytes <= ports * (
+            config.headroom_bytes + PRIORITIES * config.reserve_bytes
+        ):
+            raise ValueError(
+                f"buffer of {config.buffer_bytes} bytes cannot hold the reserve and headroom of "
+                f"{ports} ports"
+            )
+        self.config = config
+        self.lossless = lossless
+        self.ingress = [[0] * PRIORITIES for _ in range(ports)]
+        self.headroom_used = [[0] * PRIORITIES for _ in range(ports)]
+        self.shared_total = 0
+        self.total = 0
+        self.paused = [[False] * PRIORITIES for _ in range(ports)]  # XOFF in force upstream
+        reserved = ports * (config.headroom_bytes + PRIORITIES * config.reserve_bytes)
+        self.shared_size = config.buffer_bytes - reserved
+
+    def shared_used(self, port: int, prio: int) -> int:
+        return max(0, self.ingress[port][prio] - self.config.reserve_bytes)
+
+    def pfc_threshold(self) -> float:
+        if self.config.xoff_bytes:
+            return self.config.xoff_bytes
+        return self.config.alpha * max(0, self.shared_size - self.shared_total)
+
+    def admit(self, port: int, prio: int, size: int) -> bool:
+        """Whether a frame of ``size`` bytes from ``port`` at ``prio`` may be queued."""
+        c = self.config
+        after = self.ingress[port][prio] + size
+        if after <= c.reserve_bytes:
+            return True
+        grow = size if self.ingress[port][prio] >= c.reserve_bytes else after - c.reserve_bytes
+        if prio in self.lossless:
+            if (
+                self.paused[port][prio]
+                or self.shared_used(port, prio) + grow > self.pfc_threshold()
+            ):
+                # after XOFF: headroom absorbs what was already on the wire
+                return self.headroom_used[port][prio] + size <= c.headroom_bytes
+            return self.shared_total + grow <= self.shared_size
+        return self.shared_total + grow <= self.shared_size and self.shared_used(
+            port, prio
+        ) + grow <= c.alpha * (self.shared_size - self.shared_total)
+
+    def enqueue(self, port: int, prio: int, size: int) -> bool:
+        """Account an admitted frame; True when it went to the headroom."""
+        c = self.config
+        self.total += size
+        before = self.shared_used(port, prio)
+        in_headroom = (
+            prio in self.lossless
+            and self.ingress[port][prio] + size > c.reserve_bytes
+            and (self.paused[port][prio] or before + size > self.pfc_threshold())
+        )
+        if in_headroom:
+            self.headroom_used[port][prio] += size
+            return True
+        self.ingress[port][prio] += size
+        self.shared_total += self.shared_used(port, prio) - before
+        return False
+
+    def dequeue(self, port: int, prio: int, size: int, from_headroom: bool) -> None:
+        self.total -= size
+        if from_headroom:
+            self.headroom_used[port][prio] -= size
+            return
+        before = self.shared_used(port, prio)
+        self.ingress[port][prio] -= size
+        self.shared_total += self.shared_used(port, prio) - before
+
+    def should_pause(self, port: int, prio: int) -> bool:
+        return (
+            prio in self.lossless
+            and not self.paused[port][prio]
+            and (
+                self.shared_used(port, prio) >= self.pfc_threshold()
+                or self.headroom_used[port][prio] > 0
+            )
+        )
+
+    def should_resume(self, port: int, prio: int) -> bool:
+        return (
+            self.paused[port][prio]
+            and self.headroom_used[port][prio] == 0
+            and self.shared_used(port, prio)
+            <= max(0.0, self.pfc_threshold() - self.config.xon_offset_bytes)
+        )

@@ -1,0 +1,357 @@
+"""The switch pipeline (sans-IO): ingress, forwarding with ECMP, buffer admission, egress
+queues per port and priority, ECN marking, PFC generation and reaction, and the PFC watchdog.
+
+Per frame: decode the VXLAN/Ethernet/IPv4 headers (bad checksum, TTL expired, no route are
+counted drops); pick the egress port among the equal-cost ones by a seeded hash of the 5-tuple,
+so RoCE's per-QP UDP source port spreads QPs (ECMP, RFC 2992); map DSCP to a priority; ask the
+MMU (:mod:`switch.mmu`) for room - lossless priorities pause the upstream port with 802.1Qbb
+frames, lossy ones tail-drop; rewrite MACs, decrement the TTL and fix the IPv4 checksum
+incrementally (RFC 1624); queue.  Each egress port drains at its line rate, strict priority
+between classes, skipping a priority while the neighbour pauses it.  At dequeue, RED on the
+queue's depth marks CE on ECT packets (never on non-ECT).  Every time is emulated seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from typing import Final
+
+from rocev2_emu.crc import crc32
+from rocev2_emu.errors import MalformedFrame
+from rocev2_emu.ethernet import (
+    ECN_CE,
+    ETH_HEADER,
+    ETHERTYPE_IPV4,
+    ETHERTYPE_MAC_CONTROL,
+    VXLAN_FLAG_I,
+    VXLAN_HEADER,
+    VXLAN_LEN,
+    ipv4_checksum,
+)
+from rocev2_emu.pfc import PFC_QUANTUM_BITS, decode_pfc_untrusted, encode_pfc
+from switch.config import EcnThresholds, SwitchConfig
+from switch.mmu import PRIORITIES, Mmu
+from switch.watchdog import Watchdog
+
+WIRE_OVERHEAD: Final = 24  # preamble + SFD, FCS, inter-frame gap
+NOMINAL_BPS: Final = 100e9
+_IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
+
+
+class _Entry:
+    __slots__ = ("datagram", "from_headroom", "in_port", "size")
+
+    def __init__(self, datagram: bytes, in_port: int, size: int, from_headroom: bool) -> None:
+        self.datagram, self.in_port, self.size, self.from_headroom = (
+            datagram,
+            in_port,
+            size,
+            from_headroom,
+        )
+
+
+class PortState:
+    """Counters and queues of one port (names after SAI port / queue statistics)."""
+
+    def __init__(self, prio_count: int = PRIORITIES) -> None:
+        self.up = True
+        self.queues: list[deque[_Entry]] = [deque() for _ in range(prio_count)]
+        self.queue_bytes = [0] * prio_count
+        self.tx_free_at = 0.0
+        self.control: deque[bytes] = deque()
+        self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
+        self.paused_time = [0.0] * prio_count  # accumulated, emulated seconds
+        self._paused_from = [-1.0] * prio_count
+        self.rx_packets = self.rx_bytes = self.tx_packets = self.tx_bytes = 0
+        self.drops: Counter[str] = Counter()
+        self.ecn_marked = [0] * prio_count
+        self.pfc_tx = [0] * prio_count
+        self.pfc_rx = [0] * prio_count
+        self.xoff_refresh_at = [0.0] * prio_count  # when to re-send XOFF upstream
+
+    def pause(self, prio: int, until: float, now: float) -> None:
+        if self._paused_from[prio] >= 0 and self.paused_until[prio] <= now:
+            self._close_pause(prio)
+        if until > now and self._paused_from[prio] < 0:
+            self._paused_from[prio] = now
+        if until <= now and self._paused_from[prio] >= 0:
+            self.paused_until[prio] = now
+            self._close_pause(prio)
+        self.paused_until[prio] = until
+
+    def _close_pause(self, prio: int) -> None:
+        self.paused_time[prio] += self.paused_until[prio] - self._paused_from[prio]
+        self._paused_from[prio] = -1.0
+
+    def paused_seconds(self, prio: int, now: float) -> float:
+        extra = 0.0
+        if self._paused_from[prio] >= 0:
+            extra = min(now, self.paused_until[prio]) - self._paused_from[prio]
+        return self.paused_time[prio] + max(0.0, extra)
+
+
+class SwitchCore:
+    def __init__(self, config: SwitchConfig) -> None:
+        self.config = config
+        self.ports = [PortState() for _ in config.ports]
+        self.by_vni = {p.vni: p.index for p in config.ports}
+        lossless = config.lossless if config.pfc_enabled else frozenset()
+        self.mmu = Mmu(config.mmu, len(config.ports), lossless)
+        self.ecn = [
+            p.ecn or EcnThresholds.for_rate(p.rate_bps or NOMINAL_BPS) for p in config.ports
+        ]
+        self.watchdog = Watchdog(len(config.ports), config.watchdog_detect, config.watchdog_restore)
+        self._rng = random.Random(config.seed)
+        self._ecmp_salt = config.seed & 0xFFFFFFFF
+        self._flows: dict[bytes, int] = {}
+        self._valid_ip: dict[bytes, bool] = {}
+        self._prefix = [
+            VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
+            + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
+            for p in config.ports
+        ]
+        self.drops: Counter[str] = Counter()  # drops before an ingress port is known
+
+    # -- ingress ---------------------------------------------------------------------------
+    def receive(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
+        """One VXLAN datagram arrived on ``port``.  Never raises for bad input: counts it."""
+        ps = self.ports[port]
+        ps.rx_packets += 1
+        ps.rx_bytes += len(data) - VXLAN_LEN
+        if not ps.up:
+            ps.drops["link_down"] += 1
+            return
+        if len(data) < _IP + 20 or not data[0] & VXLAN_FLAG_I:
+            ps.drops["malformed"] += 1
+            return
+        ethertype = data[20] << 8 | data[21]
+        if ethertype == ETHERTYPE_MAC_CONTROL:
+            self._on_pfc(port, data, now)
+            return
+        if ethertype != ETHERTYPE_IPV4:
+            ps.drops["ethertype"] += 1
+            return
+        header = bytes(data[_IP : _IP + 20])
+        if header not in self._valid_ip:
+            if header[0] != 0x45 or ipv4_checksum(header) != 0:
+                ps.drops["ipv4_checksum"] += 1
+                return
+            if len(self._valid_ip) > 4096:
+                self._valid_ip.clear()
+            self._valid_ip[header] = True
+        total = header[2] << 8 | header[3]
+        if _IP + total > len(data):
+            ps.drops["malformed"] += 1
+            return
+        ttl = header[8]
+        if ttl <= 1:
+            ps.drops["ttl"] += 1
+            return
+        out = self._route(header, data)
+        if out is None:
+            ps.drops["no_route"] += 1
+            return
+        prio = self.config.priority_of(header[1] >> 2)
+        size = total + 14
+        eq = self.ports[out]
+        if self.watchdog.stormed[out][prio] and self.config.watchdog_action == "drop":
+            eq.drops["pfc_watchdog"] += 1
+            return
+        if not self.mmu.admit(port, prio, size):
+            ps.drops["buffer" if prio not in self.mmu.lossless else "headroom"] += 1
+            return
+        from_headroom = self.mmu.enqueue(port, prio, size)
+        # TTL - 1: the word (TTL, protocol) drops by 0x100, so the checksum rises by 0x100
+        csum = (header[10] << 8 | header[11]) + 0x100
+        csum = (csum & 0xFFFF) + (csum >> 16)
+        datagram = b"".join(
+            (
+                self._prefix[out],
+                header[:8],
+                bytes((ttl - 1, header[9])),
+                csum.to_bytes(2, "big"),
+                header[12:],
+                data[_IP + 20 : _IP + total],
+            )
+        )
+        eq.queues[prio].append(_Entry(datagram, port, size, from_headroom))
+        eq.queue_bytes[prio] += size
+        if self.mmu.should_pause(port, prio):
+            self._send_pfc(port, prio, self.config.pfc_quanta, now)
+
+    def _route(self, header: bytes, data: bytes | bytearray | memoryview) -> int | None:
+        ports = self.config.routes.get(int.from_bytes(header[16:20], "big"))
+        if not ports:
+            return None
+        if len(ports) == 1:
+            return ports[0] if self.ports[ports[0]].up else None
+        key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])  # src, dst, sport, dport
+        out = self._flows.get(key)
+        if out is None or not self.ports[out].up:
+            live = [p for p in ports if self.ports[p].up]
+            if not live:
+                return None
+            out = live[crc32(key, self._ecmp_salt) % len(live)]
+            if len(self._flows) > 65536:
+                self._flows.clear()
+            self._flows[key] = out
+        return out
+
+    def _on_pfc(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
+        ps = self.ports[port]
+        try:
+            frame = decode_pfc_untrusted(memoryview(data)[VXLAN_LEN:])
+        except MalformedFrame as exc:
+            ps.drops[exc.reason] += 1
+            return
+        rate = self.config.ports[port].rate_bps or NOMINAL_BPS
+        for prio in range(PRIORITIES):
+            if frame.class_enable >> prio & 1:
+                ps.pfc_rx[prio] += 1
+                quanta = frame.quanta[prio]
+                self.watchdog.pause_seen(port, prio, now, quanta > 0, ps.paused_until[prio] > now)
+                if self.watchdog.stormed[port][prio]:
+                    continue  # a stormed queue no longer honours pauses
+                ps.pause(prio, now + quanta * PFC_QUANTUM_BITS / rate, now)
+
+    def _send_pfc(self, port: int, prio: int, quanta: int, now: float) -> None:
+        """XOFF (quanta > 0) or XON (0) for ``prio`` to the neighbour on ``port``."""
+        cfg = self.config.ports[port]
+        ps = self.ports[port]
+        self.mmu.paused[port][prio] = quanta > 0
+        frame = encode_pfc(cfg.mac, {prio: quanta})
+        ps.control.append(VXLAN_HEADER.pack(VXLAN_FLAG_I, cfg.vni << 8) + frame)
+        ps.pfc_tx[prio] += 1
+        if quanta:
+            rate = cfg.rate_bps or NOMINAL_BPS
+            ps.xoff_refresh_at[prio] = now + quanta * PFC_QUANTUM_BITS / rate / 2
+        else:
+            ps.xoff_refresh_at[prio] = 0.0
+
+    # -- egress ----------------------------------------------------------------------------
+    def transmit(self, now: float) -> list[tuple[int, bytes]]:
+        """Every datagram due to leave by ``now``, as (port, datagram)."""
+        out: list[tuple[int, bytes]] = []
+        for index, ps in enumerate(self.ports):
+            rate = self.config.ports[index].rate_bps
+            while ps.tx_free_at <= now or not rate:
+                datagram = self._dequeue(index, ps, now)
+                if datagram is None:
+                    break
+                size = len(datagram) - VXLAN_LEN
+                ps.tx_packets += 1
+                ps.tx_bytes += size
+                if rate:
+                    ps.tx_free_at = (
+                        max(ps.tx_free_at, now - 1e-3) + (size + WIRE_OVERHEAD) * 8 / rate
+                    )
+                if ps.up:
+                    out.append((index, datagram))
+                else:
+                    ps.drops["link_down"] += 1
+        return out
+
+    def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
+        if ps.control:
+            return ps.control.popleft()
+        stormed = self.watchdog.stormed[index]
+        for prio in range(PRIORITIES - 1, -1, -1):
+            q = ps.queues[prio]
+            if not q or (ps.paused_until[prio] > now and not stormed[prio]):
+                continue
+            e = q.popleft()
+            ps.queue_bytes[prio] -= e.size
+            self._release(e, prio, now)
+            return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)
+        return None
+
+    def _release(self, e: _Entry, prio: int, now: float) -> None:
+        self.mmu.dequeue(e.in_port, prio, e.size, e.from_headroom)
+        if self.mmu.should_resume(e.in_port, prio):
+            self._send_pfc(e.in_port, prio, 0, now)
+
+    def _mark(self, port: int, prio: int, datagram: bytes, depth: int) -> bytes:
+        """RED at dequeue on the queue's depth; CE only on ECT packets."""
+        if not self.config.ecn_enabled or prio not in self.config.ecn_priorities:
+            return datagram
+        tos = datagram[_IP + 1]
+        if not tos & 0b11 or tos & 0b11 == ECN_CE:
+            return datagram
+        t = self.ecn[port]
+        if depth <= t.kmin_bytes:
+            return datagram
+        if depth < t.kmax_bytes:
+            p = (depth - t.kmin_bytes) / (t.kmax_bytes - t.kmin_bytes) * t.pmax
+            if self._rng.random() >= p:
+                return datagram
+        self.ports[port].ecn_marked[prio] += 1
+        # RFC 1624: HC' = ~(~HC + ~m + m'), with m the (version/IHL, TOS) word
+        old_word = 0x45 << 8 | tos
+        new_word = old_word | ECN_CE
+        csum = datagram[_IP + 10] << 8 | datagram[_IP + 11]
+        s = (~csum & 0xFFFF) + (~old_word & 0xFFFF) + new_word
+        s = (s & 0xFFFF) + (s >> 16)
+        s = (s & 0xFFFF) + (s >> 16)
+        buf = bytearray(datagram)
+        buf[_IP + 1] = tos | ECN_CE
+        buf[_IP + 10 : _IP + 12] = (~s & 0xFFFF).to_bytes(2, "big")
+        return bytes(buf)
+
+    # -- timers, links ---------------------------------------------------------------------
+    def get_timer(self) -> float | None:
+        times: list[float] = []
+        for ps in self.ports:
+            if ps.control:
+                times.append(ps.tx_free_at)
+            for prio in range(PRIORITIES):
+                if ps.queues[prio]:
+                    times.append(max(ps.tx_free_at, ps.paused_until[prio]))
+                if ps.xoff_refresh_at[prio]:
+                    times.append(ps.xoff_refresh_at[prio])
+        wd = self.watchdog.get_timer()
+        if wd is not None:
+            times.append(wd)
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        for index, ps in enumerate(self.ports):
+            for prio in range(PRIORITIES):
+                t = ps.xoff_refresh_at[prio]
+                if t and t <= now:
+                    if self.mmu.paused[index][prio]:
+                        self._send_pfc(index, prio, self.config.pfc_quanta, now)  # refresh
+                    else:
+                        ps.xoff_refresh_at[prio] = 0.0
+        for port, prio in self.watchdog.check(now, self._queue_paused):
+            ps = self.ports[port]
+            if self.watchdog.stormed[port][prio]:
+                ps.pause(prio, now, now)  # stop honouring the pause
+                if self.config.watchdog_action == "drop":
+                    self._flush(port, prio, now, "pfc_watchdog")
+
+    def _queue_paused(self, port: int, prio: int, now: float) -> bool:
+        return self.ports[port].paused_until[prio] > now
+
+    def _flush(self, port: int, prio: int, now: float, reason: str) -> None:
+        ps = self.ports[port]
+        while ps.queues[prio]:
+            e = ps.queues[prio].popleft()
+            ps.queue_bytes[prio] -= e.size
+            ps.drops[reason] += 1
+            self._release(e, prio, now)
+
+    def set_routes(self, routes: dict[int, tuple[int, ...]]) -> None:
+        """New routes (after links failed or came back elsewhere in the fabric)."""
+        self.config.routes = routes
+        self._flows.clear()
+
+    def set_link(self, port: int, up: bool, now: float) -> None:
+        """Take a port's link down (its queues are lost, counted) or bring it back up."""
+        ps = self.ports[port]
+        ps.up = up
+        if not up:
+            for prio in range(PRIORITIES):
+                self._flush(port, prio, now, "link_down")
+            ps.control.clear()
+        self._flows.clear()

@@ -1,0 +1,265 @@
+"""The switch pipeline and the fabric in virtual time: incast with and without PFC, ECMP,
+rerouting, RED marking, PFC thresholds and pause timing, and the PFC watchdog."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from rocev2_emu.ethernet import encode_vxlan
+from rocev2_emu.memory import Access, MemoryRegion
+from rocev2_emu.nic import NicCore
+from rocev2_emu.pfc import encode_pfc
+from rocev2_emu.qp import QueuePair
+from rocev2_emu.qp_state import QPAttr, QPState
+from rocev2_emu.roce import FrameTemplate
+from rocev2_emu.topogen import leaf_spine, single_switch
+from rocev2_emu.topology import Topology, parse
+from rocev2_emu.work import CompletionQueue, SendWR, Sge, WcStatus, WrOpcode
+from switch.config import EcnThresholds
+from switch.mmu import Mmu, MmuConfig
+from tests.unit.netsim import NetSim
+
+RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+
+
+def topo(text: str, **overrides: dict[str, object]) -> Topology:
+    data = tomllib.loads(text)
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    return parse(data, "test.toml")
+
+
+@dataclass
+class Flow:
+    src_nic: NicCore
+    qp: QueuePair
+    cq: CompletionQueue
+    src: np.ndarray
+    dst: np.ndarray
+    mr_src: MemoryRegion
+    mr_dst: MemoryRegion
+
+
+def connect(sim: NetSim, a: str, b: str, size: int, seed: int) -> Flow:
+    na, nb = sim.nics[a], sim.nics[b]
+    pa, pb = na.alloc_pd(), nb.alloc_pd()
+    ca, cb = na.create_cq(), nb.create_cq()
+    qa, qb = na.create_qp(pa, ca, ca), nb.create_qp(pb, cb, cb)
+    for nic, qp, peer, ip in (
+        (na, qa, qb, sim.topo.nodes[b].ip),
+        (nb, qb, qa, sim.topo.nodes[a].ip),
+    ):
+        nic.modify_qp(qp, QPAttr(qp_state=QPState.INIT, port_num=1, qp_access_flags=RW))
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTR,
+                path_mtu=sim.topo.mtu,
+                dest_qp_num=peer.qpn,
+                rq_psn=0,
+                max_dest_rd_atomic=4,
+                min_rnr_timer=1,
+                ah_attr=ip,
+            ),
+        )
+        nic.modify_qp(
+            qp,
+            QPAttr(
+                qp_state=QPState.RTS,
+                sq_psn=0,
+                timeout=12,
+                retry_cnt=7,
+                rnr_retry=7,
+                max_rd_atomic=4,
+            ),
+        )
+    src = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    ms, md = na.reg_mr(pa, src, RW), nb.reg_mr(pb, dst, RW)
+    return Flow(na, qa, ca, src, dst, ms, md)
+
+
+def start(f: Flow, chunk: int = 64 << 10) -> int:
+    n = -(-len(f.src) // chunk)
+    for k in range(n):
+        length = min(chunk, len(f.src) - k * chunk)
+        f.src_nic.post_send(
+            f.qp,
+            SendWR(
+                k,
+                WrOpcode.RDMA_WRITE,
+                [Sge(f.mr_src.addr + k * chunk, length, f.mr_src.lkey)],
+                remote_addr=f.mr_dst.addr + k * chunk,
+                rkey=f.mr_dst.rkey,
+            ),
+        )
+    return n
+
+
+def finish(sim: NetSim, flows: list[Flow], counts: list[int], max_time: float = 2.0) -> None:
+    done = [0] * len(flows)
+
+    def all_done() -> bool:
+        for i, f in enumerate(flows):
+            for wc in f.cq.poll(1 << 16):
+                assert wc.status is WcStatus.SUCCESS, wc
+                done[i] += 1
+        return done == counts
+
+    sim.run(all_done, max_time=max_time)
+    for f in flows:
+        assert (f.src == f.dst).all()
+
+
+def incast(pfc: bool, buffer_bytes: int) -> tuple[NetSim, list[Flow]]:
+    t = topo(
+        single_switch(5, delay_us=1.0),
+        pfc={"enabled": pfc},
+        buffer={"size_bytes": buffer_bytes, "headroom_bytes": 64 * 1024},
+        ecn={"enabled": False},
+    )
+    sim = NetSim(t)
+    flows = [connect(sim, f"h{i}", "h4", 1 << 20, i) for i in range(4)]
+    counts = [start(f) for f in flows]
+    finish(sim, flows, counts)
+    return sim, flows
+
+
+def test_incast_with_pfc_is_lossless_and_pauses_the_senders() -> None:
+    sim, _ = incast(pfc=True, buffer_bytes=1 << 20)
+    sw = sim.switches["sw0"]
+    assert sum(sum(p.drops.values()) for p in sw.ports) == 0
+    assert all(sw.ports[i].pfc_tx[3] > 0 for i in range(4))  # XOFF to every sender
+    assert all(sim.nics[f"h{i}"].pause_frames_received[3] > 0 for i in range(4))
+    assert all(sim.nics[f"h{i}"].counters.retransmitted_packets == 0 for i in range(4))
+    assert sw.ports[4].paused_seconds(3, sim.now) == 0  # the receiver never paused the switch
+
+
+def test_incast_without_pfc_drops_and_go_back_n_recovers() -> None:
+    sim, _ = incast(pfc=False, buffer_bytes=600 * 1024)
+    sw = sim.switches["sw0"]
+    drops = sum(p.drops["buffer"] for p in sw.ports)
+    assert drops > 0
+    assert sum(p.pfc_tx[3] for p in sw.ports) == 0
+    assert sum(sim.nics[f"h{i}"].counters.retransmitted_packets for i in range(4)) >= drops
+
+
+def test_incast_is_deterministic() -> None:
+    runs = []
+    for _ in range(2):
+        sim, _ = incast(pfc=False, buffer_bytes=600 * 1024)
+        sw = sim.switches["sw0"]
+        runs.append(([dict(p.drops) for p in sw.ports], [p.pfc_tx[3] for p in sw.ports], sim.now))
+    assert runs[0] == runs[1]
+
+
+def test_ecmp_spreads_64_qps_over_two_spines() -> None:
+    t = topo(leaf_spine(2, 2, 2))
+    sim = NetSim(t)
+    flows = [connect(sim, f"h{i % 2}", f"h{2 + i % 2}", 4096, i) for i in range(64)]
+    counts = [start(f) for f in flows]
+    finish(sim, flows, counts)
+    leaf0 = sim.switches["leaf0"]
+    up = [leaf0.ports[p].tx_packets for p in range(2)]  # ports 0, 1 lead to the spines
+    assert sum(up) >= 64
+    assert abs(up[0] - up[1]) <= 0.2 * sum(up) / 2 * 2  # within +-20 % of the mean
+
+
+def test_a_flow_survives_a_spine_link_going_down() -> None:
+    t = topo(leaf_spine(2, 2, 1))
+    sim = NetSim(t)
+    f = connect(sim, "h0", "h1", 4 << 20, 1)
+    n = start(f)
+    sim.advance_to(50e-6)
+    leaf0 = sim.switches["leaf0"]
+    used = max(range(2), key=lambda p: leaf0.ports[p].tx_packets)
+    link = t.nodes["leaf0"].ports[used][0]
+    sim.set_link(link, up=False)
+    finish(sim, [f], [n])
+    other = 1 - used
+    assert leaf0.ports[other].tx_packets > 0
+    assert f.src_nic.counters.retransmitted_packets > 0 or leaf0.ports[used].drops["link_down"]
+
+
+def test_red_marks_with_probability_between_kmin_and_kmax() -> None:
+    t = topo(single_switch(2))
+    sim = NetSim(t)
+    sw = sim.switches["sw0"]
+    sw.ecn[1] = EcnThresholds(10_000, 30_000, 0.5)
+    tpl = FrameTemplate(vni=1, src_mac=bytes(6), dst_mac=bytes(6), src_ip=1, dst_ip=2, sport=0xC000)
+    datagram = tpl.build(4, 1, 0)
+    not_ect = FrameTemplate(
+        vni=1, src_mac=bytes(6), dst_mac=bytes(6), src_ip=1, dst_ip=2, sport=0xC000, ecn=0
+    ).build(4, 1, 0)
+    for depth, expected in ((5_000, 0.0), (20_000, 0.25), (25_000, 0.375), (40_000, 1.0)):
+        marked = sum(sw._mark(1, 3, datagram, depth)[23] & 3 == 3 for _ in range(4000))
+        assert marked / 4000 == pytest.approx(expected, abs=0.03)
+        assert all(sw._mark(1, 3, not_ect, depth) == not_ect for _ in range(50))
+    from rocev2_emu.roce import decode_datagram_untrusted
+
+    marked_frame = sw._mark(1, 3, datagram, 40_000)
+    assert decode_datagram_untrusted(marked_frame)[1].ecn == 3  # type: ignore[union-attr]
+
+
+def test_static_xoff_and_xon_hysteresis() -> None:
+    mmu = Mmu(
+        MmuConfig(
+            buffer_bytes=4 << 20,
+            reserve_bytes=1000,
+            headroom_bytes=20_000,
+            xoff_bytes=10_000,
+            xon_offset_bytes=4_000,
+        ),
+        2,
+        frozenset({3}),
+    )
+    size = 1000
+    queued = []
+    while not mmu.should_pause(0, 3):
+        assert mmu.admit(0, 3, size)
+        queued.append(mmu.enqueue(0, 3, size))
+    assert mmu.shared_used(0, 3) == 10_000  # XOFF exactly at the threshold
+    mmu.paused[0][3] = True
+    while mmu.admit(0, 3, size):  # in flight after XOFF: the headroom absorbs it
+        queued.append(mmu.enqueue(0, 3, size))
+    assert mmu.headroom_used[0][3] == 20_000
+    resumed_at = None
+    for from_headroom in reversed(queued):
+        mmu.dequeue(0, 3, size, from_headroom)
+        if mmu.should_resume(0, 3):
+            resumed_at = mmu.shared_used(0, 3)
+            break
+    assert resumed_at == 6_000  # XON 4000 bytes below the XOFF threshold
+
+
+@pytest.mark.parametrize("gbps", [25, 100])
+def test_a_pause_stops_a_switch_port_for_quanta_times_512_bit_times(gbps: int) -> None:
+    t = topo(single_switch(2, rate_gbps=gbps))
+    sim = NetSim(t)
+    sw = sim.switches["sw0"]
+    sw.receive(1, encode_vxlan(2, encode_pfc(bytes(6), {3: 1000})), 0.0)
+    assert sw.ports[1].paused_until[3] == pytest.approx(1000 * 512 / (gbps * 1e9))
+    assert sw.ports[1].pfc_rx[3] == 1
+
+
+def test_watchdog_detects_a_storm_and_restores_after_it() -> None:
+    t = topo(single_switch(2), pfc={"watchdog_detect_ms": 1.0, "watchdog_restore_ms": 2.0})
+    sim = NetSim(t)
+    sw = sim.switches["sw0"]
+    storm = encode_vxlan(2, encode_pfc(bytes(6), {3: 0xFFFF}))  # 335 us at 100 Gbit/s
+    f = connect(sim, "h0", "h1", 64 << 10, 1)
+    start(f)
+    t_ = 0.0
+    while t_ < 3e-3:  # h1 pauses the switch without end
+        sim.advance_to(t_)
+        sw.receive(1, storm, sim.now)
+        t_ += 100e-6
+    assert sw.watchdog.storms_detected[1][3] == 1
+    assert sw.ports[1].drops["pfc_watchdog"] > 0
+    sim.advance_to(t_ + 2.5e-3)  # no pause for longer than the restoration time
+    assert sw.watchdog.storms_restored[1][3] == 1
+    assert not sw.watchdog.stormed[1][3]

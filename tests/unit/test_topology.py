@@ -1,0 +1,85 @@
+"""Topology files: the shipped examples, the generators, routes, and errors that name the file,
+the key and the bad value."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rocev2_emu.topogen import fat_tree, leaf_spine, single_switch
+from rocev2_emu.topology import TopologyError, load, parse
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
+
+
+def test_shipped_examples_are_the_generators_output() -> None:
+    assert (EXAMPLES / "single-switch.toml").read_text() == single_switch(8)
+    assert (EXAMPLES / "leaf-spine.toml").read_text() == leaf_spine(2, 4, 2)
+    t = load(EXAMPLES / "leaf-spine.toml")
+    assert (len(t.switches), len(t.hosts), len(t.links)) == (6, 8, 16)
+    assert all(link.rate_bps == 100e9 for link in t.links)
+    # from a leaf, hosts of another leaf are reached over both spines (ECMP), own hosts direct
+    assert t.routes["leaf0"]["h7"] == (0, 1)
+    assert len(t.routes["leaf0"]["h0"]) == 1
+    assert t.routes["spine1"]["h7"] == (3,)
+
+
+def test_fat_tree_k4() -> None:
+    t = parse(tomllib.loads(fat_tree(4)))
+    assert (len(t.switches), len(t.hosts)) == (20, 16)
+    assert len(t.routes["edge0_0"]["h15"]) == 2  # up to either aggregation switch
+    assert len(t.routes["agg0_0"]["h15"]) == 2  # up to either of its cores
+    assert len(t.routes["core0"]["h15"]) == 1  # down into the pod
+
+
+def test_addresses_and_switch_config() -> None:
+    t = parse(tomllib.loads(single_switch(3)))
+    assert [h.ip for h in t.hosts] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    assert t.nodes["sw0"].address == "127.10.0.10" and t.nodes["h0"].address == "127.10.0.11"
+    cfg = t.switch_config("sw0")
+    assert [p.vni for p in cfg.ports] == [1, 2, 3]
+    assert cfg.routes[0x0A000002] == (1,)
+    assert cfg.pfc_enabled and cfg.lossless == frozenset({3})
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"fabric": {"tdf": -1}}, r"\[fabric\]\.tdf = -1: must be > 0"),
+        ({"fabric": {"mtu": 1500}}, r"\[fabric\]\.mtu = 1500"),
+        ({"fabric": {"tdf": "fast"}}, r"\[fabric\]\.tdf = 'fast': wrong type str"),
+        ({"pfc": {"lossless_priorities": [9]}}, r"\[pfc\]\.lossless_priorities = \[9\]"),
+        ({"pfc": {"quanta": 70000}}, r"\[pfc\]\.quanta = 70000"),
+        ({"buffer": {"colour": 1}}, r"\[buffer\]\.colour = 1: unknown key"),
+        ({"routing": {}}, r"routing = '...': unknown section"),
+    ],
+)
+def test_errors_name_file_key_and_value(patch: dict[str, dict[str, object]], message: str) -> None:
+    data = tomllib.loads(single_switch(2))
+    for section, values in patch.items():
+        data.setdefault(section, {}).update(values)
+    with pytest.raises(TopologyError, match=r"^net\.toml: " + message):
+        parse(data, "net.toml")
+
+
+def test_link_and_node_errors(tmp_path: Path) -> None:
+    data = tomllib.loads(single_switch(2))
+    data["link"][0]["b"] = "sw9"
+    with pytest.raises(TopologyError, match=r"\[\[link\]\] #1 b = 'sw9': no such node"):
+        parse(data, "x.toml")
+    data = tomllib.loads(single_switch(2))
+    data["host"].append({"name": "h0"})
+    with pytest.raises(TopologyError, match="h0.*duplicate"):
+        parse(data, "x.toml")
+    data = tomllib.loads(single_switch(2))
+    data["link"].append({"a": "h0", "b": "sw0"})
+    with pytest.raises(TopologyError, match="exactly one link"):
+        parse(data, "x.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fabric\nname=")
+    with pytest.raises(TopologyError, match=r"bad\.toml: not valid TOML"):
+        load(bad)
+    with pytest.raises(TopologyError, match="cannot read"):
+        load(tmp_path / "missing.toml")
