@@ -71,7 +71,7 @@ def test_link_and_node_errors(tmp_path: Path) -> None:
         parse(data, "x.toml")
     data = tomllib.loads(single_switch(2))
     data["host"].append({"name": "h0"})
-    with pytest.raises(TopologyError, match="h0.*duplicate"):
+    with pytest.raises(TopologyError, match=r"h0.*duplicate"):
         parse(data, "x.toml")
     data = tomllib.loads(single_switch(2))
     data["link"].append({"a": "h0", "b": "sw0"})
