@@ -5,6 +5,9 @@ Subcommands::
     rocev2-emu demo                         two NIC processes on 127.0.0.2/.3: write-bw, write-lat
     rocev2-emu write-bw [SERVER] [flags]    perftest ib_write_bw (server without SERVER)
     rocev2-emu write-lat | send-bw | read-bw
+    rocev2-emu up TOPOLOGY [--flows F] [--virtual]   a fabric: switches and hosts, a job
+    rocev2-emu node TOPOLOGY NAME           one switch or host of a topology (used by up)
+    rocev2-emu topology SHAPE [...]         generate a topology file
     rocev2-emu bench udp-baseline|write-bw  print datagram-rate figures (no assertions)
 
 Every figure is in emulated units and states the TDF it ran at.
@@ -166,6 +169,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     for name in PERFTESTS:
         _perftest_parser(sub, name)
+    up = sub.add_parser(
+        "up",
+        help="run a topology: one process per switch and host "
+        "(or --virtual), optionally a flow list, then report",
+    )
+    up.add_argument("topology", help="topology TOML file (see examples/topologies)")
+    up.add_argument("--flows", help="flow list TOML ([[flow]] src, dst, size, start_us, dscp)")
+    up.add_argument(
+        "--virtual",
+        action="store_true",
+        help="one process in virtual time (deterministic; needs --flows)",
+    )
+    up.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
+    node = sub.add_parser("node", help="run one switch or host of a topology (used by up)")
+    node.add_argument("topology")
+    node.add_argument("name")
+    node.add_argument("--tdf", type=float, help="override the topology's TDF")
+    node.add_argument(
+        "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
+    )
+    node.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
+    gen = sub.add_parser("topology", help="generate a topology file on stdout")
+    gen.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
+    gen.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
+    gen.add_argument("--spines", type=int, default=2, help="leaf-spine: spines (default 2)")
+    gen.add_argument("--leaves", type=int, default=4, help="leaf-spine: leaves (default 4)")
+    gen.add_argument("--hosts-per-leaf", type=int, default=2, help="leaf-spine (default 2)")
+    gen.add_argument("-k", type=int, default=4, help="fat-tree: k (even, default 4)")
+    gen.add_argument("--rate", type=float, default=100.0, help="link rate, Gbit/s")
+    gen.add_argument("--delay-us", type=float, default=1.0, help="link delay, microseconds")
+    gen.add_argument("--tdf", type=float, default=200.0, help="time-dilation factor")
     bench = sub.add_parser("bench", help="print datagram-rate figures")
     bench.add_argument("which", choices=["udp-baseline", "write-bw"])
     bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
@@ -250,6 +284,29 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fabric_command(args: argparse.Namespace) -> int:
+    from rocev2_emu import launcher, node, topogen, topology
+
+    if args.command == "topology":
+        common = {"rate_gbps": args.rate, "delay_us": args.delay_us, "tdf": args.tdf}
+        if args.shape == "single-switch":
+            text = topogen.single_switch(args.hosts, **common)
+        elif args.shape == "leaf-spine":
+            text = topogen.leaf_spine(args.spines, args.leaves, args.hosts_per_leaf, **common)
+        else:
+            text = topogen.fat_tree(args.k, **common)
+        print(text, end="")
+        return 0
+    topo = topology.load(args.topology)
+    if args.command == "node":
+        opts = node.NodeOptions(args.tdf or topo.tdf, args.epoch, not args.no_metrics)
+        trio.run(node.run_node, topo, args.name, opts)
+        return 0
+    return launcher.up(
+        topo, args.topology, tdf=args.tdf, flows_path=args.flows, virtual=args.virtual
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -259,12 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command in ("up", "node", "topology"):
+            return _fabric_command(args)
         if args.command == "bench":
             from rocev2_emu.bench import main as bench_main
 
             return bench_main(args.which, args.seconds)
         return trio.run(run_perftest, _options(args))
-    except (PerftestError, VerbsError, OSError, ValueError) as exc:
+    except (PerftestError, VerbsError, OSError, ValueError, RuntimeError) as exc:
         print(f"rocev2-emu {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

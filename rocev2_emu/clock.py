@@ -9,6 +9,7 @@ Under ``trio.testing.MockClock`` the same code runs in virtual time (use TDF 1 t
 from __future__ import annotations
 
 import math
+import time
 
 import trio
 
@@ -16,10 +17,17 @@ import trio
 class DilatedClock:
     """Maps the trio clock to emulated time, starting at 0 when created."""
 
-    def __init__(self, tdf: float = 1.0, origin: float | None = None) -> None:
+    def __init__(
+        self, tdf: float = 1.0, origin: float | None = None, *, epoch: float | None = None
+    ) -> None:
+        """``origin``: the trio-clock time of emulated 0 (default: now).  ``epoch``: the same
+        instant as a ``time.monotonic()`` reading, which every process on one kernel (and every
+        container) shares - so all nodes of a fabric agree on emulated time."""
         if not tdf > 0 or not math.isfinite(tdf):
             raise ValueError(f"time-dilation factor {tdf!r} must be a positive number")
         self.tdf = tdf
+        if epoch is not None:
+            origin = trio.current_time() - (time.monotonic() - epoch)
         self.origin = trio.current_time() if origin is None else origin
 
     def now(self) -> float:

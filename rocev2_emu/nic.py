@@ -74,6 +74,7 @@ class NicCore:
         self.pause_frames_received = [0] * PRIORITIES
         self.tx_free_at = 0.0
         self.tx_behind_schedule = 0  # frames that left later than their slot + catch-up
+        self._tx_idle = True
         # QPs with something to send, per priority, in round-robin order
         self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
         self._templates: dict[int, FrameTemplate] = {}
@@ -210,6 +211,7 @@ class NicCore:
             return None
         datagram = self._control.popleft() if self._control else self._next_qp_datagram(now)
         if datagram is None:
+            self._tx_idle = True  # the next frame starts a new busy period at its own time
             return None
         size = len(datagram) - VXLAN_LEN
         c = self.counters
@@ -217,10 +219,12 @@ class NicCore:
         c.tx_bytes += size
         if rate:
             start = self.tx_free_at
-            if now - start > self.config.catchup:
-                if start:
-                    self.tx_behind_schedule += 1
+            if self._tx_idle:
+                start = now
+            elif now - start > self.config.catchup:
+                self.tx_behind_schedule += 1  # a late pump: this frame lost its slot
                 start = now - self.config.catchup
+            self._tx_idle = False
             self.tx_free_at = start + (size + WIRE_OVERHEAD) * 8 / rate
         return datagram
 

@@ -27,6 +27,8 @@ class DatagramPort(Protocol):
 
     def send(self, data: bytes | bytearray | memoryview) -> bool: ...
 
+    def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool: ...
+
     async def wait_readable(self) -> None: ...
 
     async def wait_writable(self) -> None: ...
@@ -89,6 +91,16 @@ class UdpPort:
             self.tx_errors += 1  # e.g. ECONNREFUSED surfaced from an earlier ICMP error
         return True
 
+    def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool:
+        """Send to one of several peers (a switch's ports share one unconnected socket)."""
+        try:
+            self.sock.sendto(data, peer)
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.tx_errors += 1
+        return True
+
     async def wait_readable(self) -> None:
         await trio.lowlevel.wait_readable(self.sock)
 
@@ -130,7 +142,14 @@ class MemoryPort:
         return self.inbox.popleft() if self.inbox else None
 
     def send(self, data: bytes | bytearray | memoryview) -> bool:
-        dst = self.net.ports.get(self.peer) if self.peer is not None else None
+        return self.send_to(data, self.peer) if self.peer is not None else self._no_peer()
+
+    def _no_peer(self) -> bool:
+        self.tx_errors += 1
+        return True
+
+    def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool:
+        dst = self.net.ports.get(peer)
         if dst is None:
             self.tx_errors += 1
             return True

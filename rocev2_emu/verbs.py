@@ -63,6 +63,7 @@ class DeviceConfig:
     pcap: str | None = None
     next_hop_mac: bytes | None = None
     vni: int = 1
+    epoch: float | None = None  # time.monotonic() at emulated time 0, shared by a fabric
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,7 +92,7 @@ class Context:
     async def open(
         cls, config: DeviceConfig, *, port: DatagramPort | None = None
     ) -> AsyncIterator[Context]:
-        clock = DilatedClock(config.tdf)
+        clock = DilatedClock(config.tdf, epoch=config.epoch)
         gid = config.gid or default_gid(config.bind)
         core = NicCore(
             NicConfig(
@@ -261,8 +262,10 @@ class QP:
         rnr_retry: int = 7,
         min_rnr_timer: int = 12,
         max_rd_atomic: int = 16,
+        traffic_class: int | None = None,
     ) -> None:
-        """RESET -> INIT -> RTR -> RTS towards ``remote``, with perftest's usual attributes."""
+        """RESET -> INIT -> RTR -> RTS towards ``remote``, with perftest's usual attributes;
+        ``traffic_class`` is the DSCP of the QP's packets (the NIC's default when None)."""
         self.modify(QPAttr(qp_state=QPState.INIT, port_num=1, pkey_index=0, qp_access_flags=access))
         self.modify(
             QPAttr(
@@ -273,6 +276,7 @@ class QP:
                 max_dest_rd_atomic=max_rd_atomic,
                 min_rnr_timer=min_rnr_timer,
                 ah_attr=remote.gid,
+                traffic_class=traffic_class,
             )
         )
         self.modify(

@@ -56,6 +56,7 @@ class PortState:
 
     def __init__(self, prio_count: int = PRIORITIES) -> None:
         self.up = True
+        self.idle = True
         self.queues: list[deque[_Entry]] = [deque() for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
         self.tx_free_at = 0.0
@@ -112,6 +113,8 @@ class SwitchCore:
             for p in config.ports
         ]
         self.drops: Counter[str] = Counter()  # drops before an ingress port is known
+        self.catchup = 0.0  # emulated seconds a late pump may send in the past (driver sets)
+        self.behind_schedule = 0  # frames that lost their line-rate slot
 
     # -- ingress ---------------------------------------------------------------------------
     def receive(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
@@ -233,19 +236,26 @@ class SwitchCore:
     def transmit(self, now: float) -> list[tuple[int, bytes]]:
         """Every datagram due to leave by ``now``, as (port, datagram)."""
         out: list[tuple[int, bytes]] = []
+        catchup = self.catchup
         for index, ps in enumerate(self.ports):
             rate = self.config.ports[index].rate_bps
             while ps.tx_free_at <= now or not rate:
                 datagram = self._dequeue(index, ps, now)
                 if datagram is None:
+                    ps.idle = True
                     break
                 size = len(datagram) - VXLAN_LEN
                 ps.tx_packets += 1
                 ps.tx_bytes += size
                 if rate:
-                    ps.tx_free_at = (
-                        max(ps.tx_free_at, now - 1e-3) + (size + WIRE_OVERHEAD) * 8 / rate
-                    )
+                    start = ps.tx_free_at
+                    if ps.idle:
+                        start = now  # a new busy period starts at its first frame
+                    elif now - start > catchup:
+                        self.behind_schedule += 1
+                        start = now - catchup
+                    ps.idle = False
+                    ps.tx_free_at = start + (size + WIRE_OVERHEAD) * 8 / rate
                 if ps.up:
                     out.append((index, datagram))
                 else:

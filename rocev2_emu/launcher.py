@@ -1,0 +1,338 @@
+"""``rocev2-emu up``: bring a topology to life, run a flow list on it, report, and stop.
+
+Local mode (the default) starts one ``rocev2-emu node`` process per switch and host, each on its
+own 127.10.x.y address, waits until every one prints READY (with a deadline), prints where each
+serves metrics, then either runs the flows and exits with their verdict, or waits for Ctrl-C.
+If any node dies, it says which and why (its last stderr lines) and stops the rest.
+
+``--virtual`` runs the same topology in this one process under trio's MockClock with in-memory
+links: the same sans-IO cores and drivers, time that jumps from event to event, and the same
+result for the same seed every time.
+
+Flow files are TOML (``[[flow]]`` with src, dst, size, and optionally start_us and dscp), the
+HPCC simulator's flow lists in another syntax.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from collections import deque
+from contextlib import AsyncExitStack
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.abc
+import trio.testing
+
+from rocev2_emu.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
+from rocev2_emu.clock import DilatedClock
+from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.node import METRICS_PORT, host_config, switch_driver, switch_stats
+from rocev2_emu.oob import OobChannel
+from rocev2_emu.ports import MemoryNetwork
+from rocev2_emu.topology import Topology, TopologyError
+from rocev2_emu.verbs import Context
+from switch.driver import SwitchDriver
+
+READY_TIMEOUT = 60.0
+
+
+def load_flows(path: str | Path, topo: Topology) -> list[FlowSpec]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TopologyError(f"{path}: cannot read flows: {exc}") from exc
+    flows = []
+    for i, item in enumerate(data.get("flow", [])):
+        where = f"{path}: [[flow]] #{i + 1}"
+        for end in ("src", "dst"):
+            node = topo.nodes.get(item.get(end, ""))
+            if node is None or node.kind != "host":
+                raise TopologyError(f"{where} {end} = {item.get(end)!r}: no such host")
+        size = item.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise TopologyError(f"{where} size = {size!r}: must be an integer >= 0")
+        flows.append(
+            FlowSpec(
+                i,
+                item["src"],
+                item["dst"],
+                size,
+                float(item.get("start_us", 0.0)) * 1e-6,
+                int(item.get("dscp", 26)),
+            )
+        )
+    if not flows:
+        raise TopologyError(f"{path}: no [[flow]] entries")
+    return flows
+
+
+def report(
+    topo: Topology, tdf: float, mode: str, results: list[FlowResult], fabric: dict[str, Any]
+) -> int:
+    """Print the flows' completion times and the fabric's counters; the exit code."""
+    print(
+        f"# {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches, {mode}, "
+        f"TDF {tdf:g}; times are emulated"
+    )
+    print(
+        f"{'flow':>5} {'src':>8} {'dst':>8} {'bytes':>10} {'start(us)':>10} {'FCT(us)':>10} "
+        f"{'Gbit/s':>8}  status"
+    )
+    for r in results:
+        gbps = r.size * 8 / r.fct / 1e9 if r.fct else 0.0
+        ok = "ok, verified" if r.verified else r.status
+        print(
+            f"{r.id:>5} {r.src:>8} {r.dst:>8} {r.size:>10} {r.start * 1e6:>10.1f} "
+            f"{r.fct * 1e6:>10.1f} {gbps:>8.2f}  {ok}"
+        )
+    fcts = sorted(r.fct for r in results if r.verified)
+    if fcts:
+        p99 = fcts[min(len(fcts) - 1, math.ceil(len(fcts) * 0.99) - 1)]
+        print(
+            f"# FCT p50 {statistics.median(fcts) * 1e6:.1f} us, p99 {p99 * 1e6:.1f} us, "
+            f"max {fcts[-1] * 1e6:.1f} us"
+        )
+    drops = fabric.get("drops", {})
+    print(
+        f"# fabric: PFC frames sent {fabric.get('pfc_tx', 0)}, paused "
+        f"{fabric.get('paused_seconds', 0.0) * 1e6:.1f} us (port-priority total), ECN marks "
+        f"{fabric.get('ecn_marked', 0)}, drops {sum(drops.values())} {dict(drops) or ''}, "
+        f"watchdog storms {fabric.get('storms', 0)}, late wake-ups "
+        f"{fabric.get('late_wakeups', 0)}"
+    )
+    failed = [r for r in results if not r.verified]
+    if failed:
+        print(f"# {len(failed)} flow(s) failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"drops": {}}
+    for s in stats:
+        for key, value in s.items():
+            if key == "drops":
+                for reason, n in value.items():
+                    total["drops"][reason] = total["drops"].get(reason, 0) + n
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+# -- virtual mode ------------------------------------------------------------------------
+
+
+async def _virtual(
+    topo: Topology, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
+    net = MemoryNetwork()
+    drivers: list[SwitchDriver] = []
+    agents: dict[str, HostAgent] = {}
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        for sw in topo.switches:
+            driver = switch_driver(
+                topo, sw.name, net.port((sw.address, VXLAN_UDP_PORT)), DilatedClock(1.0)
+            )
+            drivers.append(driver)
+            await nursery.start(driver.run)
+        for h in topo.hosts:
+            cfg = host_config(topo, h.name, 1.0, None)
+            assert cfg.link_peer is not None
+            port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
+            ctx = await stack.enter_async_context(Context.open(cfg, port=port))
+            agents[h.name] = HostAgent(ctx, h.name, mtu=topo.mtu)
+        peers: dict[str, FlowPeer] = dict(agents)
+        t0 = next(iter(agents.values())).ctx.now() + 1e-3
+        results: list[FlowResult] = []
+
+        async def source(name: str, specs: list[FlowSpec]) -> None:
+            results.extend(await agents[name].run_flows(specs, peers, t0))
+
+        async with trio.open_nursery() as jobs:
+            for name in sorted({f.src for f in flows}):
+                jobs.start_soon(source, name, [f for f in flows if f.src == name])
+        nursery.cancel_scope.cancel()
+    return sorted(results, key=lambda r: r.id), _merge([switch_stats(d) for d in drivers])
+
+
+def run_virtual(topo: Topology, flows: list[FlowSpec]) -> int:
+    results, fabric = trio.run(
+        _virtual, topo, flows, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+    return report(topo, 1.0, "virtual time (one process, in-memory links)", results, fabric)
+
+
+# -- local mode: one process per node ----------------------------------------------------
+
+
+async def _read_ready(name: str, proc: trio.Process, ready: dict[str, str]) -> None:
+    assert proc.stdout is not None
+    buf = b""
+    while b"\n" not in buf:
+        chunk = await proc.stdout.receive_some(4096)
+        if not chunk:
+            raise RuntimeError(f"node {name} exited before it was ready (code {proc.poll()})")
+        buf += chunk
+    line = buf.split(b"\n", 1)[0].decode()
+    if not line.startswith("READY "):
+        raise RuntimeError(f"node {name} said {line!r} instead of READY")
+    ready[name] = line
+
+
+async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> None:
+    """Keep a node's pipe flowing (a full pipe would stall it) and remember its last lines."""
+    if stream is None:
+        return
+    while chunk := await stream.receive_some(65536):
+        tail.extend(chunk.decode(errors="replace").splitlines())
+
+
+async def _watch(
+    name: str, proc: trio.Process, tail: deque[str], stopping: trio.Event, scope: trio.CancelScope
+) -> None:
+    code = await proc.wait()
+    if not stopping.is_set():
+        await trio.sleep(0.2)  # let the drain task collect the last words
+        why = "\n".join(tail)
+        print(
+            f"rocev2-emu up: node {name} died with code {code}; stopping the fabric"
+            + (f"\n{why}" if why else ""),
+            file=sys.stderr,
+        )
+        scope.cancel()
+
+
+async def _local(topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec] | None) -> int:
+    epoch = time.monotonic()
+    procs: dict[str, trio.Process] = {}
+    stopping = trio.Event()
+    code = 1
+    try:
+        async with trio.open_nursery() as nursery:
+            tails: dict[str, deque[str]] = {}
+            for name in topo.nodes:
+                procs[name] = await trio.lowlevel.open_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rocev2_emu",
+                        "node",
+                        topo_path,
+                        name,
+                        "--tdf",
+                        str(tdf),
+                        "--epoch",
+                        repr(epoch),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                tails[name] = deque(maxlen=8)
+                nursery.start_soon(_drain, procs[name].stderr, tails[name])
+            ready: dict[str, str] = {}
+            try:
+                with trio.fail_after(READY_TIMEOUT):
+                    async with trio.open_nursery() as waiting:
+                        for name, proc in procs.items():
+                            waiting.start_soon(_read_ready, name, proc, ready)
+            except (trio.TooSlowError, BaseExceptionGroup) as exc:
+                await trio.sleep(0.3)
+                missing = sorted(set(procs) - set(ready))
+                for name in missing:
+                    print(
+                        f"rocev2-emu up: node {name} not ready: " + " | ".join(tails[name]),
+                        file=sys.stderr,
+                    )
+                raise RuntimeError(
+                    f"nodes not ready within {READY_TIMEOUT:g} s: {missing}"
+                ) from exc
+            for name, proc in procs.items():
+                nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
+                nursery.start_soon(_watch, name, proc, tails[name], stopping, nursery.cancel_scope)
+            print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
+            for name in topo.nodes:
+                print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
+            if flows is None:
+                print("# Ctrl-C stops the fabric", flush=True)
+                await trio.sleep_forever()
+            else:
+                code = await _run_job(topo, tdf, epoch, flows)
+            stopping.set()
+            nursery.cancel_scope.cancel()
+    finally:
+        stopping.set()
+        await _stop(procs)
+    return code
+
+
+async def _run_job(topo: Topology, tdf: float, epoch: float, flows: list[FlowSpec]) -> int:
+    clock = DilatedClock(tdf, epoch=epoch)
+    t0 = clock.now() + 0.5 / tdf  # half a real second from now, in emulated time
+    peers = {h.name: (h.address, CONTROL_PORT) for h in topo.hosts}
+    results: list[FlowResult] = []
+
+    async def source(name: str, specs: list[FlowSpec]) -> None:
+        chan = await OobChannel.connect(topo.nodes[name].address, CONTROL_PORT, timeout=30)
+        chan.timeout = 3600.0
+        try:
+            await chan.send(
+                {"cmd": "run_flows", "flows": [asdict(s) for s in specs], "peers": peers, "t0": t0}
+            )
+            reply = await chan.recv()
+        finally:
+            await chan.aclose()
+        if "error" in reply:
+            raise RuntimeError(f"host {name}: {reply['error']}")
+        results.extend(FlowResult(**r) for r in reply["results"])
+
+    async with trio.open_nursery() as jobs:
+        for name in sorted({f.src for f in flows}):
+            jobs.start_soon(source, name, [f for f in flows if f.src == name])
+    stats = []
+    for sw in topo.switches:
+        chan = await OobChannel.connect(sw.address, CONTROL_PORT, timeout=10)
+        await chan.send({"cmd": "stats"})
+        stats.append(await chan.recv())
+        await chan.aclose()
+    return report(topo, tdf, "local processes", sorted(results, key=lambda r: r.id), _merge(stats))
+
+
+async def _stop(procs: dict[str, trio.Process]) -> None:
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.terminate()
+    with trio.move_on_after(10):
+        for proc in procs.values():
+            await proc.wait()
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.kill()
+
+
+def up(
+    topo: Topology,
+    topo_path: str,
+    *,
+    tdf: float | None = None,
+    flows_path: str | None = None,
+    virtual: bool = False,
+) -> int:
+    flows = load_flows(flows_path, topo) if flows_path else None
+    if virtual:
+        if flows is None:
+            raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
+        return run_virtual(topo, flows)
+    try:
+        return trio.run(_local, topo, topo_path, tdf or topo.tdf, flows)
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["METRICS_PORT", "load_flows", "report", "run_virtual", "up"]

@@ -1,0 +1,150 @@
+"""One node of a fabric - a switch or a host - built from the topology file, on real UDP.
+
+``rocev2-emu node TOPOLOGY NAME`` is what the launcher (``rocev2-emu up``) starts once per node
+in local mode, and what a container runs in compose mode.  Every node listens on its own
+address (from the topology): VXLAN links on UDP 4789, Prometheus metrics on TCP 9100 and a
+control port on TCP 18515 (a host's agent runs flows there; a switch takes link up/down and
+route updates and reports its counters).  When it is ready it prints one line::
+
+    READY <name> metrics=http://<addr>:9100/metrics control=<addr>:18515
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from rocev2_emu.agent import CONTROL_PORT, AgentServer, HostAgent
+from rocev2_emu.clock import DilatedClock
+from rocev2_emu.errors import RemoteVerbsError
+from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.link import LinkFaults
+from rocev2_emu.metrics import nic_registry, serve
+from rocev2_emu.oob import OobChannel
+from rocev2_emu.ports import DatagramPort, UdpPort
+from rocev2_emu.topology import Link, Topology
+from rocev2_emu.verbs import Context, DeviceConfig
+from switch.driver import SwitchDriver
+from switch.metrics import SwitchCollector
+from switch.pipeline import SwitchCore
+
+METRICS_PORT: Final = 9100
+
+
+@dataclass(slots=True)
+class NodeOptions:
+    tdf: float
+    epoch: float | None = None
+    metrics: bool = True
+
+
+def link_faults(topo: Topology, link: Link) -> LinkFaults:
+    return LinkFaults(loss=link.loss, delay=link.delay, seed=topo.seed * 1000 + link.index)
+
+
+def switch_driver(
+    topo: Topology, name: str, port: DatagramPort, clock: DilatedClock
+) -> SwitchDriver:
+    node = topo.nodes[name]
+    peers = [(topo.nodes[peer].address, VXLAN_UDP_PORT) for _, peer in node.ports]
+    faults = [link_faults(topo, link) for link, _ in node.ports]
+    return SwitchDriver(SwitchCore(topo.switch_config(name)), port, clock, peers, faults)
+
+
+def host_config(topo: Topology, name: str, tdf: float, epoch: float | None) -> DeviceConfig:
+    node = topo.nodes[name]
+    link, peer = topo.host_link(name)
+    return DeviceConfig(
+        bind=node.address,
+        port=VXLAN_UDP_PORT,
+        gid=node.ip,
+        link_peer=(peer.address, VXLAN_UDP_PORT),
+        link_gbps=link.rate_bps / 1e9,
+        tdf=tdf,
+        faults=link_faults(topo, link),
+        next_hop_mac=topo.mac_of(peer.name, link),
+        vni=link.vni,
+        epoch=epoch,
+    )
+
+
+async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
+    node = topo.nodes.get(name)
+    if node is None:
+        raise ValueError(f"{topo.path}: no node named {name!r}")
+    ready = (
+        f"READY {name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+        f"control={node.address}:{CONTROL_PORT}"
+    )
+    if node.kind == "switch":
+        clock = DilatedClock(opts.tdf, epoch=opts.epoch)
+        udp = UdpPort((node.address, VXLAN_UDP_PORT))
+        driver = switch_driver(topo, name, udp, clock)
+        if opts.metrics:
+            registry = CollectorRegistry()
+            registry.register(SwitchCollector(driver))
+            serve(registry, METRICS_PORT, addr=node.address)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(driver.run)
+            listeners = await trio.open_tcp_listeners(CONTROL_PORT, host=node.address)
+            print(ready, flush=True)
+            await trio.serve_listeners(
+                partial(_switch_control, topo=topo, driver=driver), listeners
+            )
+        return
+    async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
+        if opts.metrics:
+            serve(nic_registry(ctx.driver, name), METRICS_PORT, addr=node.address)
+        agent = HostAgent(ctx, name, mtu=topo.mtu)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(AgentServer(agent).serve, node.address, CONTROL_PORT)
+            print(ready, flush=True)
+
+
+def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
+    """Totals over the switch's ports: what the fabric summary reports."""
+    ports = driver.core.ports
+    drops: dict[str, int] = {}
+    for ps in ports:
+        for reason, count in ps.drops.items():
+            drops[reason] = drops.get(reason, 0) + count
+    return {
+        "drops": drops,
+        "pfc_tx": sum(sum(ps.pfc_tx) for ps in ports),
+        "pfc_rx": sum(sum(ps.pfc_rx) for ps in ports),
+        "ecn_marked": sum(sum(ps.ecn_marked) for ps in ports),
+        "tx_packets": sum(ps.tx_packets for ps in ports),
+        "paused_seconds": sum(
+            ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(8)
+        ),
+        "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
+        "late_wakeups": driver.late_wakeups,
+    }
+
+
+async def _switch_control(stream: trio.SocketStream, topo: Topology, driver: SwitchDriver) -> None:
+    chan = OobChannel(stream, timeout=3600.0)
+    try:
+        while True:
+            try:
+                msg = await chan.recv()
+            except RemoteVerbsError:
+                return
+            cmd = msg.get("cmd") if isinstance(msg, dict) else None
+            now = driver.clock.now()
+            if cmd == "stats":
+                await chan.send(switch_stats(driver))
+            elif cmd == "set_link":
+                driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
+                await chan.send({"ok": True})
+            elif cmd == "set_routes":
+                driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
+                await chan.send({"ok": True})
+            else:
+                await chan.send({"error": f"unknown command {msg!r}"})
+    finally:
+        await chan.aclose()
