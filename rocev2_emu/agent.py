@@ -28,7 +28,7 @@ from rocev2_emu.verbs import CQ, MR, PD, QP, Context
 from rocev2_emu.work import SendWR, Sge, WcStatus, WrOpcode
 
 CONTROL_PORT = 18515
-CHUNK = 1 << 20
+CHUNK = 64 << 10  # bytes per work request: completions come often enough to watch
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,7 +138,9 @@ class HostAgent:
             ]
         )
         status = "ok"
-        deadline = 4.096e-6 * 2**self.qp_timeout * (self.retry_cnt + 2) + spec.size * 8 / 1e9
+        # the transport completes every request or fails it after its retries; this deadline
+        # only guards against a hang, so it is generous: no progress for that long is an error
+        deadline = 4.096e-6 * 2**self.qp_timeout * (self.retry_cnt + 2) * 4 + CHUNK * 8 / 1e9
         done = 0
         try:
             while done < chunks:
@@ -167,6 +169,19 @@ class HostAgent:
             for spec in specs:
                 nursery.start_soon(one, spec)
         return sorted(results, key=lambda r: r.id)
+
+
+def host_stats(ctx: Context) -> dict[str, Any]:
+    """A host NIC's share of the fabric summary."""
+    c = ctx.core.counters
+    return {
+        "nic_pauses": c.pfc_pause_received,
+        "retransmitted": c.retransmitted_packets,
+        "timeouts": c.local_ack_timeout_err,
+        "nic_drops": sum(c.rx_drops.values()),
+        "socket_drops": ctx.port.kernel_drops(),
+        "late_wakeups": ctx.driver.late_wakeups,
+    }
 
 
 class RemotePeer:
@@ -236,8 +251,8 @@ class AgentServer:
                 }
                 results = await self.agent.run_flows(specs, peers, float(msg["t0"]))
                 return {"results": [asdict(r) for r in results]}
-            if cmd == "now":
-                return {"now": self.agent.ctx.now()}
+            if cmd == "stats":
+                return host_stats(self.agent.ctx)
         except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
             return {"error": f"{cmd}: {exc!r}"}
         return {"error": f"unknown command {msg!r}"}

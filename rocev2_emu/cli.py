@@ -190,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
     )
     node.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
+    node.add_argument(
+        "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
+    )
+    link = sub.add_parser("link", help="take a link of a running fabric down or up")
+    link.add_argument("topology")
+    link.add_argument("a", help="one end of the link")
+    link.add_argument("b", help="the other end")
+    link.add_argument("state", choices=["down", "up"])
     gen = sub.add_parser("topology", help="generate a topology file on stdout")
     gen.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
     gen.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
@@ -298,8 +306,12 @@ def _fabric_command(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     topo = topology.load(args.topology)
+    if args.command == "link":
+        return launcher.set_link(topo, args.a, args.b, args.state == "up")
     if args.command == "node":
-        opts = node.NodeOptions(args.tdf or topo.tdf, args.epoch, not args.no_metrics)
+        opts = node.NodeOptions(
+            args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid
+        )
         trio.run(node.run_node, topo, args.name, opts)
         return 0
     return launcher.up(
@@ -316,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
-        if args.command in ("up", "node", "topology"):
+        if args.command in ("up", "node", "topology", "link"):
             return _fabric_command(args)
         if args.command == "bench":
             from rocev2_emu.bench import main as bench_main

@@ -16,6 +16,7 @@ HPCC simulator's flow lists in another syntax.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -31,10 +32,17 @@ import trio
 import trio.abc
 import trio.testing
 
-from rocev2_emu.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
+from rocev2_emu.agent import (
+    CONTROL_PORT,
+    FlowPeer,
+    FlowResult,
+    FlowSpec,
+    HostAgent,
+    host_stats,
+)
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
-from rocev2_emu.node import METRICS_PORT, host_config, switch_driver, switch_stats
+from rocev2_emu.node import METRICS_PORT, host_agent, host_config, switch_driver, switch_stats
 from rocev2_emu.oob import OobChannel
 from rocev2_emu.ports import MemoryNetwork
 from rocev2_emu.topology import Topology, TopologyError
@@ -106,8 +114,19 @@ def report(
         f"{fabric.get('paused_seconds', 0.0) * 1e6:.1f} us (port-priority total), ECN marks "
         f"{fabric.get('ecn_marked', 0)}, drops {sum(drops.values())} {dict(drops) or ''}, "
         f"watchdog storms {fabric.get('storms', 0)}, late wake-ups "
-        f"{fabric.get('late_wakeups', 0)}"
+        f"{fabric.get('late_wakeups', 0)}, socket drops {fabric.get('socket_drops', 0)}"
     )
+    print(
+        f"# hosts: PFC pauses honoured {fabric.get('nic_pauses', 0)}, retransmitted packets "
+        f"{fabric.get('retransmitted', 0)}, ACK timeouts {fabric.get('timeouts', 0)}, "
+        f"frames dropped by NICs {fabric.get('nic_drops', 0)}"
+    )
+    if fabric.get("late_wakeups") or fabric.get("socket_drops"):
+        print(
+            f"# warning: switches fell behind at TDF {tdf:g} (late wake-ups, or frames the "
+            "kernel dropped): this run was not faithful; raise the TDF",
+            file=sys.stderr,
+        )
     failed = [r for r in results if not r.verified]
     if failed:
         print(f"# {len(failed)} flow(s) failed", file=sys.stderr)
@@ -118,6 +137,8 @@ def _merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {"drops": {}}
     for s in stats:
         for key, value in s.items():
+            if key == "down_vnis":
+                continue
             if key == "drops":
                 for reason, n in value.items():
                     total["drops"][reason] = total["drops"].get(reason, 0) + n
@@ -143,11 +164,11 @@ async def _virtual(
             drivers.append(driver)
             await nursery.start(driver.run)
         for h in topo.hosts:
-            cfg = host_config(topo, h.name, 1.0, None)
+            cfg = host_config(topo, h.name, 1.0, None, seeded=True)
             assert cfg.link_peer is not None
             port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
             ctx = await stack.enter_async_context(Context.open(cfg, port=port))
-            agents[h.name] = HostAgent(ctx, h.name, mtu=topo.mtu)
+            agents[h.name] = host_agent(topo, ctx, h.name)
         peers: dict[str, FlowPeer] = dict(agents)
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
         results: list[FlowResult] = []
@@ -159,10 +180,22 @@ async def _virtual(
             for name in sorted({f.src for f in flows}):
                 jobs.start_soon(source, name, [f for f in flows if f.src == name])
         nursery.cancel_scope.cancel()
-    return sorted(results, key=lambda r: r.id), _merge([switch_stats(d) for d in drivers])
+    stats = [switch_stats(d) for d in drivers]
+    stats += [host_stats(agent.ctx) for agent in agents.values()]
+    return sorted(results, key=lambda r: r.id), _merge(stats)
+
+
+def _deterministic_trio(seed: int) -> None:
+    """Trio shuffles runnable tasks on purpose; seed that shuffle (the hook trio keeps for
+    deterministic test runners) so a virtual run repeats exactly for the same seed."""
+    run = sys.modules["trio._core._run"]
+    if hasattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING") and hasattr(run, "_r"):
+        run._ALLOW_DETERMINISTIC_SCHEDULING = True
+        run._r.seed(seed)
 
 
 def run_virtual(topo: Topology, flows: list[FlowSpec]) -> int:
+    _deterministic_trio(topo.seed)
     results, fabric = trio.run(
         _virtual, topo, flows, clock=trio.testing.MockClock(autojump_threshold=0)
     )
@@ -230,6 +263,8 @@ async def _local(topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpe
                         str(tdf),
                         "--epoch",
                         repr(epoch),
+                        "--parent-pid",
+                        str(os.getpid()),
                     ],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -295,12 +330,7 @@ async def _run_job(topo: Topology, tdf: float, epoch: float, flows: list[FlowSpe
     async with trio.open_nursery() as jobs:
         for name in sorted({f.src for f in flows}):
             jobs.start_soon(source, name, [f for f in flows if f.src == name])
-    stats = []
-    for sw in topo.switches:
-        chan = await OobChannel.connect(sw.address, CONTROL_PORT, timeout=10)
-        await chan.send({"cmd": "stats"})
-        stats.append(await chan.recv())
-        await chan.aclose()
+    stats = [await _control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()]
     return report(topo, tdf, "local processes", sorted(results, key=lambda r: r.id), _merge(stats))
 
 
@@ -335,4 +365,40 @@ def up(
         return 130
 
 
-__all__ = ["METRICS_PORT", "load_flows", "report", "run_virtual", "up"]
+async def _control(address: str, msg: dict[str, Any]) -> Any:
+    chan = await OobChannel.connect(address, CONTROL_PORT, timeout=10)
+    try:
+        await chan.send(msg)
+        return await chan.recv()
+    finally:
+        await chan.aclose()
+
+
+async def _set_link(topo: Topology, a: str, b: str, up: bool) -> str:
+    link = next((lk for lk in topo.links if {lk.a, lk.b} == {a, b}), None)
+    if link is None:
+        raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
+    down: set[int] = set()
+    for sw in topo.switches:  # the fabric's state lives in its switches
+        stats = await _control(sw.address, {"cmd": "stats"})
+        down |= {vni - 1 for vni in stats.get("down_vnis", [])}
+    (down.discard if up else down.add)(link.index)
+    for end in (a, b):
+        node = topo.nodes[end]
+        if node.kind == "switch":
+            port = next(i for i, (lk, _) in enumerate(node.ports) if lk is link)
+            await _control(node.address, {"cmd": "set_link", "port": port, "up": up})
+    for sw in topo.switches:  # routing converges around the failure
+        routes = topo.routes_by_ip(sw.name, frozenset(down))
+        await _control(sw.address, {"cmd": "set_routes", "routes": list(routes.items())})
+    state = "up" if up else "down"
+    return f"link {a} <-> {b} (VNI {link.vni}) is {state}; {len(down)} link(s) down in the fabric"
+
+
+def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
+    """``rocev2-emu link``: take a link of a running fabric down or up, and reroute."""
+    print(trio.run(_set_link, topo, a, b, up))
+    return 0
+
+
+__all__ = ["METRICS_PORT", "load_flows", "report", "run_virtual", "set_link", "up"]

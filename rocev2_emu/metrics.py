@@ -91,6 +91,13 @@ class NicCollector(Collector):
         )
         behind.add_metric([node], core.tx_behind_schedule)
         yield behind
+        sock = CounterMetricFamily(
+            "rocev2_socket_rx_dropped_packets",
+            "Datagrams the kernel dropped at this node's UDP socket",
+            labels=["node"],
+        )
+        sock.add_metric([node], self.driver.port.kernel_drops())
+        yield sock
         tdf = GaugeMetricFamily(
             "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
         )

@@ -11,6 +11,7 @@ route updates and reports its counters).  When it is ready it prints one line::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -40,6 +41,7 @@ class NodeOptions:
     tdf: float
     epoch: float | None = None
     metrics: bool = True
+    parent_pid: int = 0  # exit when this process is gone (0: never)
 
 
 def link_faults(topo: Topology, link: Link) -> LinkFaults:
@@ -55,7 +57,11 @@ def switch_driver(
     return SwitchDriver(SwitchCore(topo.switch_config(name)), port, clock, peers, faults)
 
 
-def host_config(topo: Topology, name: str, tdf: float, epoch: float | None) -> DeviceConfig:
+def host_config(
+    topo: Topology, name: str, tdf: float, epoch: float | None, *, seeded: bool = False
+) -> DeviceConfig:
+    """A host's NIC as the topology says; ``seeded`` draws QPNs and PSNs from the topology's
+    seed (virtual mode, where runs must repeat) instead of a CSPRNG."""
     node = topo.nodes[name]
     link, peer = topo.host_link(name)
     return DeviceConfig(
@@ -69,10 +75,36 @@ def host_config(topo: Topology, name: str, tdf: float, epoch: float | None) -> D
         next_hop_mac=topo.mac_of(peer.name, link),
         vni=link.vni,
         epoch=epoch,
+        seed=topo.seed * 1000 + node.index if seeded else None,
     )
 
 
+def host_agent(topo: Topology, ctx: Context, name: str) -> HostAgent:
+    return HostAgent(
+        ctx,
+        name,
+        mtu=topo.mtu,
+        qp_timeout=topo.transport["qp_timeout"],
+        retry_cnt=topo.transport["retry_cnt"],
+    )
+
+
+async def _orphan_guard(parent: int) -> None:
+    """A node started by a launcher dies with it, instead of holding its addresses forever."""
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event tells of a parent's death
+        await trio.sleep(0.5)
+    raise SystemExit(f"the launcher (pid {parent}) is gone")
+
+
 async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
+    async with trio.open_nursery() as nursery:
+        if opts.parent_pid:
+            nursery.start_soon(_orphan_guard, opts.parent_pid)
+        await _run_node(topo, name, opts)
+        nursery.cancel_scope.cancel()
+
+
+async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
     node = topo.nodes.get(name)
     if node is None:
         raise ValueError(f"{topo.path}: no node named {name!r}")
@@ -99,7 +131,7 @@ async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
         if opts.metrics:
             serve(nic_registry(ctx.driver, name), METRICS_PORT, addr=node.address)
-        agent = HostAgent(ctx, name, mtu=topo.mtu)
+        agent = host_agent(topo, ctx, name)
         async with trio.open_nursery() as nursery:
             await nursery.start(AgentServer(agent).serve, node.address, CONTROL_PORT)
             print(ready, flush=True)
@@ -123,6 +155,10 @@ def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
         ),
         "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
         "late_wakeups": driver.late_wakeups,
+        "socket_drops": driver.port.kernel_drops(),
+        "down_vnis": [
+            cfg.vni for cfg, ps in zip(driver.core.config.ports, ports, strict=True) if not ps.up
+        ],
     }
 
 

@@ -229,7 +229,8 @@ def _print_transport(ctx: Context) -> None:
         f"{c.retransmitted_packets}, NAK seq-err {c.packet_seq_err}, implied NAK "
         f"{c.implied_nak_seq_err}, ACK timeouts {c.local_ack_timeout_err}, RNR NAKs "
         f"{c.rnr_nak_received}, out-of-sequence {c.out_of_sequence}, duplicates "
-        f"{c.duplicate_request}, dropped {drops}; pump late {ctx.driver.late_wakeups}x"
+        f"{c.duplicate_request}, dropped {drops}, socket drops {ctx.port.kernel_drops()}; "
+        f"pump late {ctx.driver.late_wakeups}x"
     )
 
 

@@ -8,6 +8,7 @@ view is valid until the next call), ``send`` returns False instead of blocking, 
 
 from __future__ import annotations
 
+import os
 import socket
 from collections import deque
 from typing import Final, Protocol
@@ -29,11 +30,29 @@ class DatagramPort(Protocol):
 
     def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool: ...
 
+    def kernel_drops(self) -> int: ...
+
     async def wait_readable(self) -> None: ...
 
     async def wait_writable(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def kernel_drops(sock: socket.socket) -> int | None:
+    """Datagrams the kernel dropped for this socket (receive buffer full), from the ``drops``
+    column of /proc/net/udp; None where that file does not exist.  Emulated frames must never
+    vanish silently, and this is where they would."""
+    try:
+        inode = os.fstat(sock.fileno()).st_ino
+        with open("/proc/net/udp") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 12 and fields[9] == str(inode):
+                    return int(fields[-1])
+    except (OSError, ValueError):
+        return None
+    return 0
 
 
 class UdpPort:
@@ -107,6 +126,9 @@ class UdpPort:
     async def wait_writable(self) -> None:
         await trio.lowlevel.wait_writable(self.sock)
 
+    def kernel_drops(self) -> int:
+        return kernel_drops(self.sock) or 0
+
     def close(self) -> None:
         self.sock.close()
 
@@ -159,6 +181,9 @@ class MemoryPort:
         dst.inbox.append(bytes(data))
         dst._lot.unpark_all()
         return True
+
+    def kernel_drops(self) -> int:
+        return self.rx_overflow
 
     async def wait_readable(self) -> None:
         if not self.inbox:

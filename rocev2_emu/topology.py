@@ -12,6 +12,7 @@ build what the switch pipeline and the NIC need.  Layout of the file::
                     watchdog_restore_ms, watchdog_action
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
     [dcqcn]         enabled, profile (used by the NIC's rate control)
+    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt
     [[switch]]      name
     [[host]]        name, ranks
     [[link]]        a, b, and optionally rate_gbps, delay_us, loss
@@ -75,6 +76,7 @@ class Topology:
     pfc: dict[str, Any]
     ecn: dict[str, Any]
     dcqcn: dict[str, Any]
+    transport: dict[str, Any]
     routes: dict[str, dict[str, tuple[int, ...]]]  # switch -> host -> egress ports
 
     @property
@@ -172,6 +174,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ecn": {"enabled": True, "priorities": [3]},
     "dcqcn": {"enabled": True, "profile": "paper"},
+    "transport": {"qp_timeout": 12, "retry_cnt": 7},
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -198,6 +201,8 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "kmin_kb": (int, float),
     "kmax_kb": (int, float),
     "pmax": (int, float),
+    "qp_timeout": int,
+    "retry_cnt": int,
 }
 
 
@@ -248,6 +253,11 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
     for key in ("lossless_priorities",):
         if any(not isinstance(p, int) or not 0 <= p < 8 for p in pfc[key]):
             raise fail(f"[pfc].{key}", pfc[key], "priorities are integers 0..7")
+    tr = sec["transport"]
+    if not 1 <= tr["qp_timeout"] <= 31:
+        raise fail("[transport].qp_timeout", tr["qp_timeout"], "must be 1..31")
+    if not 0 <= tr["retry_cnt"] <= 7:
+        raise fail("[transport].retry_cnt", tr["retry_cnt"], "must be 0..7")
     if pfc["watchdog_action"] not in ("drop", "forward"):
         raise fail("[pfc].watchdog_action", pfc["watchdog_action"], "must be drop or forward")
     if not 0 <= pfc["quanta"] <= 0xFFFF:
@@ -332,6 +342,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         pfc,
         ecn,
         sec["dcqcn"],
+        sec["transport"],
         routes,
     )
 

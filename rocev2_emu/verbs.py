@@ -18,6 +18,7 @@ awaits, and always with a deadline (emulated seconds)::
 from __future__ import annotations
 
 import ipaddress
+import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class DeviceConfig:
     next_hop_mac: bytes | None = None
     vni: int = 1
     epoch: float | None = None  # time.monotonic() at emulated time 0, shared by a fabric
+    seed: int | None = None  # seeds QPNs, PSNs and keys (virtual mode); None: a CSPRNG
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,7 +103,8 @@ class Context:
                 vni=config.vni,
                 link_bps=config.link_gbps * 1e9,
                 catchup=CATCHUP_WALL_SECONDS / config.tdf,
-            )
+            ),
+            rng=None if config.seed is None else random.Random(config.seed),
         )
         if port is None:
             port = UdpPort((config.bind, config.port), config.link_peer)

@@ -94,6 +94,13 @@ class SwitchCollector(Collector):
         )
         buf.add_metric([name], core.mmu.total)
         yield buf
+        sock = CounterMetricFamily(
+            "rocev2_socket_rx_dropped_packets",
+            "Datagrams the kernel dropped at this node's UDP socket",
+            labels=["node"],
+        )
+        sock.add_metric([name], self.driver.port.kernel_drops())
+        yield sock
         tdf = GaugeMetricFamily(
             "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
         )
