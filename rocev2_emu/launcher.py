@@ -188,7 +188,7 @@ async def _virtual(
 def _deterministic_trio(seed: int) -> None:
     """Trio shuffles runnable tasks on purpose; seed that shuffle (the hook trio keeps for
     deterministic test runners) so a virtual run repeats exactly for the same seed."""
-    run = sys.modules["trio._core._run"]
+    run: Any = sys.modules["trio._core._run"]
     if hasattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING") and hasattr(run, "_r"):
         run._ALLOW_DETERMINISTIC_SCHEDULING = True
         run._r.seed(seed)
