@@ -25,11 +25,13 @@ from rocev2_emu.ethernet import (
     ECN_ECT0,
     VXLAN_FLAG_I,
     VXLAN_LEN,
+    encode_vxlan,
     ip_to_int,
     mac_for_ip,
 )
+from rocev2_emu.ingress import IngressConfig, IngressQueue
 from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
-from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame
+from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame, encode_pfc
 from rocev2_emu.qp import QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
 from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_frame_untrusted, rxe_udp_sport
@@ -55,6 +57,7 @@ class NicConfig:
     dscp_map: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_DSCP_MAP))
     ecn: int = ECN_ECT0
     catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
+    ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
 
 
 class NicCore:
@@ -74,6 +77,11 @@ class NicCore:
         self.pause_frames_received = [0] * PRIORITIES
         self.tx_free_at = 0.0
         self.tx_behind_schedule = 0  # frames that left later than their slot + catch-up
+        self.ingress = (
+            IngressQueue(config.ingress, config.link_bps or NOMINAL_BPS)
+            if config.ingress is not None and config.ingress.rx_bps
+            else None
+        )
         self._tx_idle = True
         # QPs with something to send, per priority, in round-robin order
         self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
@@ -158,6 +166,21 @@ class NicCore:
     # -- receive ---------------------------------------------------------------------------
     def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Handle one VXLAN datagram from the link.  Never raises for bad input: counts it."""
+        if self.ingress is not None:  # a slow host: the frame waits in the receive buffer
+            if not self.ingress.arrive(bytes(data), now):
+                self.counters.rx_drops["rx_buffer_full"] += 1
+            self._edge_pfc(now)
+            return
+        self._receive(data, now)
+
+    def _edge_pfc(self, now: float) -> None:
+        assert self.ingress is not None
+        quanta = self.ingress.pfc_decision(now)
+        if quanta is not None:
+            pause = encode_pfc(self.mac, dict.fromkeys(self.ingress.config.priorities, quanta))
+            self.queue_control(encode_vxlan(self.config.vni, pause))
+
+    def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
         c = self.counters
         c.rx_packets += 1
         c.rx_bytes += len(data) - VXLAN_LEN
@@ -278,6 +301,8 @@ class NicCore:
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
         times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
+        if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
+            times.append(t)
         waiting = [self.paused_until[p] for p in range(PRIORITIES) if self._active[p]]
         if self._control or waiting:
             t = self.tx_free_at if self.config.link_bps else 0.0
@@ -287,6 +312,10 @@ class NicCore:
         return min(times) if times else None
 
     def handle_timer(self, now: float) -> None:
+        if self.ingress is not None:
+            for datagram in self.ingress.due(now):
+                self._receive(datagram, now)
+            self._edge_pfc(now)
         for qp in self.qps.values():
             t = qp.get_timer()
             if t is not None and t <= now:

@@ -23,6 +23,7 @@ from rocev2_emu.agent import CONTROL_PORT, AgentServer, HostAgent
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.ingress import IngressConfig
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.metrics import nic_registry, serve
 from rocev2_emu.oob import OobChannel
@@ -76,6 +77,11 @@ def host_config(
         vni=link.vni,
         epoch=epoch,
         seed=topo.seed * 1000 + node.index if seeded else None,
+        ingress=IngressConfig(
+            rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
+        )
+        if node.rx_gbps and topo.pfc["enabled"]
+        else None,
     )
 
 

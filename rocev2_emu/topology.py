@@ -14,7 +14,7 @@ build what the switch pipeline and the NIC need.  Layout of the file::
     [dcqcn]         enabled, profile (used by the NIC's rate control)
     [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt
     [[switch]]      name
-    [[host]]        name, ranks
+    [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
     [[link]]        a, b, and optionally rate_gbps, delay_us, loss
 
 Node i (switches first, then hosts, in file order) listens on 127.10.(i // 200).(i % 200 + 10)
@@ -59,6 +59,7 @@ class Node:
     index: int  # position among all nodes
     address: str  # local-mode UDP address
     ranks: int = 0
+    rx_gbps: float = 0.0  # hosts: how fast the host drains its NIC (0: as fast as the link)
     ip: str = ""  # hosts: emulated IPv4 (the GID)
     ports: list[tuple[Link, str]] = field(default_factory=list)  # (link, neighbour name)
 
@@ -276,7 +277,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
                 raise fail(f"[[{kind}]] #{i + 1} name", name, "every node needs a name")
             if name in nodes:
                 raise fail(f"[[{kind}]] #{i + 1} name", name, "duplicate node name")
-            extra = set(item) - {"name", "ranks"}
+            extra = set(item) - {"name", "ranks", "rx_gbps"}
             if extra:
                 raise fail(f"[[{kind}]] {name}", sorted(extra), "unknown keys")
             index = len(nodes)
@@ -284,7 +285,10 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
             ranks = item.get("ranks", 1 if kind == "host" else 0)
             if kind == "host" and (not isinstance(ranks, int) or ranks < 1):
                 raise fail(f"[[host]] {name}.ranks", ranks, "must be an integer >= 1")
-            nodes[name] = Node(name, kind, index, address, ranks)
+            rx = item.get("rx_gbps", 0.0)
+            if not isinstance(rx, int | float) or isinstance(rx, bool) or rx < 0:
+                raise fail(f"[[{kind}]] {name}.rx_gbps", rx, "must be a number >= 0")
+            nodes[name] = Node(name, kind, index, address, ranks, float(rx))
     hosts = [n for n in nodes.values() if n.kind == "host"]
     if not hosts:
         raise fail("[[host]]", [], "a fabric needs at least one host")

@@ -30,6 +30,7 @@ from rocev2_emu.clock import DilatedClock
 from rocev2_emu.driver import NicDriver
 from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.ingress import IngressConfig
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.memory import Access, MemoryRegion
 from rocev2_emu.nic import NicConfig, NicCore
@@ -66,6 +67,7 @@ class DeviceConfig:
     vni: int = 1
     epoch: float | None = None  # time.monotonic() at emulated time 0, shared by a fabric
     seed: int | None = None  # seeds QPNs, PSNs and keys (virtual mode); None: a CSPRNG
+    ingress: IngressConfig | None = None  # a slow host that pauses its switch port (PFC)
 
 
 @dataclass(slots=True, frozen=True)
@@ -103,6 +105,7 @@ class Context:
                 vni=config.vni,
                 link_bps=config.link_gbps * 1e9,
                 catchup=CATCHUP_WALL_SECONDS / config.tdf,
+                ingress=config.ingress,
             ),
             rng=None if config.seed is None else random.Random(config.seed),
         )

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable
 
 from rocev2_emu.ethernet import ip_to_int
+from rocev2_emu.ingress import IngressConfig
 from rocev2_emu.nic import NicConfig, NicCore
 from rocev2_emu.topology import Link, Topology
 from switch.pipeline import SwitchCore
@@ -41,6 +42,7 @@ class NetSim:
                     next_hop_mac=topo.mac_of(peer.name, link),
                     vni=link.vni,
                     link_bps=link.rate_bps,
+                    ingress=IngressConfig(rx_bps=h.rx_gbps * 1e9) if h.rx_gbps else None,
                 ),
                 rng=random.Random(seed * 1000 + h.index),
             )

@@ -290,3 +290,23 @@ def test_virtual_mode_runs_the_real_drivers_and_repeats_exactly(
     assert outputs[0] == outputs[1]  # same drops, same FCTs, to the tenth of a microsecond
     assert outputs[0].count("ok, verified") == 4
     assert "'buffer':" in outputs[0]  # the lossy incast really dropped
+
+
+def test_a_slow_receiver_pauses_its_switch_and_the_pause_spreads_upstream() -> None:
+    data = tomllib.loads(single_switch(3))
+    data["host"][2]["rx_gbps"] = 25.0  # h2 drains its NIC at a quarter of the link rate
+    data["ecn"] = {"enabled": False}
+    data["buffer"] = {"size_bytes": 1 << 20, "headroom_bytes": 64 * 1024}
+    sim = NetSim(parse(data, "slow.toml"))
+    flows = [connect(sim, "h0", "h2", 2 << 20, 1)]
+    finish(sim, flows, [start(flows[0])])
+    sw = sim.switches["sw0"]
+    h2 = sim.nics["h2"]
+    assert h2.ingress is not None and h2.ingress.pfc_sent > 0  # XOFF from the edge ...
+    assert sw.ports[2].pfc_rx[3] > 0 and sw.ports[2].paused_seconds(3, sim.now) > 0
+    assert sw.ports[0].pfc_tx[3] > 0  # ... and the switch, filling up, pauses the sender
+    assert sim.nics["h0"].pause_frames_received[3] > 0
+    assert sum(sum(p.drops.values()) for p in sw.ports) == 0
+    assert h2.counters.rx_drops["rx_buffer_full"] == 0
+    # the transfer took about as long as the slow host needs, not the 100 Gbit/s link
+    assert sim.now == pytest.approx((2 << 20) * 8 / 25e9, rel=0.1)
