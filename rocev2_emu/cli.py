@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--delay-us", type=float, default=1.0, help="link delay, microseconds")
     gen.add_argument("--tdf", type=float, default=200.0, help="time-dilation factor")
     bench = sub.add_parser("bench", help="print datagram-rate figures")
-    bench.add_argument("which", choices=["udp-baseline", "write-bw"])
+    bench.add_argument("which", choices=["udp-baseline", "write-bw", "switch"])
     bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
     return parser
 

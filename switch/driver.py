@@ -43,6 +43,7 @@ class SwitchDriver:
         self.clock = clock
         self.peers = peers
         self.links = [FaultyLink(f) if f.active else None for f in faults]
+        self._faulty = [i for i, link in enumerate(self.links) if link is not None]
         self._backlog: deque[tuple[int, bytes | bytearray]] = deque()
         self.unknown_vni = 0
         self.wakeups = 0
@@ -65,7 +66,9 @@ class SwitchDriver:
                 if data is None:
                     break
                 got += 1
-                index = by_vni.get(int.from_bytes(data[4:7], "big")) if len(data) >= 8 else None
+                index = (
+                    by_vni.get(data[4] << 16 | data[5] << 8 | data[6]) if len(data) >= 8 else None
+                )
                 if index is None:
                     self.unknown_vni += 1
                     continue
@@ -87,17 +90,25 @@ class SwitchDriver:
         return min(times) if times else None
 
     def _transmit(self, now: float) -> bool:
+        """Send what is due; False when the socket would block (the rest waits in order)."""
         backlog = self._backlog
-        for index, link in enumerate(self.links):
-            if link is not None:
-                backlog.extend((index, d) for d in link.due(now))
-        for index, datagram in self.core.transmit(now):
+        for index in self._faulty:
             link = self.links[index]
-            if link is None:
-                backlog.append((index, datagram))
-            else:
+            assert link is not None
+            backlog.extend((index, d) for d in link.due(now))
+        port, peers, links = self.port, self.peers, self.links
+        if backlog and not self._flush():
+            return False
+        for index, datagram in self.core.transmit(now):
+            link = links[index]
+            if link is not None:
                 backlog.extend((index, d) for d in link.submit(datagram, now))
-        port, peers = self.port, self.peers
+            elif backlog or not port.send_to(datagram, peers[index]):
+                backlog.append((index, datagram))
+        return self._flush()
+
+    def _flush(self) -> bool:
+        backlog, port, peers = self._backlog, self.port, self.peers
         while backlog:
             index, pending = backlog[0]
             if not port.send_to(pending, peers[index]):

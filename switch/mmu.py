@@ -54,72 +54,74 @@ class Mmu:
         self.shared_size = config.buffer_bytes - reserved
 
     def shared_used(self, port: int, prio: int) -> int:
-        return max(0, self.ingress[port][prio] - self.config.reserve_bytes)
+        used = self.ingress[port][prio] - self.config.reserve_bytes
+        return used if used > 0 else 0
 
     def pfc_threshold(self) -> float:
-        if self.config.xoff_bytes:
-            return self.config.xoff_bytes
-        return self.config.alpha * max(0, self.shared_size - self.shared_total)
-
-    def admit(self, port: int, prio: int, size: int) -> bool:
-        """Whether a frame of ``size`` bytes from ``port`` at ``prio`` may be queued."""
         c = self.config
-        after = self.ingress[port][prio] + size
-        if after <= c.reserve_bytes:
-            return True
-        grow = size if self.ingress[port][prio] >= c.reserve_bytes else after - c.reserve_bytes
+        if c.xoff_bytes:
+            return c.xoff_bytes
+        free = self.shared_size - self.shared_total
+        return c.alpha * free if free > 0 else 0.0
+
+    def admit_enqueue(self, port: int, prio: int, size: int) -> int:
+        """Account a frame of ``size`` bytes from ``port`` at ``prio``: -1 when there is no room
+        (the caller drops it), 0 when it went to the reserve or the shared pool, 1 when it went
+        to the PFC headroom (lossless traffic that arrived after XOFF)."""
+        c = self.config
+        reserve = c.reserve_bytes
+        row = self.ingress[port]
+        ing = row[prio]
+        after = ing + size
+        if after <= reserve:
+            row[prio] = after
+            self.total += size
+            return 0
+        used = ing - reserve if ing > reserve else 0
+        grow = after - reserve - used
         if prio in self.lossless:
-            if (
-                self.paused[port][prio]
-                or self.shared_used(port, prio) + grow > self.pfc_threshold()
-            ):
-                # after XOFF: headroom absorbs what was already on the wire
-                return self.headroom_used[port][prio] + size <= c.headroom_bytes
-            return self.shared_total + grow <= self.shared_size
-        return self.shared_total + grow <= self.shared_size and self.shared_used(
-            port, prio
-        ) + grow <= c.alpha * (self.shared_size - self.shared_total)
-
-    def enqueue(self, port: int, prio: int, size: int) -> bool:
-        """Account an admitted frame; True when it went to the headroom."""
-        c = self.config
+            if self.paused[port][prio] or used + grow > self.pfc_threshold():
+                headroom = self.headroom_used[port]
+                if headroom[prio] + size > c.headroom_bytes:
+                    return -1
+                headroom[prio] += size
+                self.total += size
+                return 1
+            if self.shared_total + grow > self.shared_size:
+                return -1
+        else:
+            free = self.shared_size - self.shared_total
+            if grow > free or used + grow > c.alpha * free:
+                return -1
+        row[prio] = after
+        self.shared_total += grow
         self.total += size
-        before = self.shared_used(port, prio)
-        in_headroom = (
-            prio in self.lossless
-            and self.ingress[port][prio] + size > c.reserve_bytes
-            and (self.paused[port][prio] or before + size > self.pfc_threshold())
-        )
-        if in_headroom:
-            self.headroom_used[port][prio] += size
-            return True
-        self.ingress[port][prio] += size
-        self.shared_total += self.shared_used(port, prio) - before
-        return False
+        return 0
 
     def dequeue(self, port: int, prio: int, size: int, from_headroom: bool) -> None:
         self.total -= size
         if from_headroom:
             self.headroom_used[port][prio] -= size
             return
-        before = self.shared_used(port, prio)
-        self.ingress[port][prio] -= size
-        self.shared_total += self.shared_used(port, prio) - before
+        reserve = self.config.reserve_bytes
+        row = self.ingress[port]
+        before = row[prio] - reserve
+        row[prio] -= size
+        after = row[prio] - reserve
+        self.shared_total -= (before if before > 0 else 0) - (after if after > 0 else 0)
 
     def should_pause(self, port: int, prio: int) -> bool:
         return (
             prio in self.lossless
             and not self.paused[port][prio]
             and (
-                self.shared_used(port, prio) >= self.pfc_threshold()
-                or self.headroom_used[port][prio] > 0
+                self.headroom_used[port][prio] > 0
+                or self.shared_used(port, prio) >= self.pfc_threshold()
             )
         )
 
     def should_resume(self, port: int, prio: int) -> bool:
-        return (
-            self.paused[port][prio]
-            and self.headroom_used[port][prio] == 0
-            and self.shared_used(port, prio)
-            <= max(0.0, self.pfc_threshold() - self.config.xon_offset_bytes)
-        )
+        if not self.paused[port][prio] or self.headroom_used[port][prio]:
+            return False
+        resume_at = self.pfc_threshold() - self.config.xon_offset_bytes
+        return self.shared_used(port, prio) <= (resume_at if resume_at > 0 else 0.0)

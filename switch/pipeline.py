@@ -106,7 +106,10 @@ class SwitchCore:
         self._rng = random.Random(config.seed)
         self._ecmp_salt = config.seed & 0xFFFFFFFF
         self._flows: dict[bytes, int] = {}
-        self._valid_ip: dict[bytes, bool] = {}
+        # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
+        self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
+        self._prio = [config.priority_of(dscp) for dscp in range(64)]
+        self._pending: set[int] = set()  # ports with frames queued
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
             + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
@@ -136,13 +139,13 @@ class SwitchCore:
             ps.drops["ethertype"] += 1
             return
         header = bytes(data[_IP : _IP + 20])
-        if header not in self._valid_ip:
+        known = self._valid_ip.get(header)
+        if known is None:
             if header[0] != 0x45 or ipv4_checksum(header) != 0:
                 ps.drops["ipv4_checksum"] += 1
                 return
-            if len(self._valid_ip) > 4096:
-                self._valid_ip.clear()
-            self._valid_ip[header] = True
+            known = self._learn(header)
+        rewritten, prio, ports = known
         total = header[2] << 8 | header[3]
         if _IP + total > len(data):
             ps.drops["malformed"] += 1
@@ -151,44 +154,57 @@ class SwitchCore:
         if ttl <= 1:
             ps.drops["ttl"] += 1
             return
-        out = self._route(header, data)
+        if len(ports) == 1 and self.ports[ports[0]].up:
+            out: int | None = ports[0]
+        else:
+            out = self._ecmp(header, data, ports)
         if out is None:
             ps.drops["no_route"] += 1
             return
-        prio = self.config.priority_of(header[1] >> 2)
         size = total + 14
         eq = self.ports[out]
         if self.watchdog.stormed[out][prio] and self.config.watchdog_action == "drop":
             eq.drops["pfc_watchdog"] += 1
             return
-        if not self.mmu.admit(port, prio, size):
-            ps.drops["buffer" if prio not in self.mmu.lossless else "headroom"] += 1
+        mmu = self.mmu
+        where = mmu.admit_enqueue(port, prio, size)
+        if where < 0:
+            ps.drops["buffer" if prio not in mmu.lossless else "headroom"] += 1
             return
-        from_headroom = self.mmu.enqueue(port, prio, size)
-        # TTL - 1: the word (TTL, protocol) drops by 0x100, so the checksum rises by 0x100
-        csum = (header[10] << 8 | header[11]) + 0x100
-        csum = (csum & 0xFFFF) + (csum >> 16)
-        datagram = b"".join(
-            (
-                self._prefix[out],
-                header[:8],
-                bytes((ttl - 1, header[9])),
-                csum.to_bytes(2, "big"),
-                header[12:],
-                data[_IP + 20 : _IP + total],
-            )
-        )
+        from_headroom = where == 1
+        datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
         eq.queues[prio].append(_Entry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
-        if self.mmu.should_pause(port, prio):
+        self._pending.add(out)
+        if prio in mmu.lossless and mmu.should_pause(port, prio):
             self._send_pfc(port, prio, self.config.pfc_quanta, now)
 
-    def _route(self, header: bytes, data: bytes | bytearray | memoryview) -> int | None:
-        ports = self.config.routes.get(int.from_bytes(header[16:20], "big"))
+    def _learn(self, header: bytes) -> tuple[bytes, int, tuple[int, ...]]:
+        """For a validated IPv4 header: the header it leaves with (TTL - 1, checksum fixed by
+        RFC 1624: the word (TTL, protocol) drops by 0x100, so the checksum rises by 0x100), its
+        priority and its equal-cost egress ports.  Memoized until the routes change."""
+        if header[8] <= 1:
+            out = header  # TTL expired: dropped by the caller, never forwarded
+        else:
+            csum = (header[10] << 8 | header[11]) + 0x100
+            csum = (csum & 0xFFFF) + (csum >> 16)
+            out = header[:8] + bytes((header[8] - 1, header[9])) + csum.to_bytes(2, "big")
+            out += header[12:]
+        ports = self.config.routes.get(int.from_bytes(header[16:20], "big"), ())
+        entry = (out, self._prio[header[1] >> 2], ports)
+        if len(self._valid_ip) > 4096:
+            self._valid_ip.clear()
+        self._valid_ip[header] = entry
+        return entry
+
+    def _ecmp(
+        self, header: bytes, data: bytes | bytearray | memoryview, ports: tuple[int, ...]
+    ) -> int | None:
+        """One of several equal-cost ports, by a seeded hash of the 5-tuple, sticky per flow."""
         if not ports:
             return None
         if len(ports) == 1:
-            return ports[0] if self.ports[ports[0]].up else None
+            return None  # its one port is down
         key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])  # src, dst, sport, dport
         out = self._flows.get(key)
         if out is None or not self.ports[out].up:
@@ -225,6 +241,7 @@ class SwitchCore:
         self.mmu.paused[port][prio] = quanta > 0
         frame = encode_pfc(cfg.mac, {prio: quanta})
         ps.control.append(VXLAN_HEADER.pack(VXLAN_FLAG_I, cfg.vni << 8) + frame)
+        self._pending.add(port)
         ps.pfc_tx[prio] += 1
         if quanta:
             rate = cfg.rate_bps or NOMINAL_BPS
@@ -237,12 +254,16 @@ class SwitchCore:
         """Every datagram due to leave by ``now``, as (port, datagram)."""
         out: list[tuple[int, bytes]] = []
         catchup = self.catchup
-        for index, ps in enumerate(self.ports):
+        pending = self._pending
+        for index in list(pending):
+            ps = self.ports[index]
             rate = self.config.ports[index].rate_bps
             while ps.tx_free_at <= now or not rate:
                 datagram = self._dequeue(index, ps, now)
                 if datagram is None:
                     ps.idle = True
+                    if not ps.control and not any(ps.queue_bytes):
+                        pending.discard(index)
                     break
                 size = len(datagram) - VXLAN_LEN
                 ps.tx_packets += 1
@@ -277,8 +298,9 @@ class SwitchCore:
         return None
 
     def _release(self, e: _Entry, prio: int, now: float) -> None:
-        self.mmu.dequeue(e.in_port, prio, e.size, e.from_headroom)
-        if self.mmu.should_resume(e.in_port, prio):
+        mmu = self.mmu
+        mmu.dequeue(e.in_port, prio, e.size, e.from_headroom)
+        if mmu.paused[e.in_port][prio] and mmu.should_resume(e.in_port, prio):
             self._send_pfc(e.in_port, prio, 0, now)
 
     def _mark(self, port: int, prio: int, datagram: bytes, depth: int) -> bytes:
@@ -355,6 +377,7 @@ class SwitchCore:
         """New routes (after links failed or came back elsewhere in the fabric)."""
         self.config.routes = routes
         self._flows.clear()
+        self._valid_ip.clear()
 
     def set_link(self, port: int, up: bool, now: float) -> None:
         """Take a port's link down (its queues are lost, counted) or bring it back up."""

@@ -220,12 +220,14 @@ def test_static_xoff_and_xon_hysteresis() -> None:
     size = 1000
     queued = []
     while not mmu.should_pause(0, 3):
-        assert mmu.admit(0, 3, size)
-        queued.append(mmu.enqueue(0, 3, size))
+        where = mmu.admit_enqueue(0, 3, size)
+        assert where == 0
+        queued.append(False)
     assert mmu.shared_used(0, 3) == 10_000  # XOFF exactly at the threshold
     mmu.paused[0][3] = True
-    while mmu.admit(0, 3, size):  # in flight after XOFF: the headroom absorbs it
-        queued.append(mmu.enqueue(0, 3, size))
+    while (where := mmu.admit_enqueue(0, 3, size)) >= 0:  # after XOFF: into the headroom
+        assert where == 1
+        queued.append(True)
     assert mmu.headroom_used[0][3] == 20_000
     resumed_at = None
     for from_headroom in reversed(queued):
