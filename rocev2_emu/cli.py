@@ -207,7 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-k", type=int, default=4, help="fat-tree: k (even, default 4)")
     gen.add_argument("--rate", type=float, default=100.0, help="link rate, Gbit/s")
     gen.add_argument("--delay-us", type=float, default=1.0, help="link delay, microseconds")
-    gen.add_argument("--tdf", type=float, default=200.0, help="time-dilation factor")
+    gen.add_argument(
+        "--tdf",
+        type=float,
+        help="time-dilation factor (default: the shape's, sized for this class of machine)",
+    )
     bench = sub.add_parser("bench", help="print datagram-rate figures")
     bench.add_argument("which", choices=["udp-baseline", "write-bw", "switch"])
     bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
@@ -296,7 +300,9 @@ def _fabric_command(args: argparse.Namespace) -> int:
     from rocev2_emu import launcher, node, topogen, topology
 
     if args.command == "topology":
-        common = {"rate_gbps": args.rate, "delay_us": args.delay_us, "tdf": args.tdf}
+        common: dict[str, float] = {"rate_gbps": args.rate, "delay_us": args.delay_us}
+        if args.tdf:
+            common["tdf"] = args.tdf
         if args.shape == "single-switch":
             text = topogen.single_switch(args.hosts, **common)
         elif args.shape == "leaf-spine":

@@ -1,5 +1,6 @@
-"""The userspace switch (egress queues, shared buffer, ECN, PFC, ECMP) - not built yet.
+"""The userspace switch: a sans-IO pipeline (forwarding with ECMP, an HPCC-style MMU with PFC
+headroom, egress queues per port and priority, ECN, PFC, the PFC watchdog) and its trio driver.
 
-This package is reserved by the project layout; the fabric issue fills it.  It will share only
-the frame codecs (:mod:`rocev2_emu.roce`, :mod:`rocev2_emu.pfc`) with the host side.
+It shares only the frame codecs (:mod:`rocev2_emu.ethernet`, :mod:`rocev2_emu.pfc`,
+:mod:`rocev2_emu.crc`) with the host side.
 """
