@@ -21,6 +21,7 @@ import numpy as np
 import trio
 
 from rocev2_emu.errors import RemoteVerbsError
+from rocev2_emu.link import LinkFaults
 from rocev2_emu.memory import Access
 from rocev2_emu.oob import OobChannel, QPInfo
 from rocev2_emu.roce import DSCP_ROCE
@@ -253,6 +254,9 @@ class AgentServer:
                 return {"results": [asdict(r) for r in results]}
             if cmd == "stats":
                 return host_stats(self.agent.ctx)
+            if cmd == "set_faults":
+                self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
+                return {"ok": True}
         except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
             return {"error": f"{cmd}: {exc!r}"}
         return {"error": f"unknown command {msg!r}"}

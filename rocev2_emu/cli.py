@@ -197,7 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("topology")
     link.add_argument("a", help="one end of the link")
     link.add_argument("b", help="the other end")
-    link.add_argument("state", choices=["down", "up"])
+    link.add_argument("state", nargs="?", choices=["down", "up"], help="take it down or up")
+    link.add_argument("--loss", type=float, help="set the loss probability, both directions")
+    link.add_argument("--corrupt", type=float, help="set the bit-corruption probability")
+    link.add_argument("--duplicate", type=float, help="set the duplication probability")
+    link.add_argument("--reorder", type=float, help="set the reordering probability")
+    link.add_argument("--delay-us", type=float, help="set the one-way delay (emulated us)")
     gen = sub.add_parser("topology", help="generate a topology file on stdout")
     gen.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
     gen.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
@@ -313,7 +318,23 @@ def _fabric_command(args: argparse.Namespace) -> int:
         return 0
     topo = topology.load(args.topology)
     if args.command == "link":
-        return launcher.set_link(topo, args.a, args.b, args.state == "up")
+        faults = {
+            k: v
+            for k, v in (
+                ("loss", args.loss),
+                ("corrupt", args.corrupt),
+                ("duplicate", args.duplicate),
+                ("reorder", args.reorder),
+            )
+            if v is not None
+        }
+        if args.delay_us is not None:
+            faults["delay"] = args.delay_us * 1e-6
+        if args.state is None and not faults:
+            raise ValueError("say down, up, or a fault to set (--loss, --corrupt, ...)")
+        if args.state is not None:
+            launcher.set_link(topo, args.a, args.b, args.state == "up")
+        return launcher.set_faults(topo, args.a, args.b, faults) if faults else 0
     if args.command == "node":
         opts = node.NodeOptions(
             args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid

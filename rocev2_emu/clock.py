@@ -29,10 +29,17 @@ class DilatedClock:
         if epoch is not None:
             origin = trio.current_time() - (time.monotonic() - epoch)
         self.origin = trio.current_time() if origin is None else origin
+        # the same origin on time.monotonic(), for threads (the metrics server) that cannot
+        # read the trio clock; both tick at CLOCK_MONOTONIC's rate under the system clock
+        self._monotonic_origin = time.monotonic() - (trio.current_time() - self.origin)
 
     def now(self) -> float:
         """Current emulated time in seconds."""
         return (trio.current_time() - self.origin) / self.tdf
+
+    def now_threadsafe(self) -> float:
+        """Emulated time, from any thread (real clock only; not under MockClock)."""
+        return (time.monotonic() - self._monotonic_origin) / self.tdf
 
     def to_trio(self, emulated: float) -> float:
         """The trio-clock time at which emulated time ``emulated`` arrives."""

@@ -56,6 +56,14 @@ class NicDriver:
         self.max_lateness = 0.0  # emulated seconds
         self._warned = False
 
+    def set_faults(self, faults: LinkFaults) -> None:
+        """Change the link's faults (loss, corruption, delay) while running."""
+        if self.link is None:
+            self.link = FaultyLink(faults)
+        else:
+            self.link.update(faults)
+        self.kick()
+
     def kick(self) -> None:
         """Something changed outside the driver (a post, a modify): run the loop now."""
         if self._scope is not None:

@@ -42,6 +42,7 @@ from rocev2_emu.agent import (
 )
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.link import LinkFaults
 from rocev2_emu.node import METRICS_PORT, host_agent, host_config, switch_driver, switch_stats
 from rocev2_emu.oob import OobChannel
 from rocev2_emu.ports import MemoryNetwork
@@ -401,4 +402,33 @@ def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
     return 0
 
 
-__all__ = ["METRICS_PORT", "load_flows", "report", "run_virtual", "set_link", "up"]
+async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
+    link = next((lk for lk in topo.links if {lk.a, lk.b} == {a, b}), None)
+    if link is None:
+        raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
+    settings: dict[str, Any] = {
+        "loss": link.loss,
+        "delay": link.delay,
+        "seed": topo.seed * 1000 + link.index,
+    }
+    settings.update(faults)
+    LinkFaults(**settings)  # validate before touching the fabric
+    for end in (a, b):
+        node = topo.nodes[end]
+        msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
+        if node.kind == "switch":
+            msg["port"] = next(i for i, (lk, _) in enumerate(node.ports) if lk is link)
+        reply = await _control(node.address, msg)
+        if "error" in reply:
+            raise RuntimeError(f"{end}: {reply['error']}")
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
+    return f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions"
+
+
+def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
+    """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
+    print(trio.run(_set_faults, topo, a, b, faults))
+    return 0
+
+
+__all__ = ["METRICS_PORT", "load_flows", "report", "run_virtual", "set_faults", "set_link", "up"]

@@ -54,6 +54,10 @@ class FaultyLink:
         self._seq = 0
         self.lost = self.duplicated = self.reordered = self.corrupted = 0
 
+    def update(self, faults: LinkFaults) -> None:
+        """New fault settings at run time; frames already held keep their release times."""
+        self.faults = faults
+
     def submit(self, datagram: bytes | bytearray, now: float) -> list[bytes | bytearray]:
         """Datagrams to send right away; the rest are held until :meth:`due`."""
         f = self.faults

@@ -183,6 +183,9 @@ async def _switch_control(stream: trio.SocketStream, topo: Topology, driver: Swi
             elif cmd == "set_link":
                 driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
                 await chan.send({"ok": True})
+            elif cmd == "set_faults":
+                driver.set_faults(int(msg["port"]), LinkFaults(**msg["faults"]))
+                await chan.send({"ok": True})
             elif cmd == "set_routes":
                 driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
                 await chan.send({"ok": True})

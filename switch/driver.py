@@ -84,6 +84,15 @@ class SwitchDriver:
             with trio.move_on_at(math.inf if deadline is None else clock.to_trio(deadline)):
                 await port.wait_readable()
 
+    def set_faults(self, index: int, faults: LinkFaults) -> None:
+        """Change a port's link faults (loss, corruption, delay) while running."""
+        link = self.links[index]
+        if link is None:
+            self.links[index] = FaultyLink(faults)
+        else:
+            link.update(faults)
+        self._faulty = [i for i, lk in enumerate(self.links) if lk is not None]
+
     def _next_deadline(self) -> float | None:
         times = [t for t in (self.core.get_timer(),) if t is not None]
         times += [t for link in self.links if link and (t := link.get_timer()) is not None]

@@ -22,7 +22,7 @@ class SwitchCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         core = self.driver.core
         name = core.config.name
-        now = self.driver.clock.now()
+        now = self.driver.clock.now_threadsafe()
         port_labels = ["switch", "port", "peer"]
         prio_labels = [*port_labels, "priority"]
 

@@ -130,3 +130,55 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
             proc.wait(10)
     assert proc.returncode == 0, out + err
     assert out.count("ok, verified") == 6
+
+
+def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    topo = write_topology(tmp_path / "t.toml", single_switch(3), transport={"qp_timeout": 8})
+    flows = write_flows(tmp_path / "f.toml", [("h0", "h2", 24 << 20)])
+    proc = subprocess.Popen(
+        [*CLI, "up", str(topo), "--flows", str(flows), "--tdf", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "ready" not in seen and time.monotonic() < deadline:
+            seen += proc.stdout.readline()
+        lossy = subprocess.run(
+            [*CLI, "link", str(topo), "h0", "sw0", "--loss", "0.02"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert lossy.returncode == 0, lossy.stderr
+        assert "loss 0.02" in lossy.stdout
+        body = urllib.request.urlopen("http://127.10.0.10:9100/metrics", timeout=10).read()
+        names = {
+            s.name for fam in text_string_to_metric_families(body.decode()) for s in fam.samples
+        }
+        for name in (
+            "rocev2_switch_tx_packets_total",
+            "rocev2_switch_pfc_tx_frames_total",
+            "rocev2_switch_ecn_marked_packets_total",
+            "rocev2_switch_queue_bytes",
+            "rocev2_switch_paused_seconds_total",
+            "rocev2_switch_buffer_bytes",
+            "rocev2_switch_pfc_watchdog_storms_detected_total",
+            "rocev2_emulation_tdf",
+        ):
+            assert name in names, name
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, out + err
+    assert "ok, verified" in out
+    assert fabric_line(out, "retransmitted packets") > 0  # the loss set at run time bit
