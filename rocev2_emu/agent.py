@@ -177,6 +177,8 @@ def host_stats(ctx: Context) -> dict[str, Any]:
     c = ctx.core.counters
     return {
         "nic_pauses": c.pfc_pause_received,
+        "cnps_sent": c.np_cnp_sent,
+        "cnps_handled": c.rp_cnp_handled,
         "retransmitted": c.retransmitted_packets,
         "timeouts": c.local_ack_timeout_err,
         "nic_drops": sum(c.rx_drops.values()),

@@ -41,8 +41,10 @@ class NicCounters:
     rx_read_requests: int = 0
     rx_atomic_requests: int = 0
     # congestion signals
-    ecn_marked_roce_packets: int = 0
+    ecn_marked_roce_packets: int = 0  # np_ecn_marked_roce_packets
+    np_cnp_sent: int = 0
     cnp_received: int = 0
+    rp_cnp_handled: int = 0
     pfc_pause_received: int = 0
     # drops by reason: malformed (per MalformedFrame.reason), unknown_qp, qp_state, wrong_dst
     rx_drops: Counter[str] = field(default_factory=Counter)

@@ -118,7 +118,9 @@ def report(
         f"{fabric.get('late_wakeups', 0)}, socket drops {fabric.get('socket_drops', 0)}"
     )
     print(
-        f"# hosts: PFC pauses honoured {fabric.get('nic_pauses', 0)}, retransmitted packets "
+        f"# hosts: PFC pauses honoured {fabric.get('nic_pauses', 0)}, CNPs sent "
+        f"{fabric.get('cnps_sent', 0)} and handled {fabric.get('cnps_handled', 0)}, "
+        f"retransmitted packets "
         f"{fabric.get('retransmitted', 0)}, ACK timeouts {fabric.get('timeouts', 0)}, "
         f"frames dropped by NICs {fabric.get('nic_drops', 0)}"
     )

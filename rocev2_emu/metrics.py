@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocev2_emu.cc import Dcqcn
+
 if TYPE_CHECKING:
     from rocev2_emu.driver import NicDriver
 
@@ -77,6 +79,25 @@ class NicCollector(Collector):
         for prio, value in enumerate(core.pause_frames_received):
             pause.add_metric([node, str(prio)], value)
         yield pause
+        rate = GaugeMetricFamily(
+            "rocev2_nic_qp_rate_bps", "DCQCN current rate per QP (bit/s)", labels=["node", "qp"]
+        )
+        target = GaugeMetricFamily(
+            "rocev2_nic_qp_target_rate_bps",
+            "DCQCN target rate per QP (bit/s)",
+            labels=["node", "qp"],
+        )
+        alpha = GaugeMetricFamily(
+            "rocev2_nic_qp_alpha", "DCQCN alpha per QP", labels=["node", "qp"]
+        )
+        for qp in list(core.qps.values()):
+            rc = qp.rc
+            if isinstance(rc, Dcqcn):
+                label = [node, f"0x{qp.qpn:06x}"]
+                rate.add_metric(label, rc.rate)
+                target.add_metric(label, rc.target)
+                alpha.add_metric(label, rc.alpha)
+        yield from (rate, target, alpha)
         late = CounterMetricFamily(
             "rocev2_emulation_late_wakeups",
             "Driver wake-ups later than their deadline (run unfaithful)",

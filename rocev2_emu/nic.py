@@ -17,7 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rocev2_emu.bth import Opcode
+from rocev2_emu.bth import CNP_PAD_LEN, Opcode
+from rocev2_emu.cc import PROFILES, DcqcnParams
+from rocev2_emu.cc import create as create_rate_control
 from rocev2_emu.counters import NicCounters
 from rocev2_emu.errors import LocalVerbsError, MalformedFrame
 from rocev2_emu.ethernet import (
@@ -34,7 +36,13 @@ from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomai
 from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame, encode_pfc
 from rocev2_emu.qp import QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
-from rocev2_emu.roce import DSCP_ROCE, FrameTemplate, decode_frame_untrusted, rxe_udp_sport
+from rocev2_emu.roce import (
+    DSCP_CNP,
+    DSCP_ROCE,
+    FrameTemplate,
+    decode_frame_untrusted,
+    rxe_udp_sport,
+)
 from rocev2_emu.work import CompletionQueue, RecvWR, SendWR
 
 WIRE_OVERHEAD: Final = 24  # preamble + SFD (8), FCS (4), inter-frame gap (12) bytes
@@ -42,6 +50,7 @@ NOMINAL_BPS: Final = 100e9  # pause quanta are timed at this rate when the link 
 # DSCP -> 802.1p priority: RoCE data on 3, CNPs on 6 (the usual lossless-fabric convention);
 # any other DSCP maps to its class selector (DSCP >> 3).
 DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
+CNP_PAD: Final = bytes(CNP_PAD_LEN)
 
 
 @dataclass(slots=True)
@@ -58,6 +67,10 @@ class NicConfig:
     ecn: int = ECN_ECT0
     catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
     ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
+    rate_control: str = "none"  # per-QP reaction point: "dcqcn" or "none" (PFC only)
+    dcqcn: DcqcnParams = field(default_factory=lambda: PROFILES["paper"])
+    send_cnps: bool = False  # notification point: answer CE marks with CNPs
+    cnp_dscp: int = DSCP_CNP
 
 
 class NicCore:
@@ -86,6 +99,7 @@ class NicCore:
         # QPs with something to send, per priority, in round-robin order
         self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
         self._templates: dict[int, FrameTemplate] = {}
+        self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
 
     # -- resources (called by the verbs layer) ---------------------------------------------
@@ -143,6 +157,15 @@ class NicCore:
         qp.modify(attr)
         self._templates.pop(qp.qpn, None)
         qp.priority = self.priority_of(self.dscp_of(qp))
+        if qp.state is QPState.RTS and qp.rc is None:
+            kwargs = {"params": self.config.dcqcn} if self.config.rate_control == "dcqcn" else {}
+            qp.rc = create_rate_control(
+                self.config.rate_control,
+                line_rate=self.config.link_bps or NOMINAL_BPS,
+                now=0.0,
+                **kwargs,
+            )
+            qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
             self._active[qp.priority][qp.qpn] = qp
 
@@ -197,11 +220,17 @@ class NicCore:
         if frame.dst_ip != self.ip:
             c.rx_drops["wrong_dst_ip"] += 1
             return
-        if frame.ecn == ECN_CE:
-            c.ecn_marked_roce_packets += 1
         if frame.opcode == Opcode.CNP:
             c.cnp_received += 1
+            target = self.qps.get(frame.dqpn)
+            if target is not None and target.rc is not None:
+                c.rp_cnp_handled += 1
+                target.rc.on_cnp(now=now)
             return
+        if frame.ecn == ECN_CE:
+            c.ecn_marked_roce_packets += 1
+            if self.config.send_cnps:
+                self._notify(frame.dqpn, now)
         if frame.opcode >= 0x20:
             c.rx_drops["unsupported_transport"] += 1
             return
@@ -213,6 +242,30 @@ class NicCore:
             c.rx_drops["qp_state"] += 1
             return
         self._active[qp.priority][qp.qpn] = qp
+
+    def _notify(self, qpn: int, now: float) -> None:
+        """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
+        per QP per ``cnp_interval`` (sent on the CNP priority, ahead of data)."""
+        qp = self.qps.get(qpn)
+        if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.dcqcn.cnp_interval:
+            return
+        qp.last_cnp = now
+        tpl = self._cnp_templates.get(qpn)
+        if tpl is None:
+            dst = ip_to_int(qp.dest_ip)
+            cfg = self.config
+            tpl = FrameTemplate(
+                vni=cfg.vni,
+                src_mac=self.mac,
+                dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
+                src_ip=self.ip,
+                dst_ip=dst,
+                sport=rxe_udp_sport(qp.qpn),
+                dscp=cfg.cnp_dscp,
+            )
+            self._cnp_templates[qpn] = tpl
+        self.queue_control(tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True))
+        self.counters.np_cnp_sent += 1
 
     def _on_pfc(self, frame: PfcFrame, now: float) -> None:
         rate = self.config.link_bps or NOMINAL_BPS
@@ -260,6 +313,12 @@ class NicCore:
             for _ in range(len(active)):
                 qpn = next(iter(active))
                 qp = active[qpn]
+                rc = qp.rc
+                if rc is not None and rc.next_send_time > now and not qp.responder.out:
+                    if len(active) > 1:  # paced by its rate: let the others go first
+                        del active[qpn]
+                        active[qpn] = qp
+                    continue
                 pkt = qp.next_packet(now)
                 if pkt is None:
                     del active[qpn]
@@ -268,7 +327,7 @@ class NicCore:
                     del active[qpn]
                     active[qpn] = qp
                 tpl = self._templates.get(qpn) or self._template_for(qp)
-                return tpl.build(
+                datagram = tpl.build(
                     pkt.opcode,
                     qp.dest_qpn,
                     pkt.psn,
@@ -277,6 +336,9 @@ class NicCore:
                     pkt.ext,
                     pkt.payload,
                 )
+                if rc is not None and len(pkt.payload):
+                    rc.on_sent(size=len(datagram) - VXLAN_LEN, now=now)
+                return datagram
         return None
 
     def _template_for(self, qp: QueuePair) -> FrameTemplate:
@@ -301,9 +363,10 @@ class NicCore:
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
         times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
+        times += [t for qp in self.qps.values() if qp.rc and (t := qp.rc.get_timer()) is not None]
         if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
             times.append(t)
-        waiting = [self.paused_until[p] for p in range(PRIORITIES) if self._active[p]]
+        waiting = [self._earliest(p) for p in range(PRIORITIES) if self._active[p]]
         if self._control or waiting:
             t = self.tx_free_at if self.config.link_bps else 0.0
             if not self._control:
@@ -311,7 +374,17 @@ class NicCore:
             times.append(t)
         return min(times) if times else None
 
+    def _earliest(self, prio: int) -> float:
+        """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
+        paced = [qp.rc.next_send_time for qp in self._active[prio].values() if qp.rc is not None]
+        first = min(paced) if len(paced) == len(self._active[prio]) else 0.0
+        return max(first, self.paused_until[prio])
+
     def handle_timer(self, now: float) -> None:
+        for qp in self.qps.values():
+            rc = qp.rc
+            if rc is not None and (t := rc.get_timer()) is not None and t <= now:
+                rc.handle_timer(now=now)
         if self.ingress is not None:
             for datagram in self.ingress.due(now):
                 self._receive(datagram, now)

@@ -28,7 +28,7 @@ from rocev2_emu.link import LinkFaults
 from rocev2_emu.metrics import nic_registry, serve
 from rocev2_emu.oob import OobChannel
 from rocev2_emu.ports import DatagramPort, UdpPort
-from rocev2_emu.topology import Link, Topology
+from rocev2_emu.topology import Link, Topology, dcqcn_params
 from rocev2_emu.verbs import Context, DeviceConfig
 from switch.driver import SwitchDriver
 from switch.metrics import SwitchCollector
@@ -77,6 +77,7 @@ def host_config(
         vni=link.vni,
         epoch=epoch,
         seed=topo.seed * 1000 + node.index if seeded else None,
+        dcqcn=dcqcn_params(topo),
         ingress=IngressConfig(
             rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
         )

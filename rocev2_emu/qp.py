@@ -31,6 +31,7 @@ from rocev2_emu.work import (
 )
 
 if TYPE_CHECKING:
+    from rocev2_emu.cc import RateControl
     from rocev2_emu.roce import RoceFrame
 
 RESPONSE_OPCODES: Final = frozenset(
@@ -90,6 +91,8 @@ class QueuePair:
         self.max_inflight = DEFAULT_MAX_INFLIGHT
         self.traffic_class: int | None = None  # DSCP of this QP's packets (ah_attr.grh)
         self.priority = 3  # 802.1p priority, set by the NIC from the DSCP
+        self.rc: RateControl | None = None  # rate control, set by the NIC at RTS
+        self.last_cnp = -1.0  # notification point: when this QP last sent a CNP
         self.requester = Requester(self)
         self.responder = Responder(self)
 

@@ -11,7 +11,8 @@ build what the switch pipeline and the NIC need.  Layout of the file::
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
                     watchdog_restore_ms, watchdog_action
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
-    [dcqcn]         enabled, profile (used by the NIC's rate control)
+    [dcqcn]         enabled, profile ("paper" or "nvidia"), and any DcqcnParams field to
+                    override (g, rate_ai, cnp_interval, ...)
     [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt
     [[switch]]      name
     [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.ethernet import ip_to_int, mac_for_ip
 from switch.config import EcnThresholds, PortConfig, SwitchConfig
 from switch.mmu import MmuConfig
@@ -234,6 +236,10 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
             raise fail(section, given, "must be a table")
         for key, value in given.items():
             full = f"[{section}].{key}"
+            if section == "dcqcn" and key in DcqcnParams.__dataclass_fields__:
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    raise fail(full, value, "must be a number")
+                continue
             if key not in _TYPES or (key not in defaults and section != "ecn"):
                 raise fail(full, value, "unknown key")
             if not isinstance(value, _TYPES[key]) or (
@@ -263,6 +269,13 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         raise fail("[pfc].watchdog_action", pfc["watchdog_action"], "must be drop or forward")
     if not 0 <= pfc["quanta"] <= 0xFFFF:
         raise fail("[pfc].quanta", pfc["quanta"], "must be 0..65535")
+    dq = sec["dcqcn"]
+    if dq["profile"] not in PROFILES:
+        raise fail("[dcqcn].profile", dq["profile"], f"must be one of {sorted(PROFILES)}")
+    try:
+        PROFILES[dq["profile"]].with_overrides(**dcqcn_overrides(dq))
+    except (TypeError, ValueError) as exc:
+        raise fail("[dcqcn]", dcqcn_overrides(dq), str(exc)) from exc
     if ("kmin_kb" in ecn) != ("kmax_kb" in ecn) or ecn.get("kmin_kb", 0) > ecn.get("kmax_kb", 1):
         raise fail("[ecn].kmin_kb", ecn.get("kmin_kb"), "needs kmax_kb, and kmin_kb <= kmax_kb")
 
@@ -349,6 +362,18 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         sec["transport"],
         routes,
     )
+
+
+def dcqcn_overrides(section: dict[str, Any]) -> dict[str, Any]:
+    """The DCQCN parameters a topology's [dcqcn] section sets beyond its profile."""
+    return {k: v for k, v in section.items() if k in DcqcnParams.__dataclass_fields__}
+
+
+def dcqcn_params(topo: Topology) -> DcqcnParams | None:
+    """The NICs' DCQCN parameters, or None when the topology turns DCQCN off."""
+    if not topo.dcqcn["enabled"]:
+        return None
+    return PROFILES[topo.dcqcn["profile"]].with_overrides(**dcqcn_overrides(topo.dcqcn))
 
 
 def _routes(

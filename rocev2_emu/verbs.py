@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.driver import NicDriver
 from rocev2_emu.errors import RemoteVerbsError
@@ -68,6 +69,7 @@ class DeviceConfig:
     epoch: float | None = None  # time.monotonic() at emulated time 0, shared by a fabric
     seed: int | None = None  # seeds QPNs, PSNs and keys (virtual mode); None: a CSPRNG
     ingress: IngressConfig | None = None  # a slow host that pauses its switch port (PFC)
+    dcqcn: DcqcnParams | None = None  # DCQCN at this NIC (notification and reaction); None: off
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,6 +108,9 @@ class Context:
                 link_bps=config.link_gbps * 1e9,
                 catchup=CATCHUP_WALL_SECONDS / config.tdf,
                 ingress=config.ingress,
+                rate_control="dcqcn" if config.dcqcn is not None else "none",
+                dcqcn=config.dcqcn or PROFILES["paper"],
+                send_cnps=config.dcqcn is not None,
             ),
             rng=None if config.seed is None else random.Random(config.seed),
         )

@@ -87,6 +87,7 @@ def test_incast_without_pfc_drops_and_recovers(tmp_path: Path) -> None:
         buffer={"size_bytes": 400 * 1024, "headroom_bytes": 0},
         pfc={"enabled": False},
         ecn={"enabled": False, "priorities": [3]},
+        dcqcn={"enabled": False},
         transport={"qp_timeout": 8},
     )
     flows = [(src, dst, 256 << 10) for src, dst, _ in INCAST]

@@ -1,0 +1,62 @@
+"""The rate-control interface and the trivial implementation (line rate, no reaction)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+
+class RateControl(abc.ABC):
+    """Per-QP sending rate, driven by keyword-only hooks that take ``now`` (emulated s)."""
+
+    def __init__(self, *, line_rate: float, now: float) -> None:
+        self.line_rate = line_rate
+        self.rate = line_rate  # bit/s the QP may send at now
+        self.next_send_time = now
+        self.catchup = 0.0  # as the NIC's link pacing: a late pump may send this far behind
+
+    def on_sent(self, *, size: int, now: float) -> None:
+        """A frame of ``size`` bytes left: space the next one by the current rate (at line
+        rate the link's own pacing is the limit, so the QP adds none)."""
+        if self.rate >= self.line_rate:
+            self.next_send_time = now
+            return
+        start = max(self.next_send_time, now - self.catchup)
+        self.next_send_time = start + size * 8 / self.rate
+
+    @abc.abstractmethod
+    def on_cnp(self, *, now: float) -> None: ...
+
+    @abc.abstractmethod
+    def get_timer(self) -> float | None: ...
+
+    @abc.abstractmethod
+    def handle_timer(self, *, now: float) -> None: ...
+
+
+class LineRate(RateControl):
+    """No rate control: PFC-only runs.  CNPs are counted by the NIC and otherwise ignored."""
+
+    def on_sent(self, *, size: int, now: float) -> None:
+        self.next_send_time = now  # the NIC's link pacing is the only limit
+
+    def on_cnp(self, *, now: float) -> None:
+        pass
+
+    def get_timer(self) -> float | None:
+        return None
+
+    def handle_timer(self, *, now: float) -> None:
+        pass
+
+
+REGISTRY: dict[str, Callable[..., RateControl]] = {"none": LineRate}
+
+
+def create(name: str, *, line_rate: float, now: float, **params: Any) -> RateControl:
+    try:
+        factory = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown rate control {name!r}; known: {sorted(REGISTRY)}") from None
+    return factory(line_rate=line_rate, now=now, **params)
