@@ -217,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
+    scen = sub.add_parser("scenario", help="run a canonical congestion experiment and check it")
+    scen.add_argument("name", help="incast (more to come: see docs/scenarios.md)")
+    scen.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
+    scen.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    scen.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")
     bench = sub.add_parser("bench", help="print datagram-rate figures")
     bench.add_argument("which", choices=["udp-baseline", "write-bw", "switch"])
     bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
@@ -357,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command in ("up", "node", "topology", "link"):
             return _fabric_command(args)
+        if args.command == "scenario":
+            from rocev2_emu import scenarios
+
+            return scenarios.main(args.name, seed=args.seed, out=args.out, virtual=args.virtual)
         if args.command == "bench":
             from rocev2_emu.bench import main as bench_main
 

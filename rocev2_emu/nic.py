@@ -34,7 +34,7 @@ from rocev2_emu.ethernet import (
 from rocev2_emu.ingress import IngressConfig, IngressQueue
 from rocev2_emu.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
 from rocev2_emu.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame, encode_pfc
-from rocev2_emu.qp import QueuePair
+from rocev2_emu.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
 from rocev2_emu.roce import (
     DSCP_CNP,
@@ -71,6 +71,7 @@ class NicConfig:
     dcqcn: DcqcnParams = field(default_factory=lambda: PROFILES["paper"])
     send_cnps: bool = False  # notification point: answer CE marks with CNPs
     cnp_dscp: int = DSCP_CNP
+    max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
 
 
 class NicCore:
@@ -142,6 +143,7 @@ class NicCore:
             max_recv_wr=max_recv_wr,
             sq_sig_all=sq_sig_all,
         )
+        qp.max_inflight = self.config.max_inflight
         self.qps[qpn] = qp
         return qp
 

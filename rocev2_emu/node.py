@@ -78,6 +78,7 @@ def host_config(
         epoch=epoch,
         seed=topo.seed * 1000 + node.index if seeded else None,
         dcqcn=dcqcn_params(topo),
+        max_inflight=topo.transport["max_inflight"],
         ingress=IngressConfig(
             rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
         )

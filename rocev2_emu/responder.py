@@ -131,6 +131,7 @@ class Responder:
         self.in_nak_episode = False
         self.resources: deque[_Resource] = deque()
         self.out: deque[_Item] = deque()
+        self.rx_bytes = 0  # payload bytes taken in order: goodput, for measurements
 
     def start(self, rq_psn: int) -> None:
         self.epsn = rq_psn
@@ -147,6 +148,7 @@ class Responder:
             if n == self.qp.mtu and off + n < self.write_len and self.write_view is not None:
                 self.write_view[off : off + n] = payload
                 self.offset = off + n
+                self.rx_bytes += n
                 self.epsn = (psn + 1) & PSN_MASK
                 self.in_nak_episode = False
                 if f.ackreq:
@@ -217,6 +219,7 @@ class Responder:
             self._fatal(NakCode.INVALID_REQUEST, f"SEND of > {sges.length} bytes overflows receive")
             return False
         sges.scatter(self.offset, f.payload)
+        self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
         if op in _LAST:
@@ -263,6 +266,7 @@ class Responder:
         if n:
             assert self.write_view is not None
             self.write_view[self.offset : self.offset + n] = f.payload
+            self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
         if op in _LAST:

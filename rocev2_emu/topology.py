@@ -13,7 +13,8 @@ build what the switch pipeline and the NIC need.  Layout of the file::
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
     [dcqcn]         enabled, profile ("paper" or "nvidia"), and any DcqcnParams field to
                     override (g, rate_ai, cnp_interval, ...)
-    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt
+    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight
+                    (unacknowledged packets per QP; default 4096: paced NICs need no window)
     [[switch]]      name
     [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
     [[link]]        a, b, and optionally rate_gbps, delay_us, loss
@@ -177,7 +178,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ecn": {"enabled": True, "priorities": [3]},
     "dcqcn": {"enabled": True, "profile": "paper"},
-    "transport": {"qp_timeout": 12, "retry_cnt": 7},
+    "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096},
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -206,6 +207,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "pmax": (int, float),
     "qp_timeout": int,
     "retry_cnt": int,
+    "max_inflight": int,
 }
 
 

@@ -37,7 +37,7 @@ from rocev2_emu.memory import Access, MemoryRegion
 from rocev2_emu.nic import NicConfig, NicCore
 from rocev2_emu.pcap import PcapWriter
 from rocev2_emu.ports import DatagramPort, UdpPort
-from rocev2_emu.qp import QueuePair
+from rocev2_emu.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.qp_state import QPAttr, QPState
 from rocev2_emu.work import CompletionQueue, RecvWR, SendWR, WorkCompletion
 
@@ -70,6 +70,7 @@ class DeviceConfig:
     seed: int | None = None  # seeds QPNs, PSNs and keys (virtual mode); None: a CSPRNG
     ingress: IngressConfig | None = None  # a slow host that pauses its switch port (PFC)
     dcqcn: DcqcnParams | None = None  # DCQCN at this NIC (notification and reaction); None: off
+    max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +112,7 @@ class Context:
                 rate_control="dcqcn" if config.dcqcn is not None else "none",
                 dcqcn=config.dcqcn or PROFILES["paper"],
                 send_cnps=config.dcqcn is not None,
+                max_inflight=config.max_inflight,
             ),
             rng=None if config.seed is None else random.Random(config.seed),
         )

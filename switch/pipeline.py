@@ -57,7 +57,8 @@ class PortState:
     def __init__(self, prio_count: int = PRIORITIES) -> None:
         self.up = True
         self.idle = True
-        self.queues: list[deque[_Entry]] = [deque() for _ in range(prio_count)]
+        # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
+        self.queues: list[dict[int, deque[_Entry]]] = [{} for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
         self.tx_free_at = 0.0
         self.control: deque[bytes] = deque()
@@ -173,7 +174,10 @@ class SwitchCore:
             return
         from_headroom = where == 1
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
-        eq.queues[prio].append(_Entry(datagram, port, size, from_headroom))
+        fifo = eq.queues[prio].get(port)
+        if fifo is None:
+            fifo = eq.queues[prio][port] = deque()
+        fifo.append(_Entry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
         self._pending.add(out)
         if prio in mmu.lossless and mmu.should_pause(port, prio):
@@ -291,7 +295,13 @@ class SwitchCore:
             q = ps.queues[prio]
             if not q or (ps.paused_until[prio] > now and not stormed[prio]):
                 continue
-            e = q.popleft()
+            # Ingress ports take turns within a priority, as switch arbiters do: this is what
+            # makes PFC fair to ports rather than to flows (the DCQCN paper's unfairness).
+            ingress = next(iter(q))
+            fifo = q.pop(ingress)
+            e = fifo.popleft()
+            if fifo:
+                q[ingress] = fifo  # to the back of the line
             ps.queue_bytes[prio] -= e.size
             self._release(e, prio, now)
             return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)
@@ -367,11 +377,12 @@ class SwitchCore:
 
     def _flush(self, port: int, prio: int, now: float, reason: str) -> None:
         ps = self.ports[port]
-        while ps.queues[prio]:
-            e = ps.queues[prio].popleft()
-            ps.queue_bytes[prio] -= e.size
-            ps.drops[reason] += 1
-            self._release(e, prio, now)
+        queues = ps.queues[prio]
+        while queues:
+            for e in queues.pop(next(iter(queues))):
+                ps.queue_bytes[prio] -= e.size
+                ps.drops[reason] += 1
+                self._release(e, prio, now)
 
     def set_routes(self, routes: dict[int, tuple[int, ...]]) -> None:
         """New routes (after links failed or came back elsewhere in the fabric)."""

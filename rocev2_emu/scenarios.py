@@ -1,0 +1,254 @@
+"""The field's canonical congestion experiments as runnable scenarios with checks.
+
+``rocev2-emu scenario NAME --virtual [--seed N] [--out DIR]`` builds the scenario's fabric,
+runs its flows in virtual time while sampling every flow's goodput, the bottleneck queue and
+the PFC pauses, prints a short report in emulated units, writes ``NAME.json`` (and ``NAME.png``
+when matplotlib is installed: ``pip install 'rocev2-emu[plot]'``), and exits non-zero when its
+check fails.  Built so far:
+
+* ``incast``: N -> 1 (N = 8) with no PFC and no DCQCN (drops, retransmissions), PFC only (no
+  loss, pauses), and PFC + DCQCN (CNPs, fewer pauses), with flow completion times p50 / p99.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import tomllib
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from rocev2_emu.agent import FlowPeer, FlowResult, FlowSpec, HostAgent, host_stats
+from rocev2_emu.clock import DilatedClock
+from rocev2_emu.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.launcher import _deterministic_trio, _merge
+from rocev2_emu.node import host_agent, host_config, switch_driver, switch_stats
+from rocev2_emu.ports import MemoryNetwork
+from rocev2_emu.topogen import single_switch
+from rocev2_emu.topology import Topology, parse
+from rocev2_emu.verbs import Context
+from switch.driver import SwitchDriver
+
+G = 1e9
+
+
+@dataclass(slots=True)
+class Run:
+    """One fabric run: flow results, time series and the fabric's counters."""
+
+    setting: str
+    results: list[FlowResult]
+    times: list[float] = field(default_factory=list)  # emulated seconds
+    goodput: dict[int, list[float]] = field(default_factory=dict)  # flow -> Gbit/s per sample
+    queue: list[int] = field(default_factory=list)  # bottleneck egress queue, bytes
+    paused: list[bool] = field(default_factory=list)  # any upstream pause in force
+    fabric: dict[str, Any] = field(default_factory=dict)
+
+
+async def _run(
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+) -> Run:
+    net = MemoryNetwork()
+    drivers: dict[str, SwitchDriver] = {}
+    agents: dict[str, HostAgent] = {}
+    run = Run(setting, [])
+    async with trio.open_nursery() as nursery:
+        for sw in topo.switches:
+            drivers[sw.name] = switch_driver(
+                topo, sw.name, net.port((sw.address, VXLAN_UDP_PORT)), DilatedClock(1.0)
+            )
+            await nursery.start(drivers[sw.name].run)
+        async with AsyncExitStack() as stack:
+            for h in topo.hosts:
+                cfg = host_config(topo, h.name, 1.0, None, seeded=True)
+                assert cfg.link_peer is not None
+                port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
+                ctx = await stack.enter_async_context(Context.open(cfg, port=port))
+                agents[h.name] = host_agent(topo, ctx, h.name)
+            peers: dict[str, FlowPeer] = dict(agents)
+            t0 = next(iter(agents.values())).ctx.now() + 1e-6
+            done = trio.Event()
+
+            async def source(name: str, specs: list[FlowSpec]) -> None:
+                run.results.extend(await agents[name].run_flows(specs, peers, t0))
+
+            async def sample() -> None:
+                last = {f.id: 0 for f in flows}
+                sw = drivers[watch[0]].core
+                port = sw.ports[watch[1]]
+                while not done.is_set():
+                    await trio.sleep(dt)
+                    now = drivers[watch[0]].clock.now()
+                    run.times.append(now - t0)
+                    for f in flows:
+                        inbound = agents[f.dst]._inbound.get(f.id)
+                        total = inbound[0].qp.responder.rx_bytes if inbound else last[f.id]
+                        run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
+                        last[f.id] = total
+                    run.queue.append(sum(port.queue_bytes))
+                    run.paused.append(
+                        any(p.paused_until[3] > now for p in sw.ports)
+                        or any(any(row) for row in sw.mmu.paused)
+                    )
+
+            async with trio.open_nursery() as jobs:
+                jobs.start_soon(sample)
+                async with trio.open_nursery() as srcs:
+                    for name in sorted({f.src for f in flows}):
+                        srcs.start_soon(source, name, [f for f in flows if f.src == name])
+                done.set()
+            run.fabric = _merge(
+                [switch_stats(d) for d in drivers.values()]
+                + [host_stats(a.ctx) for a in agents.values()]
+            )
+        nursery.cancel_scope.cancel()
+    run.results.sort(key=lambda r: r.id)
+    return run
+
+
+def run_virtual(
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+) -> Run:
+    _deterministic_trio(topo.seed)
+    return trio.run(
+        _run, topo, flows, watch, dt, setting, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+
+
+def _topology(text: str, seed: int, **sections: dict[str, Any]) -> Topology:
+    data = tomllib.loads(text)
+    data["fabric"]["seed"] = seed
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return parse(data, "<scenario>")
+
+
+def _settings(pfc: bool, dcqcn: bool, ecn: bool) -> dict[str, dict[str, Any]]:
+    # With DCQCN, mark as the DCQCN paper does (Kmin 5 KB, Kmax 200 KB, Pmax 1 %): well below
+    # where PFC engages, so rates are cut before the switch has to pause anyone.
+    marking = {"kmin_kb": 5, "kmax_kb": 200, "pmax": 0.01}
+    return {
+        "pfc": {"enabled": pfc},
+        "dcqcn": {"enabled": dcqcn},
+        "ecn": {"enabled": ecn, "priorities": [3], **marking},
+    }
+
+
+# -- incast ------------------------------------------------------------------------------
+
+
+def incast(seed: int, n: int = 8, size: int = 4 << 20) -> tuple[list[Run], list[str], bool]:
+    flows = [FlowSpec(i, f"h{i}", f"h{n}", size) for i in range(n)]
+    runs, lines, ok = [], [], True
+    for setting, pfc, dcqcn in (
+        ("lossy", False, False),
+        ("pfc", True, False),
+        ("pfc+dcqcn", True, True),
+    ):
+        topo = _topology(
+            single_switch(n + 1),
+            seed,
+            **_settings(pfc, dcqcn, dcqcn),
+            buffer={"size_bytes": 2 << 20, "headroom_bytes": 96 * 1024},
+            transport={"qp_timeout": 10},
+        )
+        run = run_virtual(topo, flows, ("sw0", n), 20e-6, setting)
+        runs.append(run)
+        fcts = sorted(r.fct for r in run.results if r.verified)
+        fab = run.fabric
+        drops = sum(fab["drops"].values())
+        p99 = fcts[min(len(fcts) - 1, math.ceil(len(fcts) * 0.99) - 1)] if fcts else 0.0
+        lines.append(
+            f"{setting:>10}: FCT p50 {statistics.median(fcts) * 1e6 if fcts else 0:.0f} us, "
+            f"p99 {p99 * 1e6:.0f} us; drops {drops}, retransmitted {fab['retransmitted']}, "
+            f"PFC frames {fab['pfc_tx']}, CNPs {fab['cnps_sent']}; all verified: "
+            f"{len(fcts) == n}"
+        )
+        ok = ok and len(fcts) == n
+    lossy, pfc_only, both = (r.fabric for r in runs)
+    checks = [
+        (
+            "without PFC the switch drops and go-back-N retransmits",
+            sum(lossy["drops"].values()) > 0 and lossy["retransmitted"] > 0,
+        ),
+        (
+            "with PFC nothing is lost and the switch pauses",
+            sum(pfc_only["drops"].values()) == 0 and pfc_only["pfc_tx"] > 0,
+        ),
+        (
+            "DCQCN sends CNPs and needs fewer pauses than PFC alone",
+            both["cnps_sent"] > 0 and both["pfc_tx"] < pfc_only["pfc_tx"],
+        ),
+    ]
+    for text, good in checks:
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good
+    return runs, lines, ok
+
+
+SCENARIOS = {"incast": incast}
+
+
+def _plot(name: str, runs: list[Run], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        t = [x * 1e6 for x in run.times]
+        for flow, series in sorted(run.goodput.items()):
+            ax.plot(t, series, label=f"flow {flow}")
+        ax.set_ylabel("goodput (Gbit/s)")
+        ax.set_title(f"{name}: {run.setting}")
+        q = ax.twinx()
+        q.plot(t, [b / 1024 for b in run.queue], color="black", linestyle=":", label="queue")
+        q.set_ylabel("bottleneck queue (KiB)")
+        for i, paused in enumerate(run.paused):
+            if paused and i + 1 < len(t):
+                ax.axvspan(t[i], t[i + 1], color="red", alpha=0.08, linewidth=0)
+        ax.legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("time (emulated us); shaded: PFC pause in force")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(name: str, *, seed: int, out: str | None, virtual: bool) -> int:
+    if name not in SCENARIOS:
+        print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
+        return 2
+    if not virtual:
+        print("scenarios run in virtual time for now; pass --virtual", file=sys.stderr)
+        return 2
+    runs, lines, ok = SCENARIOS[name](seed)
+    print(f"# scenario {name}, virtual time (TDF 1), seed {seed}; rates in emulated Gbit/s")
+    for line in lines:
+        print(line)
+    out_dir = Path(out or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        "scenario": name,
+        "seed": seed,
+        "ok": ok,
+        "report": lines,
+        "runs": [{**asdict(r), "results": [asdict(x) for x in r.results]} for r in runs],
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1))
+    plotted = _plot(name, runs, out_dir / f"{name}.png")
+    print(
+        f"# wrote {out_dir / (name + '.json')}"
+        + (f" and {out_dir / (name + '.png')}" if plotted else " (no plot: matplotlib absent)")
+    )
+    return 0 if ok else 1

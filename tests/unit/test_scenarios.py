@@ -1,0 +1,34 @@
+"""The incast scenario's checks hold in virtual time (a smaller incast than the CLI's default)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rocev2_emu import scenarios
+
+
+def test_incast_scenario_checks_pass_and_results_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = lambda seed: scenarios.incast(seed, n=4, size=2 << 20)  # noqa: E731
+    monkeypatch.setitem(scenarios.SCENARIOS, "incast", small)
+    assert scenarios.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
+    out = capsys.readouterr().out
+    assert out.count(": pass") == 3
+    data = json.loads((tmp_path / "incast.json").read_text())
+    assert data["ok"] is True
+    lossy, pfc, both = data["runs"]
+    assert sum(lossy["fabric"]["drops"].values()) > 0
+    assert sum(pfc["fabric"]["drops"].values()) == 0 and pfc["fabric"]["pfc_tx"] > 0
+    assert both["fabric"]["cnps_sent"] > 0
+    assert all(r["verified"] for run in data["runs"] for r in run["results"])
+    assert len(lossy["times"]) == len(lossy["queue"]) > 10  # the time series was sampled
+
+
+def test_unknown_scenario_and_real_mode_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert scenarios.main("nope", seed=1, out=None, virtual=True) == 2
+    assert scenarios.main("incast", seed=1, out=None, virtual=False) == 2
+    assert "virtual" in capsys.readouterr().err
