@@ -6,6 +6,10 @@ the PFC pauses, prints a short report in emulated units, writes ``NAME.json`` (a
 when matplotlib is installed: ``pip install 'rocev2-emu[plot]'``), and exits non-zero when its
 check fails.  Built so far:
 
+* ``pfc-unfairness``: 4 senders -> 1 receiver, 3 of them behind one upstream switch port.  PFC
+  alone is fair to ports, not flows: the lone sender gets about C/2 and the three about C/6
+  each.  With DCQCN the four share by flow (slowly: with the paper's parameters the rates climb
+  back by additive increase, so the link is far from full in the first milliseconds).
 * ``incast``: N -> 1 (N = 8) with no PFC and no DCQCN (drops, retransmissions), PFC only (no
   loss, pauses), and PFC + DCQCN (CNPs, fewer pauses), with flow completion times p50 / p99.
 """
@@ -17,6 +21,7 @@ import math
 import statistics
 import sys
 import tomllib
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -141,6 +146,94 @@ def _settings(pfc: bool, dcqcn: bool, ecn: bool) -> dict[str, dict[str, Any]]:
     }
 
 
+# -- pfc-unfairness ----------------------------------------------------------------------
+
+_UNFAIR = """
+[fabric]
+name = "pfc-unfairness"
+mtu = 4096
+[link_defaults]
+rate_gbps = 100.0
+delay_us = 1.0
+[[switch]]
+name = "sw0"
+[[switch]]
+name = "sw1"
+[[host]]
+name = "h0"
+[[host]]
+name = "h1"
+[[host]]
+name = "h2"
+[[host]]
+name = "h3"
+[[host]]
+name = "r"
+[[link]]
+a = "r"
+b = "sw0"
+[[link]]
+a = "h0"
+b = "sw0"
+[[link]]
+a = "sw1"
+b = "sw0"
+[[link]]
+a = "h1"
+b = "sw1"
+[[link]]
+a = "h2"
+b = "sw1"
+[[link]]
+a = "h3"
+b = "sw1"
+"""
+
+
+def jain(values: list[float]) -> float:
+    """Jain's fairness index: 1 when all are equal, 1/n when one takes everything."""
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if any(values) else 0.0
+
+
+def _steady_shares(run: Run) -> list[float]:
+    """Mean goodput of each flow while all of them were running (the middle 80 %)."""
+    first_done = min(r.start + r.fct for r in run.results)
+    picks = [k for k, t in enumerate(run.times) if 0.1 * first_done <= t <= 0.9 * first_done]
+    return [statistics.fmean(run.goodput[f][k] for k in picks) for f in sorted(run.goodput)]
+
+
+def pfc_unfairness(seed: int, size: int = 24 << 20) -> tuple[list[Run], list[str], bool]:
+    flows = [FlowSpec(i, f"h{i}", "r", size) for i in range(4)]
+    runs, lines, ok = [], [], True
+    for setting, dcqcn in (("pfc", False), ("pfc+dcqcn", True)):
+        topo = _topology(_UNFAIR, seed, **_settings(True, dcqcn, dcqcn))
+        run = run_virtual(topo, flows, ("sw0", 0), 100e-6, setting)
+        runs.append(run)
+        shares = _steady_shares(run)
+        lone, rest = shares[0], statistics.fmean(shares[1:])
+        lines.append(
+            f"{setting:>10}: goodput while all four run: h0 (alone) {lone:.1f}, "
+            f"h1-h3 (behind one port) {', '.join(f'{x:.1f}' for x in shares[1:])} "
+            f"Gbit/s; Jain {jain(shares):.3f}; link use {sum(shares):.0f} %"
+        )
+        if dcqcn:
+            good = jain(shares) >= 0.95 and lone < 1.3 * rest
+            lines.append(
+                f"{'':>10}  check: DCQCN shares the link by flow, not by port (Jain "
+                f">= 0.95, the lone sender within 30 % of the others): "
+                f"{'pass' if good else 'FAIL'}"
+            )
+        else:
+            good = lone > 2 * rest
+            lines.append(
+                f"{'':>10}  check: PFC alone is fair to ports, not flows (the lone "
+                f"sender gets more than twice each of the three): "
+                f"{'pass' if good else 'FAIL'}"
+            )
+        ok = ok and good
+    return runs, lines, ok
+
+
 # -- incast ------------------------------------------------------------------------------
 
 
@@ -193,7 +286,8 @@ def incast(seed: int, n: int = 8, size: int = 4 << 20) -> tuple[list[Run], list[
     return runs, lines, ok
 
 
-SCENARIOS = {"incast": incast}
+Scenario = Callable[[int], tuple[list[Run], list[str], bool]]
+SCENARIOS: dict[str, Scenario] = {"pfc-unfairness": pfc_unfairness, "incast": incast}
 
 
 def _plot(name: str, runs: list[Run], path: Path) -> bool:

@@ -32,3 +32,11 @@ def test_unknown_scenario_and_real_mode_are_refused(capsys: pytest.CaptureFixtur
     assert scenarios.main("nope", seed=1, out=None, virtual=True) == 2
     assert scenarios.main("incast", seed=1, out=None, virtual=False) == 2
     assert "virtual" in capsys.readouterr().err
+
+
+def test_pfc_unfairness_checks_pass() -> None:
+    runs, lines, ok = scenarios.pfc_unfairness(1, size=4 << 20)
+    assert ok, lines
+    pfc_shares = scenarios._steady_shares(runs[0])
+    assert pfc_shares[0] == pytest.approx(50, rel=0.1)  # C/2 for the lone sender
+    assert all(x == pytest.approx(100 / 6, rel=0.15) for x in pfc_shares[1:])  # C/6 each
