@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     scen.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
     scen.add_argument("--seed", type=int, default=1, help="seed (default 1)")
     scen.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")
+    scen.add_argument(
+        "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
+    )
     bench = sub.add_parser("bench", help="print datagram-rate figures")
     bench.add_argument("which", choices=["udp-baseline", "write-bw", "switch"])
     bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
@@ -365,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "scenario":
             from rocev2_emu import scenarios
 
-            return scenarios.main(args.name, seed=args.seed, out=args.out, virtual=args.virtual)
+            return scenarios.main(
+                args.name, seed=args.seed, out=args.out, virtual=args.virtual, tdf=args.tdf
+            )
         if args.command == "bench":
             from rocev2_emu.bench import main as bench_main
 

@@ -245,11 +245,14 @@ async def _watch(
         scope.cancel()
 
 
-async def _local(topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec] | None) -> int:
+async def _local(
+    topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec] | None, quiet: bool = False
+) -> tuple[list[FlowResult], dict[str, Any]] | None:
+    """Start every node, run ``flows`` (or wait for Ctrl-C), stop; the job's outcome."""
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
-    code = 1
+    outcome: tuple[list[FlowResult], dict[str, Any]] | None = None
     try:
         async with trio.open_nursery() as nursery:
             tails: dict[str, deque[str]] = {}
@@ -294,23 +297,26 @@ async def _local(topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpe
             for name, proc in procs.items():
                 nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
                 nursery.start_soon(_watch, name, proc, tails[name], stopping, nursery.cancel_scope)
-            print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
-            for name in topo.nodes:
-                print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
+            if not quiet:
+                print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
+                for name in topo.nodes:
+                    print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
             if flows is None:
                 print("# Ctrl-C stops the fabric", flush=True)
                 await trio.sleep_forever()
             else:
-                code = await _run_job(topo, tdf, epoch, flows)
+                outcome = await _run_job(topo, tdf, epoch, flows)
             stopping.set()
             nursery.cancel_scope.cancel()
     finally:
         stopping.set()
         await _stop(procs)
-    return code
+    return outcome
 
 
-async def _run_job(topo: Topology, tdf: float, epoch: float, flows: list[FlowSpec]) -> int:
+async def _run_job(
+    topo: Topology, tdf: float, epoch: float, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
     clock = DilatedClock(tdf, epoch=epoch)
     t0 = clock.now() + 0.5 / tdf  # half a real second from now, in emulated time
     peers = {h.name: (h.address, CONTROL_PORT) for h in topo.hosts}
@@ -334,7 +340,16 @@ async def _run_job(topo: Topology, tdf: float, epoch: float, flows: list[FlowSpe
         for name in sorted({f.src for f in flows}):
             jobs.start_soon(source, name, [f for f in flows if f.src == name])
     stats = [await _control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()]
-    return report(topo, tdf, "local processes", sorted(results, key=lambda r: r.id), _merge(stats))
+    return sorted(results, key=lambda r: r.id), _merge(stats)
+
+
+def run_local(
+    topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
+    """One process per node, one job, then stop: the flows' results and the fabric's counters."""
+    outcome = trio.run(_local, topo, topo_path, tdf, flows, True)
+    assert outcome is not None
+    return outcome
 
 
 async def _stop(procs: dict[str, trio.Process]) -> None:
@@ -362,10 +377,14 @@ def up(
         if flows is None:
             raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
         return run_virtual(topo, flows)
+    tdf = tdf or topo.tdf
     try:
-        return trio.run(_local, topo, topo_path, tdf or topo.tdf, flows)
+        outcome = trio.run(_local, topo, topo_path, tdf, flows)
     except KeyboardInterrupt:
         return 130
+    if outcome is None:
+        return 1  # a node died; _watch said which
+    return report(topo, tdf, "local processes", *outcome)
 
 
 async def _control(address: str, msg: dict[str, Any]) -> Any:

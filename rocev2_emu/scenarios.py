@@ -10,6 +10,8 @@ check fails.  Built so far:
   alone is fair to ports, not flows: the lone sender gets about C/2 and the three about C/6
   each.  With DCQCN the four share by flow (slowly: with the paper's parameters the rates climb
   back by additive increase, so the link is far from full in the first milliseconds).
+* ``dilation``: a 4:1 incast with PFC at TDF T and 2T with real processes, and in virtual time:
+  the emulated completion times agree within 10 %.
 * ``incast``: N -> 1 (N = 8) with no PFC and no DCQCN (drops, retransmissions), PFC only (no
   loss, pauses), and PFC + DCQCN (CNPs, fewer pauses), with flow completion times p50 / p99.
 """
@@ -20,6 +22,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import tomllib
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -33,10 +36,10 @@ import trio.testing
 from rocev2_emu.agent import FlowPeer, FlowResult, FlowSpec, HostAgent, host_stats
 from rocev2_emu.clock import DilatedClock
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
-from rocev2_emu.launcher import _deterministic_trio, _merge
+from rocev2_emu.launcher import _deterministic_trio, _merge, run_local
 from rocev2_emu.node import host_agent, host_config, switch_driver, switch_stats
 from rocev2_emu.ports import MemoryNetwork
-from rocev2_emu.topogen import single_switch
+from rocev2_emu.topogen import single_switch, to_toml
 from rocev2_emu.topology import Topology, parse
 from rocev2_emu.verbs import Context
 from switch.driver import SwitchDriver
@@ -127,12 +130,38 @@ def run_virtual(
     )
 
 
-def _topology(text: str, seed: int, **sections: dict[str, Any]) -> Topology:
+def _topology(text: str, seed: int, **sections: dict[str, Any]) -> dict[str, Any]:
     data = tomllib.loads(text)
     data["fabric"]["seed"] = seed
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
-    return parse(data, "<scenario>")
+    return data
+
+
+def fabric_run(
+    data: dict[str, Any],
+    flows: list[FlowSpec],
+    watch: tuple[str, int],
+    dt: float,
+    setting: str,
+    mode: Mode,
+) -> Run:
+    """Run ``flows`` on the topology ``data``: in virtual time with sampled series, or as one
+    process per node at ``mode.tdf`` (flow results and counters only)."""
+    if mode.virtual:
+        return run_virtual(parse(data, "<scenario>"), flows, watch, dt, setting)
+    data = {**data, "fabric": {**data["fabric"], "tdf": mode.tdf}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/{setting}.toml"
+        Path(path).write_text(to_toml(data))
+        results, fabric = run_local(parse(data, path), path, mode.tdf, flows)
+    return Run(setting, results, fabric=fabric)
+
+
+@dataclass(slots=True, frozen=True)
+class Mode:
+    virtual: bool = True
+    tdf: float = 1000.0
 
 
 def _settings(pfc: bool, dcqcn: bool, ecn: bool) -> dict[str, dict[str, Any]]:
@@ -202,42 +231,55 @@ def _steady_shares(run: Run) -> list[float]:
     return [statistics.fmean(run.goodput[f][k] for k in picks) for f in sorted(run.goodput)]
 
 
-def pfc_unfairness(seed: int, size: int = 24 << 20) -> tuple[list[Run], list[str], bool]:
+def pfc_unfairness(
+    seed: int, size: int = 24 << 20, mode: Mode = Mode()
+) -> tuple[list[Run], list[str], bool]:
+    if not mode.virtual:
+        size = min(size, 2 << 20)
     flows = [FlowSpec(i, f"h{i}", "r", size) for i in range(4)]
     runs, lines, ok = [], [], True
     for setting, dcqcn in (("pfc", False), ("pfc+dcqcn", True)):
-        topo = _topology(_UNFAIR, seed, **_settings(True, dcqcn, dcqcn))
-        run = run_virtual(topo, flows, ("sw0", 0), 100e-6, setting)
+        data = _topology(_UNFAIR, seed, **_settings(True, dcqcn, dcqcn))
+        run = fabric_run(data, flows, ("sw0", 0), 100e-6, setting, mode)
         runs.append(run)
-        shares = _steady_shares(run)
-        lone, rest = shares[0], statistics.fmean(shares[1:])
-        lines.append(
-            f"{setting:>10}: goodput while all four run: h0 (alone) {lone:.1f}, "
-            f"h1-h3 (behind one port) {', '.join(f'{x:.1f}' for x in shares[1:])} "
-            f"Gbit/s; Jain {jain(shares):.3f}; link use {sum(shares):.0f} %"
+        fcts = [r.fct for r in run.results]
+        ratio = fcts[0] / statistics.fmean(fcts[1:]) if all(fcts) else 0.0
+        if run.times:  # virtual: goodput while all four run
+            shares = _steady_shares(run)
+            lone, rest = shares[0], statistics.fmean(shares[1:])
+            lines.append(
+                f"{setting:>10}: goodput while all four run: h0 (alone) {lone:.1f}, "
+                f"h1-h3 (behind one port) {', '.join(f'{x:.1f}' for x in shares[1:])} "
+                f"Gbit/s; Jain {jain(shares):.3f}; link use {sum(shares):.0f} %"
+            )
+            fair = jain(shares) >= 0.95 and lone < 1.3 * rest
+            unfair = lone > 2 * rest
+        else:  # processes: the lone sender's completion time against the others'
+            lines.append(
+                f"{setting:>10}: FCT h0 (alone) {fcts[0] * 1e6:.0f} us, h1-h3 "
+                f"{', '.join(f'{x * 1e6:.0f}' for x in fcts[1:])} us; h0 / others "
+                f"{ratio:.2f}"
+            )
+            fair, unfair = ratio > 0.8, 0 < ratio < 0.7
+        good = fair if dcqcn else unfair
+        text = (
+            "DCQCN shares the link by flow, not by port"
+            if dcqcn
+            else "PFC alone is fair to ports, not flows (the lone sender gets about C/2)"
         )
-        if dcqcn:
-            good = jain(shares) >= 0.95 and lone < 1.3 * rest
-            lines.append(
-                f"{'':>10}  check: DCQCN shares the link by flow, not by port (Jain "
-                f">= 0.95, the lone sender within 30 % of the others): "
-                f"{'pass' if good else 'FAIL'}"
-            )
-        else:
-            good = lone > 2 * rest
-            lines.append(
-                f"{'':>10}  check: PFC alone is fair to ports, not flows (the lone "
-                f"sender gets more than twice each of the three): "
-                f"{'pass' if good else 'FAIL'}"
-            )
-        ok = ok and good
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good and all(r.verified for r in run.results)
     return runs, lines, ok
 
 
 # -- incast ------------------------------------------------------------------------------
 
 
-def incast(seed: int, n: int = 8, size: int = 4 << 20) -> tuple[list[Run], list[str], bool]:
+def incast(
+    seed: int, n: int = 8, size: int = 4 << 20, mode: Mode = Mode()
+) -> tuple[list[Run], list[str], bool]:
+    if not mode.virtual:
+        n, size = min(n, 4), min(size, 1 << 20)
     flows = [FlowSpec(i, f"h{i}", f"h{n}", size) for i in range(n)]
     runs, lines, ok = [], [], True
     for setting, pfc, dcqcn in (
@@ -245,14 +287,14 @@ def incast(seed: int, n: int = 8, size: int = 4 << 20) -> tuple[list[Run], list[
         ("pfc", True, False),
         ("pfc+dcqcn", True, True),
     ):
-        topo = _topology(
+        data = _topology(
             single_switch(n + 1),
             seed,
             **_settings(pfc, dcqcn, dcqcn),
             buffer={"size_bytes": 2 << 20, "headroom_bytes": 96 * 1024},
             transport={"qp_timeout": 10},
         )
-        run = run_virtual(topo, flows, ("sw0", n), 20e-6, setting)
+        run = fabric_run(data, flows, ("sw0", n), 20e-6, setting, mode)
         runs.append(run)
         fcts = sorted(r.fct for r in run.results if r.verified)
         fab = run.fabric
@@ -286,8 +328,42 @@ def incast(seed: int, n: int = 8, size: int = 4 << 20) -> tuple[list[Run], list[
     return runs, lines, ok
 
 
-Scenario = Callable[[int], tuple[list[Run], list[str], bool]]
-SCENARIOS: dict[str, Scenario] = {"pfc-unfairness": pfc_unfairness, "incast": incast}
+# -- dilation ----------------------------------------------------------------------------
+
+
+def dilation(seed: int, mode: Mode = Mode(virtual=False)) -> tuple[list[Run], list[str], bool]:
+    """A 4:1 incast with PFC at two TDFs (and in virtual time as the reference): the emulated
+    completion times must agree within 10 %, or the time dilation is not doing its job."""
+    flows = [FlowSpec(i, f"h{i}", "h4", 1 << 20) for i in range(4)]
+    data = _topology(single_switch(5), seed, **_settings(True, False, False))
+    runs = [fabric_run(data, flows, ("sw0", 4), 20e-6, "virtual", Mode(True))]
+    for tdf in (mode.tdf, 2 * mode.tdf):
+        runs.append(fabric_run(data, flows, ("sw0", 4), 20e-6, f"TDF {tdf:g}", Mode(False, tdf)))
+    lines, p50 = [], []
+    for run in runs:
+        fcts = sorted(r.fct for r in run.results)
+        p50.append(statistics.median(fcts))
+        lines.append(
+            f"{run.setting:>10}: FCT p50 {p50[-1] * 1e6:.1f} us, max {fcts[-1] * 1e6:.1f}"
+            f" us, PFC frames {run.fabric['pfc_tx']}, late wake-ups "
+            f"{run.fabric['late_wakeups']}"
+        )
+    diff = abs(p50[1] - p50[2]) / p50[2]
+    good = diff <= 0.10 and all(r.verified for run in runs for r in run.results)
+    lines.append(
+        f"{'':>10}  check: FCT p50 at the two TDFs within 10 % ({diff * 100:.1f} %), "
+        f"the virtual run {abs(p50[0] - p50[2]) / p50[2] * 100:.1f} % away: "
+        f"{'pass' if good else 'FAIL'}"
+    )
+    return runs, lines, good
+
+
+Scenario = Callable[[int, Mode], tuple[list[Run], list[str], bool]]
+SCENARIOS: dict[str, Scenario] = {
+    "pfc-unfairness": lambda seed, mode: pfc_unfairness(seed, mode=mode),
+    "incast": lambda seed, mode: incast(seed, mode=mode),
+    "dilation": dilation,
+}
 
 
 def _plot(name: str, runs: list[Run], path: Path) -> bool:
@@ -319,15 +395,14 @@ def _plot(name: str, runs: list[Run], path: Path) -> bool:
     return True
 
 
-def main(name: str, *, seed: int, out: str | None, virtual: bool) -> int:
+def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1000.0) -> int:
     if name not in SCENARIOS:
         print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
         return 2
-    if not virtual:
-        print("scenarios run in virtual time for now; pass --virtual", file=sys.stderr)
-        return 2
-    runs, lines, ok = SCENARIOS[name](seed)
-    print(f"# scenario {name}, virtual time (TDF 1), seed {seed}; rates in emulated Gbit/s")
+    mode = Mode(virtual, tdf)
+    runs, lines, ok = SCENARIOS[name](seed, mode)
+    where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
+    print(f"# scenario {name}, {where}, seed {seed}; rates in emulated Gbit/s")
     for line in lines:
         print(line)
     out_dir = Path(out or ".")
@@ -340,7 +415,7 @@ def main(name: str, *, seed: int, out: str | None, virtual: bool) -> int:
         "runs": [{**asdict(r), "results": [asdict(x) for x in r.results]} for r in runs],
     }
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1))
-    plotted = _plot(name, runs, out_dir / f"{name}.png")
+    plotted = any(r.times for r in runs) and _plot(name, runs, out_dir / f"{name}.png")
     print(
         f"# wrote {out_dir / (name + '.json')}"
         + (f" and {out_dir / (name + '.png')}" if plotted else " (no plot: matplotlib absent)")

@@ -102,3 +102,32 @@ def fat_tree(k: int, rate_gbps: float = 100.0, delay_us: float = 1.0, tdf: float
     lines = _header(f"fat-tree-k{k}", rate_gbps, delay_us, tdf)
     lines += _nodes("switch", cores + aggs + edges) + _nodes("host", hosts) + _links(pairs)
     return "\n".join(lines)
+
+
+def to_toml(data: dict[str, object]) -> str:
+    """Write a topology dict (tables of scalars and lists, arrays of tables) back as TOML."""
+
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, int | float):
+            return repr(v)
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    lines: list[str] = []
+    for key, section in data.items():
+        if isinstance(section, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {value(v)}" for k, v in section.items()]
+            lines.append("")
+    for key, section in data.items():
+        if isinstance(section, list):
+            for item in section:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {value(v)}" for k, v in item.items()]
+                lines.append("")
+    return "\n".join(lines)

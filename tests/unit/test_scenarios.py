@@ -13,7 +13,7 @@ from rocev2_emu import scenarios
 def test_incast_scenario_checks_pass_and_results_are_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    small = lambda seed: scenarios.incast(seed, n=4, size=2 << 20)  # noqa: E731
+    small = lambda seed, mode: scenarios.incast(seed, n=4, size=2 << 20, mode=mode)  # noqa: E731
     monkeypatch.setitem(scenarios.SCENARIOS, "incast", small)
     assert scenarios.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
     out = capsys.readouterr().out
@@ -28,10 +28,9 @@ def test_incast_scenario_checks_pass_and_results_are_written(
     assert len(lossy["times"]) == len(lossy["queue"]) > 10  # the time series was sampled
 
 
-def test_unknown_scenario_and_real_mode_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert scenarios.main("nope", seed=1, out=None, virtual=True) == 2
-    assert scenarios.main("incast", seed=1, out=None, virtual=False) == 2
-    assert "virtual" in capsys.readouterr().err
+    assert "unknown scenario" in capsys.readouterr().err
 
 
 def test_pfc_unfairness_checks_pass() -> None:
