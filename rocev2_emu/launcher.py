@@ -23,7 +23,8 @@ import sys
 import time
 import tomllib
 from collections import deque
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -153,39 +154,61 @@ def _merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
 # -- virtual mode ------------------------------------------------------------------------
 
 
-async def _virtual(
-    topo: Topology, flows: list[FlowSpec]
-) -> tuple[list[FlowResult], dict[str, Any]]:
+@asynccontextmanager
+async def virtual_fabric(
+    topo: Topology,
+) -> AsyncIterator[tuple[dict[str, SwitchDriver], dict[str, HostAgent]]]:
+    """Every switch and host of ``topo`` in this process on in-memory links, with the same
+    cores, drivers and agents as real processes; use under MockClock for virtual time."""
     net = MemoryNetwork()
-    drivers: list[SwitchDriver] = []
+    drivers: dict[str, SwitchDriver] = {}
     agents: dict[str, HostAgent] = {}
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         for sw in topo.switches:
-            driver = switch_driver(
-                topo, sw.name, net.port((sw.address, VXLAN_UDP_PORT)), DilatedClock(1.0)
-            )
-            drivers.append(driver)
-            await nursery.start(driver.run)
+            port = net.port((sw.address, VXLAN_UDP_PORT))
+            drivers[sw.name] = switch_driver(topo, sw.name, port, DilatedClock(1.0))
+            await nursery.start(drivers[sw.name].run)
         for h in topo.hosts:
             cfg = host_config(topo, h.name, 1.0, None, seeded=True)
             assert cfg.link_peer is not None
             port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
             ctx = await stack.enter_async_context(Context.open(cfg, port=port))
             agents[h.name] = host_agent(topo, ctx, h.name)
-        peers: dict[str, FlowPeer] = dict(agents)
+        try:
+            yield drivers, agents
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def run_flows(
+    agents: dict[str, HostAgent], flows: list[FlowSpec], t0: float
+) -> list[FlowResult]:
+    """Each source host runs its flows (concurrently), toward in-process peers."""
+    peers: dict[str, FlowPeer] = dict(agents)
+    results: list[FlowResult] = []
+
+    async def source(name: str, specs: list[FlowSpec]) -> None:
+        results.extend(await agents[name].run_flows(specs, peers, t0))
+
+    async with trio.open_nursery() as jobs:
+        for name in sorted({f.src for f in flows}):
+            jobs.start_soon(source, name, [f for f in flows if f.src == name])
+    return sorted(results, key=lambda r: r.id)
+
+
+def fabric_stats(drivers: dict[str, SwitchDriver], agents: dict[str, HostAgent]) -> dict[str, Any]:
+    return _merge(
+        [switch_stats(d) for d in drivers.values()] + [host_stats(a.ctx) for a in agents.values()]
+    )
+
+
+async def _virtual(
+    topo: Topology, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
+    async with virtual_fabric(topo) as (drivers, agents):
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
-        results: list[FlowResult] = []
-
-        async def source(name: str, specs: list[FlowSpec]) -> None:
-            results.extend(await agents[name].run_flows(specs, peers, t0))
-
-        async with trio.open_nursery() as jobs:
-            for name in sorted({f.src for f in flows}):
-                jobs.start_soon(source, name, [f for f in flows if f.src == name])
-        nursery.cancel_scope.cancel()
-    stats = [switch_stats(d) for d in drivers]
-    stats += [host_stats(agent.ctx) for agent in agents.values()]
-    return sorted(results, key=lambda r: r.id), _merge(stats)
+        results = await run_flows(agents, flows, t0)
+        return results, fabric_stats(drivers, agents)
 
 
 def _deterministic_trio(seed: int) -> None:

@@ -253,19 +253,8 @@ class NicCore:
             return
         qp.last_cnp = now
         tpl = self._cnp_templates.get(qpn)
-        if tpl is None:
-            dst = ip_to_int(qp.dest_ip)
-            cfg = self.config
-            tpl = FrameTemplate(
-                vni=cfg.vni,
-                src_mac=self.mac,
-                dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
-                src_ip=self.ip,
-                dst_ip=dst,
-                sport=rxe_udp_sport(qp.qpn),
-                dscp=cfg.cnp_dscp,
-            )
-            self._cnp_templates[qpn] = tpl
+        if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests
+            tpl = self._cnp_templates[qpn] = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
         self.queue_control(tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True))
         self.counters.np_cnp_sent += 1
 
@@ -344,22 +333,26 @@ class NicCore:
         return None
 
     def _template_for(self, qp: QueuePair) -> FrameTemplate:
+        tpl = self._new_template(qp, self.dscp_of(qp), self.config.ecn)
+        self._templates[qp.qpn] = tpl
+        return tpl
+
+    def _new_template(self, qp: QueuePair, dscp: int, ecn: int) -> FrameTemplate:
+        """Headers of frames from ``qp`` to its peer, through the link's next hop."""
         if qp.dest_ip is None:
             raise LocalVerbsError(f"{qp!r} has no destination address")
         dst = ip_to_int(qp.dest_ip)
         cfg = self.config
-        tpl = FrameTemplate(
+        return FrameTemplate(
             vni=cfg.vni,
             src_mac=self.mac,
             dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
             src_ip=self.ip,
             dst_ip=dst,
             sport=rxe_udp_sport(qp.qpn),
-            dscp=self.dscp_of(qp),
-            ecn=cfg.ecn,
+            dscp=dscp,
+            ecn=ecn,
         )
-        self._templates[qp.qpn] = tpl
-        return tpl
 
     # -- timers ----------------------------------------------------------------------------
     def get_timer(self) -> float | None:

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,16 +32,16 @@ from typing import Any
 import trio
 import trio.testing
 
-from rocev2_emu.agent import FlowPeer, FlowResult, FlowSpec, HostAgent, host_stats
-from rocev2_emu.clock import DilatedClock
-from rocev2_emu.ethernet import VXLAN_UDP_PORT
-from rocev2_emu.launcher import _deterministic_trio, _merge, run_local
-from rocev2_emu.node import host_agent, host_config, switch_driver, switch_stats
-from rocev2_emu.ports import MemoryNetwork
+from rocev2_emu.agent import FlowResult, FlowSpec
+from rocev2_emu.launcher import (
+    _deterministic_trio,
+    fabric_stats,
+    run_flows,
+    run_local,
+    virtual_fabric,
+)
 from rocev2_emu.topogen import single_switch, to_toml
 from rocev2_emu.topology import Topology, parse
-from rocev2_emu.verbs import Context
-from switch.driver import SwitchDriver
 
 G = 1e9
 
@@ -63,61 +62,36 @@ class Run:
 async def _run(
     topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
 ) -> Run:
-    net = MemoryNetwork()
-    drivers: dict[str, SwitchDriver] = {}
-    agents: dict[str, HostAgent] = {}
     run = Run(setting, [])
-    async with trio.open_nursery() as nursery:
-        for sw in topo.switches:
-            drivers[sw.name] = switch_driver(
-                topo, sw.name, net.port((sw.address, VXLAN_UDP_PORT)), DilatedClock(1.0)
-            )
-            await nursery.start(drivers[sw.name].run)
-        async with AsyncExitStack() as stack:
-            for h in topo.hosts:
-                cfg = host_config(topo, h.name, 1.0, None, seeded=True)
-                assert cfg.link_peer is not None
-                port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
-                ctx = await stack.enter_async_context(Context.open(cfg, port=port))
-                agents[h.name] = host_agent(topo, ctx, h.name)
-            peers: dict[str, FlowPeer] = dict(agents)
-            t0 = next(iter(agents.values())).ctx.now() + 1e-6
-            done = trio.Event()
+    async with virtual_fabric(topo) as (drivers, agents):
+        t0 = next(iter(agents.values())).ctx.now() + 1e-6
+        done = trio.Event()
 
-            async def source(name: str, specs: list[FlowSpec]) -> None:
-                run.results.extend(await agents[name].run_flows(specs, peers, t0))
+        async def sample() -> None:
+            last = {f.id: 0 for f in flows}
+            driver = drivers[watch[0]]
+            sw = driver.core
+            port = sw.ports[watch[1]]
+            while not done.is_set():
+                await trio.sleep(dt)
+                now = driver.clock.now()
+                run.times.append(now - t0)
+                for f in flows:
+                    inbound = agents[f.dst]._inbound.get(f.id)
+                    total = inbound[0].qp.responder.rx_bytes if inbound else last[f.id]
+                    run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
+                    last[f.id] = total
+                run.queue.append(sum(port.queue_bytes))
+                run.paused.append(
+                    any(p.paused_until[3] > now for p in sw.ports)
+                    or any(any(row) for row in sw.mmu.paused)
+                )
 
-            async def sample() -> None:
-                last = {f.id: 0 for f in flows}
-                sw = drivers[watch[0]].core
-                port = sw.ports[watch[1]]
-                while not done.is_set():
-                    await trio.sleep(dt)
-                    now = drivers[watch[0]].clock.now()
-                    run.times.append(now - t0)
-                    for f in flows:
-                        inbound = agents[f.dst]._inbound.get(f.id)
-                        total = inbound[0].qp.responder.rx_bytes if inbound else last[f.id]
-                        run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
-                        last[f.id] = total
-                    run.queue.append(sum(port.queue_bytes))
-                    run.paused.append(
-                        any(p.paused_until[3] > now for p in sw.ports)
-                        or any(any(row) for row in sw.mmu.paused)
-                    )
-
-            async with trio.open_nursery() as jobs:
-                jobs.start_soon(sample)
-                async with trio.open_nursery() as srcs:
-                    for name in sorted({f.src for f in flows}):
-                        srcs.start_soon(source, name, [f for f in flows if f.src == name])
-                done.set()
-            run.fabric = _merge(
-                [switch_stats(d) for d in drivers.values()]
-                + [host_stats(a.ctx) for a in agents.values()]
-            )
-        nursery.cancel_scope.cancel()
-    run.results.sort(key=lambda r: r.id)
+        async with trio.open_nursery() as jobs:
+            jobs.start_soon(sample)
+            run.results = await run_flows(agents, flows, t0)
+            done.set()
+        run.fabric = fabric_stats(drivers, agents)
     return run
 
 
