@@ -361,7 +361,8 @@ def _plot(name: str, runs: list[Run], path: Path) -> bool:
         for i, paused in enumerate(run.paused):
             if paused and i + 1 < len(t):
                 ax.axvspan(t[i], t[i + 1], color="red", alpha=0.08, linewidth=0)
-        ax.legend(loc="upper right", fontsize=7)
+        if run.goodput:
+            ax.legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("time (emulated us); shaded: PFC pause in force")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -389,7 +390,8 @@ def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1
         "runs": [{**asdict(r), "results": [asdict(x) for x in r.results]} for r in runs],
     }
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1))
-    plotted = any(r.times for r in runs) and _plot(name, runs, out_dir / f"{name}.png")
+    series = [r for r in runs if r.times]  # runs with real processes have no time series
+    plotted = bool(series) and _plot(name, series, out_dir / f"{name}.png")
     print(
         f"# wrote {out_dir / (name + '.json')}"
         + (f" and {out_dir / (name + '.png')}" if plotted else " (no plot: matplotlib absent)")
