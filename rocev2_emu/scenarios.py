@@ -266,7 +266,7 @@ def incast(
             seed,
             **_settings(pfc, dcqcn, dcqcn),
             buffer={"size_bytes": 2 << 20, "headroom_bytes": 96 * 1024},
-            transport={"qp_timeout": 10},
+            transport={"qp_timeout": 10, "max_inflight": 256},
         )
         run = fabric_run(data, flows, ("sw0", n), 20e-6, setting, mode)
         runs.append(run)
