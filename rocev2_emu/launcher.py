@@ -405,6 +405,11 @@ def up(
         outcome = trio.run(_local, topo, topo_path, tdf, flows)
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            print("rocev2-emu up: stopped", file=sys.stderr)
+            return 130  # Ctrl-C: every node has been stopped on the way out
+        raise
     if outcome is None:
         return 1  # a node died; _watch said which
     return report(topo, tdf, "local processes", *outcome)
