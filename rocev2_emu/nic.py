@@ -99,6 +99,7 @@ class NicCore:
         self._tx_idle = True
         # QPs with something to send, per priority, in round-robin order
         self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
+        self._prio_order: list[int] = []  # the priorities QPs use, highest first
         self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
@@ -159,6 +160,7 @@ class NicCore:
         qp.modify(attr)
         self._templates.pop(qp.qpn, None)
         qp.priority = self.priority_of(self.dscp_of(qp))
+        self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
             kwargs = {"params": self.config.dcqcn} if self.config.rate_control == "dcqcn" else {}
             qp.rc = create_rate_control(
@@ -297,9 +299,10 @@ class NicCore:
 
     def _next_qp_datagram(self, now: float) -> bytes | None:
         """Highest priority first; within a priority, QPs take turns (round-robin)."""
-        for prio in range(PRIORITIES - 1, -1, -1):
+        paused_until = self.paused_until
+        for prio in self._prio_order:
             active = self._active[prio]
-            if not active or self.paused_until[prio] > now:
+            if not active or paused_until[prio] > now:
                 continue
             for _ in range(len(active)):
                 qpn = next(iter(active))
@@ -327,8 +330,8 @@ class NicCore:
                     pkt.ext,
                     pkt.payload,
                 )
-                if rc is not None and len(pkt.payload):
-                    rc.on_sent(size=len(datagram) - VXLAN_LEN, now=now)
+                if rc is not None and rc.rate < rc.line_rate and pkt.payload:
+                    rc.on_sent(size=len(datagram) - VXLAN_LEN, now=now)  # below line rate
                 return datagram
         return None
 

@@ -22,7 +22,10 @@ class RateControl(abc.ABC):
         if self.rate >= self.line_rate:
             self.next_send_time = now
             return
-        start = max(self.next_send_time, now - self.catchup)
+        late = now - self.next_send_time
+        # on schedule, or a late pump keeping its schedule; after idling, or coming down from
+        # line rate, a new schedule starts now (no burst credit for the time not sent)
+        start = self.next_send_time if 0 <= late <= self.catchup else max(now, self.next_send_time)
         self.next_send_time = start + size * 8 / self.rate
 
     @abc.abstractmethod

@@ -34,7 +34,7 @@ def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_pfc_unfairness_checks_pass() -> None:
-    runs, lines, ok = scenarios.pfc_unfairness(1, size=4 << 20)
+    runs, lines, ok = scenarios.pfc_unfairness(1, size=12 << 20)
     assert ok, lines
     pfc_shares = scenarios._steady_shares(runs[0])
     assert pfc_shares[0] == pytest.approx(50, rel=0.1)  # C/2 for the lone sender
