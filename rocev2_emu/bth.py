@@ -107,18 +107,6 @@ OPCODE_LAYOUT: Final[dict[int, Ext]] = {
     _O.CNP: Ext.CNP_PAD,
 }
 
-# Opcodes that carry a payload (everything but requests-without-data and acknowledgements).
-NO_PAYLOAD: Final = frozenset(
-    {
-        _O.RC_RDMA_READ_REQUEST,
-        _O.RC_ACKNOWLEDGE,
-        _O.RC_ATOMIC_ACKNOWLEDGE,
-        _O.RC_COMPARE_SWAP,
-        _O.RC_FETCH_ADD,
-        _O.CNP,
-    }
-)
-
 # BTH, IBTA §9.2:
 #   opcode(8) | SE(1) M(1) PadCnt(2) TVer(4) | P_Key(16)
 #   | FECN(1) BECN(1) resv6(6) DestQP(24) | AckReq(1) resv7(7) PSN(24)
@@ -216,10 +204,3 @@ def psn_diff(a: int, b: int) -> int:
     """Signed distance a - b in 24-bit PSN space, in [-2**23, 2**23)."""
     d = (a - b) & PSN_MASK
     return d - (1 << 24) if d >= 1 << 23 else d
-
-
-def opcode_name(opcode: int) -> str:
-    try:
-        return Opcode(opcode).name
-    except ValueError:
-        return f"0x{opcode:02x}"

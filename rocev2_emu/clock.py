@@ -8,10 +8,16 @@ Under ``trio.testing.MockClock`` the same code runs in virtual time (use TDF 1 t
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from typing import Final
 
 import trio
+
+log = logging.getLogger(__name__)
+
+LATE_WALL_SECONDS: Final = 0.005  # a wake-up this late (real time) is counted as behind
 
 
 class DilatedClock:
@@ -47,3 +53,27 @@ class DilatedClock:
 
     def wall_duration(self, emulated_seconds: float) -> float:
         return emulated_seconds * self.tdf
+
+
+class LatenessMonitor:
+    """Counts a driver's wake-ups that came too late for their deadline and warns once: from
+    then on the emulation is no longer faithful and the TDF should go up."""
+
+    def __init__(self, clock: DilatedClock, what: str) -> None:
+        self.clock = clock
+        self.what = what
+        self.late_wakeups = 0
+
+    def woke(self, now: float, deadline: float | None) -> None:
+        """A driver woke at ``now`` (emulated) for ``deadline``."""
+        if deadline is None or (now - deadline) * self.clock.tdf <= LATE_WALL_SECONDS:
+            return
+        self.late_wakeups += 1
+        if self.late_wakeups == 1:
+            log.warning(
+                "%s fell %.0f µs (emulated) behind schedule at TDF %g: the emulation "
+                "is no longer faithful; raise the TDF",
+                self.what,
+                (now - deadline) * 1e6,
+                self.clock.tdf,
+            )

@@ -10,24 +10,20 @@ here.  Late wake-ups are counted: past that point the emulation is no longer fai
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from typing import Final
 
 import trio
 
-from rocev2_emu.clock import DilatedClock
+from rocev2_emu.clock import DilatedClock, LatenessMonitor
 from rocev2_emu.ethernet import VXLAN_LEN
 from rocev2_emu.link import FaultyLink, LinkFaults
 from rocev2_emu.nic import NicCore
 from rocev2_emu.pcap import PcapWriter
 from rocev2_emu.ports import DatagramPort
 
-log = logging.getLogger(__name__)
-
 RX_BATCH: Final = 256
-LATE_WALL_SECONDS: Final = 0.005  # a wake-up this late (real time) is counted as behind
 
 
 class NicDriver:
@@ -52,9 +48,7 @@ class NicDriver:
         self._scope: trio.CancelScope | None = None
         self._kicked = False
         self.wakeups = 0
-        self.late_wakeups = 0
-        self.max_lateness = 0.0  # emulated seconds
-        self._warned = False
+        self.lateness = LatenessMonitor(clock, f"NIC {core.config.ip}")
 
     def set_faults(self, faults: LinkFaults) -> None:
         """Change the link's faults (loss, corruption, delay) while running."""
@@ -63,6 +57,10 @@ class NicDriver:
         else:
             self.link.update(faults)
         self.kick()
+
+    @property
+    def late_wakeups(self) -> int:
+        return self.lateness.late_wakeups
 
     def kick(self) -> None:
         """Something changed outside the driver (a post, a modify): run the loop now."""
@@ -81,8 +79,7 @@ class NicDriver:
         while True:
             now = clock.now()
             self.wakeups += 1
-            if deadline is not None and now > deadline:
-                self._note_lateness(now - deadline)
+            self.lateness.woke(now, deadline)
             got = 0
             while got < RX_BATCH:
                 data = port.recv()
@@ -155,17 +152,3 @@ class NicDriver:
                     lot.unpark_all()
         if got:
             self.rx_lot.unpark_all()
-
-    def _note_lateness(self, late: float) -> None:
-        self.max_lateness = max(self.max_lateness, late)
-        if late * self.clock.tdf > LATE_WALL_SECONDS:
-            self.late_wakeups += 1
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "NIC %s fell %.0f µs (emulated) behind schedule at TDF %g: the "
-                    "emulation is no longer faithful; raise the TDF",
-                    self.core.config.ip,
-                    late * 1e6,
-                    self.clock.tdf,
-                )

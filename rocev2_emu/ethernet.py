@@ -62,17 +62,9 @@ def ip_to_int(address: str) -> int:
     return int(ipaddress.IPv4Address(address))
 
 
-def int_to_ip(value: int) -> str:
-    return str(ipaddress.IPv4Address(value))
-
-
 def mac_for_ip(ip: int) -> bytes:
     """A locally administered unicast MAC derived from an IPv4 address: 02:00:a:b:c:d."""
     return b"\x02\x00" + ip.to_bytes(4, "big")
-
-
-def mac_to_str(mac: bytes) -> str:
-    return ":".join(f"{b:02x}" for b in mac)
 
 
 def encode_vxlan(vni: int, frame: bytes | bytearray | memoryview) -> bytes:

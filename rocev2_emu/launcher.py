@@ -211,7 +211,7 @@ async def _virtual(
         return results, fabric_stats(drivers, agents)
 
 
-def _deterministic_trio(seed: int) -> None:
+def deterministic_trio(seed: int) -> None:
     """Trio shuffles runnable tasks on purpose; seed that shuffle (the hook trio keeps for
     deterministic test runners) so a virtual run repeats exactly for the same seed."""
     run: Any = sys.modules["trio._core._run"]
@@ -221,7 +221,7 @@ def _deterministic_trio(seed: int) -> None:
 
 
 def run_virtual(topo: Topology, flows: list[FlowSpec]) -> int:
-    _deterministic_trio(topo.seed)
+    deterministic_trio(topo.seed)
     results, fabric = trio.run(
         _virtual, topo, flows, clock=trio.testing.MockClock(autojump_threshold=0)
     )

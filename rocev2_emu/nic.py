@@ -361,10 +361,9 @@ class NicCore:
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
         times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
-        times += [t for qp in self.qps.values() if qp.rc and (t := qp.rc.get_timer()) is not None]
         if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
             times.append(t)
-        waiting = [self._earliest(p) for p in range(PRIORITIES) if self._active[p]]
+        waiting = [self._earliest(p) for p in self._prio_order if self._active[p]]
         if self._control or waiting:
             t = self.tx_free_at if self.config.link_bps else 0.0
             if not self._control:
@@ -379,10 +378,6 @@ class NicCore:
         return max(first, self.paused_until[prio])
 
     def handle_timer(self, now: float) -> None:
-        for qp in self.qps.values():
-            rc = qp.rc
-            if rc is not None and (t := rc.get_timer()) is not None and t <= now:
-                rc.handle_timer(now=now)
         if self.ingress is not None:
             for datagram in self.ingress.due(now):
                 self._receive(datagram, now)

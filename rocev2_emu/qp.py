@@ -219,10 +219,17 @@ class QueuePair:
         return self.requester.next_packet(now)
 
     def get_timer(self) -> float | None:
+        """The requester's (ACK, RNR) or the rate control's next deadline, whichever is first."""
         if self.state not in (QPState.RTS, QPState.SQD):
             return None
-        return self.requester.get_timer()
+        t = self.requester.get_timer()
+        if self.rc is not None and (r := self.rc.get_timer()) is not None and (t is None or r < t):
+            return r
+        return t
 
     def handle_timer(self, now: float) -> None:
         if self.state in (QPState.RTS, QPState.SQD):
             self.requester.handle_timer(now)
+            rc = self.rc
+            if rc is not None and (t := rc.get_timer()) is not None and t <= now:
+                rc.handle_timer(now=now)

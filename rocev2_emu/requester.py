@@ -60,25 +60,27 @@ _NAK_STATUS: Final = {
     NakCode.REMOTE_OPERATIONAL_ERROR: WcStatus.REM_OP_ERR,
     NakCode.INVALID_RD_REQUEST: WcStatus.REM_INV_RD_REQ_ERR,
 }
-_SEND_OPS: Final = {  # (first, last, with_imm) -> opcode
-    (True, True, False): Op.RC_SEND_ONLY,
-    (True, True, True): Op.RC_SEND_ONLY_WITH_IMMEDIATE,
-    (True, False, False): Op.RC_SEND_FIRST,
-    (True, False, True): Op.RC_SEND_FIRST,
-    (False, False, False): Op.RC_SEND_MIDDLE,
-    (False, False, True): Op.RC_SEND_MIDDLE,
-    (False, True, False): Op.RC_SEND_LAST,
-    (False, True, True): Op.RC_SEND_LAST_WITH_IMMEDIATE,
-}
-_WRITE_OPS: Final = {
-    (True, True, False): Op.RC_RDMA_WRITE_ONLY,
-    (True, True, True): Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-    (True, False, False): Op.RC_RDMA_WRITE_FIRST,
-    (True, False, True): Op.RC_RDMA_WRITE_FIRST,
-    (False, False, False): Op.RC_RDMA_WRITE_MIDDLE,
-    (False, False, True): Op.RC_RDMA_WRITE_MIDDLE,
-    (False, True, False): Op.RC_RDMA_WRITE_LAST,
-    (False, True, True): Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+# (is SEND, with immediate) -> opcodes of the (only, first, middle, last) packet of a message
+_DATA_OPS: Final = {
+    (True, False): (Op.RC_SEND_ONLY, Op.RC_SEND_FIRST, Op.RC_SEND_MIDDLE, Op.RC_SEND_LAST),
+    (True, True): (
+        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
+        Op.RC_SEND_FIRST,
+        Op.RC_SEND_MIDDLE,
+        Op.RC_SEND_LAST_WITH_IMMEDIATE,
+    ),
+    (False, False): (
+        Op.RC_RDMA_WRITE_ONLY,
+        Op.RC_RDMA_WRITE_FIRST,
+        Op.RC_RDMA_WRITE_MIDDLE,
+        Op.RC_RDMA_WRITE_LAST,
+    ),
+    (False, True): (
+        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        Op.RC_RDMA_WRITE_FIRST,
+        Op.RC_RDMA_WRITE_MIDDLE,
+        Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+    ),
 }
 _READ_RESP_POSITION: Final = {
     Op.RC_RDMA_READ_RESPONSE_ONLY: (True, True),
@@ -88,7 +90,6 @@ _READ_RESP_POSITION: Final = {
 }
 
 
-_POSITIONS: Final = ((True, True), (True, False), (False, False), (False, True))
 _new_tuple = tuple.__new__
 
 
@@ -139,9 +140,7 @@ class SendWqe:
         self.rerequest_psn = -1
         self.started = False
         with_imm = kind in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
-        table = _SEND_OPS if kind in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) else _WRITE_OPS
-        # (only, first, middle, last)
-        self.ops = tuple(table[(*pos, with_imm)] for pos in _POSITIONS)
+        self.ops = _DATA_OPS[kind in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM), with_imm]
         is_write = kind in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
         self.first_ext = pack_reth(wr.remote_addr, wr.rkey, self.length) if is_write else b""
         self.last_ext = pack_imm(wr.imm_data or 0) if with_imm else b""

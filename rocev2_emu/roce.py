@@ -52,7 +52,7 @@ from rocev2_emu.ethernet import (
     UDP_LEN,
     VXLAN_FLAG_I,
     VXLAN_HEADER,
-    VXLAN_LEN,
+    decode_vxlan_untrusted,
     ipv4_checksum,
 )
 from rocev2_emu.pfc import PfcFrame, decode_pfc_untrusted
@@ -69,16 +69,6 @@ def rxe_udp_sport(qpn: int) -> int:
     """Per-QP UDP source port for ECMP entropy, as Linux rxe (rxe_qp.c): 0xC000 plus
     ``hash_32(qpn, 14)``, the top 14 bits of the QPN times the 32-bit golden ratio."""
     return 0xC000 | ((qpn * 0x61C88647) & 0xFFFFFFFF) >> 18
-
-
-def icrc_of(
-    ip_udp_bth: bytes | bytearray | memoryview, rest: bytes | bytearray | memoryview
-) -> int:
-    """ICRC of a packet given its IPv4+UDP+BTH headers (40 bytes) and the bytes after the BTH."""
-    masked = bytearray(b"\xff" * 8)
-    masked += ip_udp_bth[: IPV4_LEN + UDP_LEN + BTH_LEN]
-    _mask(masked)
-    return crc32(rest, crc32(masked))
 
 
 def _mask(masked: bytearray) -> None:
@@ -382,16 +372,8 @@ def decode_datagram_untrusted(
     datagram: bytes | bytearray | memoryview, *, verify_icrc: bool = True
 ) -> tuple[int, RoceFrame | PfcFrame]:
     """Decode a VXLAN datagram into (VNI, frame)."""
-    if len(datagram) < VXLAN_LEN + ETH_LEN:
-        raise MalformedFrame(
-            "truncated", f"VXLAN datagram of {len(datagram)} bytes < {VXLAN_LEN + ETH_LEN}"
-        )
-    flags, vni_word = VXLAN_HEADER.unpack_from(datagram, 0)
-    if not flags & VXLAN_FLAG_I:
-        raise MalformedFrame("vxlan", f"VXLAN flags 0x{flags:02x} lack the I bit (0x08)")
-    return vni_word >> 8, decode_frame_untrusted(
-        memoryview(datagram)[VXLAN_LEN:], verify_icrc=verify_icrc
-    )
+    vni, frame = decode_vxlan_untrusted(datagram)
+    return vni, decode_frame_untrusted(frame, verify_icrc=verify_icrc)
 
 
 def pack_reth(va: int, rkey: int, dma_len: int) -> bytes:
@@ -412,7 +394,3 @@ def pack_imm(imm: int) -> bytes:
 
 def pack_atomic_ack(orig: int) -> bytes:
     return ATOMIC_ACK_ETH.pack(orig)
-
-
-def pack_deth(qkey: int, src_qp: int) -> bytes:
-    return DETH.pack(qkey, src_qp & 0xFFFFFF)

@@ -34,7 +34,7 @@ import trio.testing
 
 from rocev2_emu.agent import FlowResult, FlowSpec
 from rocev2_emu.launcher import (
-    _deterministic_trio,
+    deterministic_trio,
     fabric_stats,
     run_flows,
     run_local,
@@ -98,7 +98,7 @@ async def _run(
 def run_virtual(
     topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
 ) -> Run:
-    _deterministic_trio(topo.seed)
+    deterministic_trio(topo.seed)
     return trio.run(
         _run, topo, flows, watch, dt, setting, clock=trio.testing.MockClock(autojump_threshold=0)
     )

@@ -9,22 +9,18 @@ pipeline's next deadline, drain a bounded batch without blocking, run timers, se
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from typing import Final
 
 import trio
 
-from rocev2_emu.clock import DilatedClock
+from rocev2_emu.clock import DilatedClock, LatenessMonitor
 from rocev2_emu.link import FaultyLink, LinkFaults
 from rocev2_emu.ports import DatagramPort
 from switch.pipeline import SwitchCore
 
-log = logging.getLogger(__name__)
-
 RX_BATCH: Final = 256
-LATE_WALL_SECONDS: Final = 0.005
 CATCHUP_WALL_SECONDS: Final = 0.002
 
 
@@ -47,8 +43,7 @@ class SwitchDriver:
         self._backlog: deque[tuple[int, bytes | bytearray]] = deque()
         self.unknown_vni = 0
         self.wakeups = 0
-        self.late_wakeups = 0
-        self._warned = False
+        self.lateness = LatenessMonitor(clock, f"switch {core.config.name}")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -58,8 +53,7 @@ class SwitchDriver:
         while True:
             now = clock.now()
             self.wakeups += 1
-            if deadline is not None and (now - deadline) * clock.tdf > LATE_WALL_SECONDS:
-                self._late(now - deadline)
+            self.lateness.woke(now, deadline)
             got = 0
             while got < RX_BATCH:
                 data = port.recv()
@@ -83,6 +77,10 @@ class SwitchDriver:
                 continue
             with trio.move_on_at(math.inf if deadline is None else clock.to_trio(deadline)):
                 await port.wait_readable()
+
+    @property
+    def late_wakeups(self) -> int:
+        return self.lateness.late_wakeups
 
     def set_faults(self, index: int, faults: LinkFaults) -> None:
         """Change a port's link faults (loss, corruption, delay) while running."""
@@ -124,15 +122,3 @@ class SwitchDriver:
                 return False
             backlog.popleft()
         return True
-
-    def _late(self, late: float) -> None:
-        self.late_wakeups += 1
-        if not self._warned:
-            self._warned = True
-            log.warning(
-                "switch %s fell %.0f µs (emulated) behind schedule at TDF %g: the "
-                "emulation is no longer faithful; raise the TDF",
-                self.core.config.name,
-                late * 1e6,
-                self.clock.tdf,
-            )
