@@ -234,7 +234,9 @@ def pfc_unfairness(
                 f"{', '.join(f'{x * 1e6:.0f}' for x in fcts[1:])} us; h0 / others "
                 f"{ratio:.2f}"
             )
-            fair, unfair = ratio > 0.8, 0 < ratio < 0.7
+            # PFC alone gives 0.50 exactly (h0 at C/2 finishes first, then the three share
+            # C); DCQCN lands between 0.79 and 1.13 over seeds on a 2-core machine.
+            fair, unfair = ratio > 0.65, 0 < ratio < 0.6
         good = fair if dcqcn else unfair
         text = (
             "DCQCN shares the link by flow, not by port"
