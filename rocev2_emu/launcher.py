@@ -137,9 +137,12 @@ def report(
     return 1 if failed else 0
 
 
-def _merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Fabric totals of every node's counters, plus ``pfc_senders``: the nodes that sent
+    PFC pause frames (how far a pause spread)."""
     total: dict[str, Any] = {"drops": {}}
-    for s in stats:
+    total["pfc_senders"] = sorted(name for name, s in stats.items() if s.get("pfc_tx"))
+    for s in stats.values():
         for key, value in s.items():
             if key == "down_vnis":
                 continue
@@ -198,7 +201,8 @@ async def run_flows(
 
 def fabric_stats(drivers: dict[str, SwitchDriver], agents: dict[str, HostAgent]) -> dict[str, Any]:
     return _merge(
-        [switch_stats(d) for d in drivers.values()] + [host_stats(a.ctx) for a in agents.values()]
+        {name: switch_stats(d) for name, d in drivers.items()}
+        | {name: host_stats(a.ctx) for name, a in agents.items()}
     )
 
 
@@ -362,7 +366,7 @@ async def _run_job(
     async with trio.open_nursery() as jobs:
         for name in sorted({f.src for f in flows}):
             jobs.start_soon(source, name, [f for f in flows if f.src == name])
-    stats = [await _control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()]
+    stats = {n.name: await _control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
     return sorted(results, key=lambda r: r.id), _merge(stats)
 
 

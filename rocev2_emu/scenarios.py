@@ -18,6 +18,7 @@ check fails.  Built so far:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -138,13 +139,15 @@ class Mode:
     tdf: float = 1000.0
 
 
-def _settings(pfc: bool, dcqcn: bool, ecn: bool) -> dict[str, dict[str, Any]]:
+def _settings(
+    pfc: bool, dcqcn: bool, ecn: bool, profile: str = "paper"
+) -> dict[str, dict[str, Any]]:
     # With DCQCN, mark as the DCQCN paper does (Kmin 5 KB, Kmax 200 KB, Pmax 1 %): well below
     # where PFC engages, so rates are cut before the switch has to pause anyone.
     marking = {"kmin_kb": 5, "kmax_kb": 200, "pmax": 0.01}
     return {
         "pfc": {"enabled": pfc},
-        "dcqcn": {"enabled": dcqcn},
+        "dcqcn": {"enabled": dcqcn, "profile": profile},
         "ecn": {"enabled": ecn, "priorities": [3], **marking},
     }
 
@@ -248,6 +251,172 @@ def pfc_unfairness(
     return runs, lines, ok
 
 
+# -- victim-flow -------------------------------------------------------------------------
+
+
+def _fabric(
+    name: str,
+    switches: list[str],
+    links: list[tuple[str, str]],
+    uplink_gbps: float = 100.0,
+    rate_gbps: float = 100.0,
+) -> str:
+    """A scenario topology: 1 us links at ``rate_gbps``, or ``uplink_gbps`` between
+    switches; hosts are the link ends that are not switches."""
+    hosts = sorted({end for link in links for end in link} - set(switches))
+    lines = [f'[fabric]\nname = "{name}"\nmtu = 4096\n[link_defaults]\nrate_gbps = {rate_gbps}']
+    lines += ["delay_us = 1.0"] + [f'[[switch]]\nname = "{n}"' for n in switches]
+    lines += [f'[[host]]\nname = "{n}"' for n in hosts]
+    for a, b in links:
+        lines.append(f'[[link]]\na = "{a}"\nb = "{b}"')
+        if a in switches and b in switches:
+            lines.append(f"rate_gbps = {uplink_gbps:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+# Three leaves under one spine, 400 Gbit/s uplinks (so leaf1's uplink carries four hosts at
+# line rate without a queue).  The incast: a1-a3 (under leaf1) and b1-b3 (under leaf2, next
+# to the receiver r) -> r.  The victim: v (under leaf1) -> w (under leaf3); its own path
+# leaf1 -> spine -> leaf3 is uncongested, but it shares the leaf1 -> spine link with a1-a3.
+_VICTIM = _fabric(
+    "victim-flow",
+    ["spine", "leaf1", "leaf2", "leaf3"],
+    [
+        *[("r", "leaf2"), ("b1", "leaf2"), ("b2", "leaf2"), ("b3", "leaf2"), ("leaf2", "spine")],
+        *[("leaf1", "spine"), ("a1", "leaf1"), ("a2", "leaf1"), ("a3", "leaf1"), ("v", "leaf1")],
+        *[("leaf3", "spine"), ("w", "leaf3")],
+    ],
+    uplink_gbps=400.0,
+)
+
+
+def victim_flow(
+    seed: int, size: int = 4 << 20, mode: Mode = Mode()
+) -> tuple[list[Run], list[str], bool]:
+    """PFC alone spreads the incast's pauses past the congested port (leaf2 pauses the spine,
+    the spine pauses leaf1), so the victim, stuck behind paused incast frames on leaf1's
+    uplink, falls to about the incast senders' per-flow rate.  DCQCN slows the incast at its
+    source instead, and the victim keeps the uplink's spare capacity."""
+    if not mode.virtual:
+        size = min(size, 1 << 20)
+    senders = ["a1", "a2", "a3", "b1", "b2", "b3"]
+    flows = [FlowSpec(i, h, "r", size) for i, h in enumerate(senders)]
+    flows.append(FlowSpec(len(senders), "v", "w", 3 * size))
+    victim = len(senders)
+    runs, lines, rates = [], [], []
+    for setting, dcqcn in (("pfc", False), ("pfc+dcqcn", True)):
+        data = _topology(_VICTIM, seed, **_settings(True, dcqcn, dcqcn))
+        run = fabric_run(data, flows, ("leaf2", 0), 50e-6, setting, mode)
+        runs.append(run)
+        results = run.results
+        incast_fct = sorted(r.fct for r in results[:victim])
+        v = results[victim]
+        rate = v.size * 8 / v.fct / G  # the victim's mean rate over its life
+        rates.append(rate)
+        fab = run.fabric
+        lines.append(
+            f"{setting:>10}: victim v->w {rate:.1f} Gbit/s (FCT {v.fct * 1e6:.0f} us); incast "
+            f"FCT p50 {statistics.median(incast_fct) * 1e6:.0f} us; PFC frames {fab['pfc_tx']} "
+            "sent by "
+            f"{', '.join(fab['pfc_senders']) or 'nobody'}; CNPs {fab['cnps_sent']}"
+        )
+    switches = {"spine", "leaf1", "leaf2", "leaf3"}
+    spread = len(set(runs[0].fabric["pfc_senders"]) & switches)
+    checks = [
+        (
+            f"PFC alone: pauses spread to {spread} switches (>= 2 hops) and the victim falls "
+            "below half its line rate",
+            spread >= 2 and rates[0] < 50,
+        ),
+        ("DCQCN restores the victim: at least twice its PFC-only rate", rates[1] >= 2 * rates[0]),
+    ]
+    ok = all(r.verified for run in runs for r in run.results)
+    for text, good in checks:
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good
+    return runs, lines, ok
+
+
+# -- fairness ----------------------------------------------------------------------------
+
+_FAIR_RATE = 25.0  # Gbit/s: DCQCN's steps are absolute, so a slower link converges sooner
+# The ns-3 HPCC simulator's whole DCQCN setting at 25 Gbit/s: its profile, and its RED marking
+# (Kmin 100 KB, Kmax 400 KB, Pmax 20 %).  With the paper's profile the flows take far longer
+# than a phase to climb back; with NVIDIA's the byte-counter hyper increase overshoots into a
+# saw-tooth that cuts every flow to a tenth of its share (see docs/scenarios.md).
+_FAIR_DCQCN = {"profile": "hpcc"}
+_FAIR_ECN = {"kmin_kb": 100, "kmax_kb": 400, "pmax": 0.2}
+
+
+def _fairness_flows(n: int, phase: float) -> list[FlowSpec]:
+    """Flow i joins at i x phase; sizes are such that, at fair shares C/k, the flows leave in
+    reverse order one phase apart (flow n-1 after one phase, flow 0 last)."""
+    c = _FAIR_RATE * G / 8  # bytes per second
+    active = list(range(1, n + 1)) + list(range(n - 1, 0, -1))  # flows in each phase
+    flows = []
+    for i in range(n):
+        size = sum(c * phase / active[k] for k in range(i, 2 * n - 1 - i))
+        flows.append(FlowSpec(i, f"h{i}", f"h{n}", int(size) // 4096 * 4096, start=i * phase))
+    return flows
+
+
+def fairness(
+    seed: int, n: int = 4, phase: float = 5e-3, mode: Mode = Mode()
+) -> tuple[list[Run], list[str], bool]:
+    """Flows join one by one and leave one by one on one 25 Gbit/s bottleneck.  With DCQCN
+    each converges to C/k while k run (Jain's index over the last half of each phase), and the
+    survivors climb back when a flow leaves."""
+    if not mode.virtual:
+        phase = min(phase, 1e-3)
+    flows = _fairness_flows(n, phase)
+    data = _topology(single_switch(n + 1, rate_gbps=_FAIR_RATE), seed)
+    data["dcqcn"].update(_FAIR_DCQCN)
+    data["ecn"].update(_FAIR_ECN)
+    run = fabric_run(data, flows, ("sw0", n), 50e-6, "pfc+dcqcn", mode)
+    ends = [r.start + r.fct for r in run.results]
+    bounds = [f.start for f in flows] + sorted(ends)  # phase k: bounds[k] to bounds[k + 1]
+    lines, ok = [], all(r.verified for r in run.results)
+    jains, per_flow = [], []
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        live = [f.id for f in flows if f.start <= lo and ends[f.id] >= hi]
+        picks = [j for j, t in enumerate(run.times) if (lo + hi) / 2 <= t <= hi]
+        shares = [statistics.fmean(run.goodput[f][j] for j in picks) for f in live if picks]
+        if not shares:  # processes: no time series
+            lines.append(f"{'phase ' + str(k):>10}: {len(live)} flows, {(hi - lo) * 1e6:.0f} us")
+            continue
+        if len(live) > 1:
+            jains.append(jain(shares))
+        per_flow.append(statistics.fmean(shares))
+        lines.append(
+            f"{'phase ' + str(k):>10}: {len(live)} flows, {(hi - lo) * 1e6:.0f} us; goodput "
+            f"{', '.join(f'{x:.1f}' for x in shares)} Gbit/s (C/{len(live)} = "
+            f"{_FAIR_RATE / len(live):.1f}); Jain {jain(shares):.3f}"
+        )
+    if run.times:
+        leaving = per_flow[n - 1 :]  # per-flow goodput from the full house to the last alone
+        climbs = [b / a for a, b in itertools.pairwise(leaving)]
+        checks = [
+            (
+                f"Jain's index >= 0.95 in every phase with 2+ flows (worst {min(jains):.3f})",
+                min(jains) >= 0.95,
+            ),
+            (
+                "each time a flow leaves the others speed up by >= 15 % (by "
+                f"{', '.join(f'{x - 1:.0%}' for x in climbs)}), and the last alone gets >= 90 "
+                f"% of C ({leaving[-1] / _FAIR_RATE:.0%})",
+                min(climbs) >= 1.15 and leaving[-1] >= 0.9 * _FAIR_RATE,
+            ),
+        ]
+    else:
+        order = sorted(range(n), key=lambda i: ends[i])
+        checks = [(f"flows leave last-in first-out ({order})", order == list(range(n))[::-1])]
+    for text, good in checks:
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good
+    return [run], lines, ok
+
+
 # -- incast ------------------------------------------------------------------------------
 
 
@@ -338,6 +507,8 @@ Scenario = Callable[[int, Mode], tuple[list[Run], list[str], bool]]
 SCENARIOS: dict[str, Scenario] = {
     "pfc-unfairness": lambda seed, mode: pfc_unfairness(seed, mode=mode),
     "incast": lambda seed, mode: incast(seed, mode=mode),
+    "victim-flow": lambda seed, mode: victim_flow(seed, mode=mode),
+    "fairness": lambda seed, mode: fairness(seed, mode=mode),
     "dilation": dilation,
 }
 

@@ -11,7 +11,7 @@ build what the switch pipeline and the NIC need.  Layout of the file::
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
                     watchdog_restore_ms, watchdog_action
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
-    [dcqcn]         enabled, profile ("paper" or "nvidia"), and any DcqcnParams field to
+    [dcqcn]         enabled, profile ("paper", "nvidia", "hpcc"), and any DcqcnParams field to
                     override (g, rate_ai, cnp_interval, ...)
     [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight
                     (unacknowledged packets per QP; default 4096: paced NICs need no window)

@@ -10,7 +10,8 @@ and here the sender reacts:
 * **alpha decay**: every ``alpha_timer`` with no CNP, ``alpha <- (1 - g) alpha`` (computed when
   next needed, so an idle QP costs no timer).
 * **Increase events** come from a timer (every ``increase_timer``) and a byte counter (every
-  ``byte_counter`` bytes sent), each counting its own stage.  While both stages are below ``F``:
+  ``byte_counter`` bytes sent; 0 turns it off and the timer's stage stands for both), each
+  counting its own stage.  While both stages are below ``F``:
   fast recovery, ``Rc <- (Rt + Rc) / 2``.  When one has reached ``F``: additive increase,
   ``Rt <- Rt + R_AI`` first.  When both have: hyper increase, ``Rt <- Rt + i R_HAI`` with
   ``i = min(stages) - F + 1``.  Rates never exceed the line rate; at line rate the timers stop.
@@ -52,20 +53,40 @@ PROFILES: Final[dict[str, DcqcnParams]] = {
     # F = 5, R_AI = 40 Mbit/s, a CNP per 50 us.  R_HAI (10 x R_AI) and the 100 Mbit/s minimum
     # are this project's choices where the paper gives none.
     "paper": DcqcnParams(),
-    # NVIDIA ConnectX firmware defaults as the issue lists them: rpg_time_reset 300 us,
-    # rpg_ai_rate 5 Mbit/s, rpg_hai_rate 50 Mbit/s, rate_reduce_monitor_period 4 us,
-    # min_time_between_cnps 4 us.  The rest (rpg_byte_reset 32767 B, rpg_threshold 1,
-    # rpg_min_rate 1 Mbit/s, alpha gain and timer) are mlx5 defaults still to be checked
-    # against NVIDIA's documentation.
+    # NVIDIA ConnectX-4 and later firmware defaults (NVIDIA's "DCQCN CC Parameters" page, and
+    # the mlx5 driver's sysfs defaults): dce_tcp_g 1019/1024 (alpha gain 5/1024), dce_tcp_rtt
+    # 1 us (alpha update period), initial_alpha_value 1023/1024, rpg_time_reset 300 us,
+    # rpg_byte_reset 32767 B, rpg_threshold 1, rpg_ai_rate 5 Mbit/s, rpg_hai_rate 50 Mbit/s,
+    # rpg_min_rate 1 Mbit/s, rate_reduce_monitor_period 4 us, min_time_between_cnps 4 us.
+    # rpg_min_dec_fac 50 % and rpg_gd 11 (cut by alpha/2) are what the cut rule does anyway.
     "nvidia": DcqcnParams(
-        g=1 / 256,
-        alpha_timer=55e-6,
+        g=5 / 1024,
+        alpha_timer=1e-6,
         increase_timer=300e-6,
         byte_counter=32767,
         fast_recovery_steps=1,
         rate_ai=5e6,
         rate_hai=50e6,
         min_rate=1e6,
+        decrease_period=4e-6,
+        cnp_interval=4e-6,
+        initial_alpha=1023 / 1024,
+    ),
+    # The ns-3 HPCC simulator's DCQCN (alibaba-edu/High-Precision-Congestion-Control,
+    # simulation/run.py, "dcqcn" at 100 Gbit/s): ALPHA_RESUME_INTERVAL 1 us, RATE_DECREASE_INTERVAL
+    # 4 us, RP_TIMER 300 us, EWMA_GAIN 1/256, FAST_RECOVERY_TIMES 1, RATE_AI 5 x bw/25 = 20
+    # Mbit/s, RATE_HAI 50 x bw/25 = 200 Mbit/s, MIN_RATE 1000 Mbit/s.  Its rate increase runs
+    # on the timer alone (byte_counter 0 here).  Its receivers echo CE on every ACK; the 4 us
+    # decrease interval makes CNPs closer than that moot, so one per 4 us is sent here.
+    "hpcc": DcqcnParams(
+        g=1 / 256,
+        alpha_timer=1e-6,
+        increase_timer=300e-6,
+        byte_counter=0,
+        fast_recovery_steps=1,
+        rate_ai=20e6,
+        rate_hai=200e6,
+        min_rate=1e9,
         decrease_period=4e-6,
         cnp_interval=4e-6,
     ),
@@ -113,7 +134,7 @@ class Dcqcn(RateControl):
         if self.increase_deadline is None:  # at line rate: nothing to recover
             return
         self.bytes_since += size
-        if self.bytes_since >= self.params.byte_counter:
+        if 0 < self.params.byte_counter <= self.bytes_since:
             self.bytes_since -= self.params.byte_counter
             self.byte_stage += 1
             self._increase()
@@ -121,7 +142,10 @@ class Dcqcn(RateControl):
     def _increase(self) -> None:
         p = self.params
         f = p.fast_recovery_steps
-        low, high = sorted((self.timer_stage, self.byte_stage))
+        if p.byte_counter:
+            low, high = sorted((self.timer_stage, self.byte_stage))
+        else:  # the timer alone, as the HPCC simulator: stage F adds R_AI, later ones R_HAI
+            low, high = self.timer_stage - 1, self.timer_stage
         if high >= f:
             step = p.rate_hai * (low - f + 1) if low >= f else p.rate_ai
             self.target = min(self.line_rate, self.target + step)

@@ -75,6 +75,30 @@ def test_additive_and_hyper_increase_raise_the_target() -> None:
     assert rp.target == pytest.approx(before + p.rate_ai + p.rate_hai)
 
 
+def test_hpcc_profile_increases_on_its_timer_alone() -> None:
+    p = PROFILES["hpcc"]
+    rp = Dcqcn(line_rate=100 * G, now=0.0, params=p)
+    rp.on_cnp(now=0.0)  # alpha starts at 1: the rate halves
+    assert (rp.rate, rp.target) == (50 * G, 100 * G)
+    rp.on_sent(size=10 << 20, now=1e-6)  # no byte counter: bytes change nothing
+    assert rp.rate == 50 * G
+    assert rp.get_timer() == pytest.approx(300e-6)
+    rp.handle_timer(now=300e-6)  # timer stage 1 = F: additive increase
+    assert rp.target == pytest.approx(100 * G)  # clamped at line rate
+    assert rp.rate == pytest.approx(75 * G)
+    rp.on_cnp(now=400e-6)  # alpha has decayed 400 times by (1 - 1/256) since the last cut
+    alpha = 1.0 * (1 - p.g) ** 400
+    assert rp.rate == pytest.approx(75 * G * (1 - alpha / 2))
+    assert rp.alpha == pytest.approx((1 - p.g) * alpha + p.g)
+    cut = rp.rate
+    rp.handle_timer(now=700e-6)  # stage 1: additive, R_AI on the target
+    assert rp.target == pytest.approx(75 * G + p.rate_ai)
+    assert rp.rate == pytest.approx((75 * G + p.rate_ai + cut) / 2)
+    before = rp.target
+    rp.handle_timer(now=1000e-6)  # stage 2: hyper increase
+    assert rp.target == pytest.approx(before + p.rate_hai)
+
+
 def test_at_most_one_cut_per_decrease_period_and_the_minimum_rate() -> None:
     p = PROFILES["nvidia"]
     rp = Dcqcn(line_rate=100 * G, now=0.0, params=p)
