@@ -218,7 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
     scen = sub.add_parser("scenario", help="run a canonical congestion experiment and check it")
-    scen.add_argument("name", help="pfc-unfairness or incast")
+    scen.add_argument(
+        "name",
+        help="pfc-unfairness, victim-flow, incast, fairness, fluid-model or dilation "
+        "(docs/scenarios.md)",
+    )
     scen.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
     scen.add_argument("--seed", type=int, default=1, help="seed (default 1)")
     scen.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")

@@ -1,19 +1,24 @@
 """The field's canonical congestion experiments as runnable scenarios with checks.
 
-``rocev2-emu scenario NAME --virtual [--seed N] [--out DIR]`` builds the scenario's fabric,
-runs its flows in virtual time while sampling every flow's goodput, the bottleneck queue and
-the PFC pauses, prints a short report in emulated units, writes ``NAME.json`` (and ``NAME.png``
-when matplotlib is installed: ``pip install 'rocev2-emu[plot]'``), and exits non-zero when its
-check fails.  Built so far:
+``rocev2-emu scenario NAME [--virtual] [--seed N] [--out DIR]`` builds the scenario's fabric
+and runs its flows, in virtual time (sampling every flow's goodput, the bottleneck queue, its
+marks and the PFC pauses) or as one process per node at a TDF (flow results and counters
+only).  It prints a short report in emulated units, writes ``NAME.json`` (and ``NAME.png`` from
+virtual runs when matplotlib is installed: ``pip install 'rocev2-emu[plot]'``), and exits
+non-zero when a check fails:
 
 * ``pfc-unfairness``: 4 senders -> 1 receiver, 3 of them behind one upstream switch port.  PFC
   alone is fair to ports, not flows: the lone sender gets about C/2 and the three about C/6
-  each.  With DCQCN the four share by flow (slowly: with the paper's parameters the rates climb
-  back by additive increase, so the link is far from full in the first milliseconds).
-* ``dilation``: a 4:1 incast with PFC at TDF T and 2T with real processes, and in virtual time:
-  the emulated completion times agree within 10 %.
+  each.  With DCQCN the four share by flow.
+* ``victim-flow``: an incast's pauses spread over three switches and starve a flow whose own
+  path is idle but shares an uplink with the incast; DCQCN gives it back its line rate.
 * ``incast``: N -> 1 (N = 8) with no PFC and no DCQCN (drops, retransmissions), PFC only (no
   loss, pauses), and PFC + DCQCN (CNPs, fewer pauses), with flow completion times p50 / p99.
+* ``fairness``: four flows join and leave one by one; Jain's index per phase, and recovery.
+* ``fluid-model``: N = 2, 4, 8 long flows; the steady queue against the DCQCN fluid model's
+  fixed point (:mod:`rocev2_emu.fluid`).
+* ``dilation``: a 4:1 incast with PFC at TDF T and 2T with real processes, and in virtual time:
+  the emulated completion times agree within 10 %.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class Run:
     goodput: dict[int, list[float]] = field(default_factory=dict)  # flow -> Gbit/s per sample
     queue: list[int] = field(default_factory=list)  # bottleneck egress queue, bytes
     paused: list[bool] = field(default_factory=list)  # any upstream pause in force
+    marked: list[int] = field(default_factory=list)  # CE marks at the bottleneck, cumulative
+    sent: list[int] = field(default_factory=list)  # packets out of the bottleneck, cumulative
+    queue_reference: float | None = None  # a model's queue (bytes), drawn across the plot
     fabric: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +91,8 @@ async def _run(
                     run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
                     last[f.id] = total
                 run.queue.append(sum(port.queue_bytes))
+                run.marked.append(sum(port.ecn_marked))
+                run.sent.append(port.tx_packets)
                 run.paused.append(
                     any(p.paused_until[3] > now for p in sw.ports)
                     or any(any(row) for row in sw.mmu.paused)
@@ -417,6 +427,75 @@ def fairness(
     return [run], lines, ok
 
 
+# -- fluid-model -------------------------------------------------------------------------
+
+# The paper's DCQCN profile on a 10 Gbit/s bottleneck, with RED between 100 and 400 KB up to
+# 20 %: with 4 KB frames the fixed points of N = 2, 4, 8 then sit inside RED's ramp (the
+# paper's 5 KB / 200 KB / 1 % suits 1 KB frames at 40 Gbit/s, where marks come 4 x as often).
+_FLUID_RATE = 10.0
+_FLUID_ECN = {"kmin_kb": 100, "kmax_kb": 400, "pmax": 0.2}
+_FRAME = 4154  # bytes per full data frame at the switch: Ethernet + IPv4 + UDP + BTH + 4 KiB + ICRC
+
+
+def fluid_model(
+    seed: int, ns: tuple[int, ...] = (2, 4, 8), duration: float = 30e-3, mode: Mode = Mode()
+) -> tuple[list[Run], list[str], bool]:
+    """N long flows on one bottleneck: the emulated steady-state queue and marking rate next
+    to the DCQCN fluid model's fixed point (Zhu et al., CoNEXT 2016), which
+    :mod:`rocev2_emu.fluid` integrates.  The check: the mean queue within 20 %."""
+    from rocev2_emu.cc import PROFILES
+    from rocev2_emu.fluid import Bottleneck, fixed_point, integrate
+
+    if not mode.virtual:
+        duration = min(duration, 10e-3)
+    runs, lines, ok = [], [], True
+    for n in ns:
+        size = int(_FLUID_RATE * G / 8 * duration / n) // 4096 * 4096
+        flows = [FlowSpec(i, f"h{i}", f"h{n}", size) for i in range(n)]
+        data = _topology(single_switch(n + 1, rate_gbps=_FLUID_RATE), seed)
+        data["ecn"].update(_FLUID_ECN)
+        run = fabric_run(data, flows, ("sw0", n), 100e-6, f"N={n}", mode)
+        runs.append(run)
+        ok = ok and all(r.verified for r in run.results)
+        link = Bottleneck(
+            _FLUID_RATE * G,
+            n,
+            _FLUID_ECN["kmin_kb"] * 1000,
+            _FLUID_ECN["kmax_kb"] * 1000,
+            _FLUID_ECN["pmax"],
+            _FRAME,
+        )
+        dp = PROFILES["paper"]
+        p_fix, q_fix, alpha_fix = fixed_point(dp, link)
+        fluid = integrate(dp, link, duration)
+        tail = fluid.times >= duration / 2
+        q_fluid = float(fluid.queue[tail].mean())
+        run.queue_reference = q_fix
+        if not run.times:  # processes: no series to average
+            lines.append(
+                f"{run.setting:>10}: fluid model: queue {q_fix / 1e3:.0f} KB, p {p_fix:.4f}"
+            )
+            continue
+        end = min(r.start + r.fct for r in run.results)
+        picks = [k for k, t in enumerate(run.times) if end / 2 <= t <= 0.95 * end]
+        q_emu = statistics.fmean(run.queue[k] for k in picks)
+        a, b = picks[0], picks[-1]
+        p_emu = (run.marked[b] - run.marked[a]) / max(1, run.sent[b] - run.sent[a])
+        err = abs(q_emu - q_fix) / q_fix
+        good = err <= 0.20
+        ok = ok and good
+        lines.append(
+            f"{run.setting:>10}: queue {q_emu / 1e3:.0f} KB emulated, {q_fix / 1e3:.0f} KB fixed "
+            f"point ({q_fluid / 1e3:.0f} KB integrated); marking {p_emu:.4f} emulated, "
+            f"{p_fix:.4f} fixed point; alpha* {alpha_fix:.3f}"
+        )
+        lines.append(
+            f"{'':>10}  check: queue within 20 % of the fixed point ({err:.0%}): "
+            f"{'pass' if good else 'FAIL'}"
+        )
+    return runs, lines, ok
+
+
 # -- incast ------------------------------------------------------------------------------
 
 
@@ -509,6 +588,7 @@ SCENARIOS: dict[str, Scenario] = {
     "incast": lambda seed, mode: incast(seed, mode=mode),
     "victim-flow": lambda seed, mode: victim_flow(seed, mode=mode),
     "fairness": lambda seed, mode: fairness(seed, mode=mode),
+    "fluid-model": lambda seed, mode: fluid_model(seed, mode=mode),
     "dilation": dilation,
 }
 
@@ -531,12 +611,18 @@ def _plot(name: str, runs: list[Run], path: Path) -> bool:
         q = ax.twinx()
         q.plot(t, [b / 1024 for b in run.queue], color="black", linestyle=":", label="queue")
         q.set_ylabel("bottleneck queue (KiB)")
+        if run.queue_reference is not None:
+            q.axhline(run.queue_reference / 1024, color="grey", linestyle="--", linewidth=1)
         for i, paused in enumerate(run.paused):
             if paused and i + 1 < len(t):
                 ax.axvspan(t[i], t[i + 1], color="red", alpha=0.08, linewidth=0)
         if run.goodput:
             ax.legend(loc="upper right", fontsize=7)
-    axes[-1, 0].set_xlabel("time (emulated us); shaded: PFC pause in force")
+    axes[-1, 0].set_xlabel(
+        "time (emulated us); shaded: PFC pause in force; dashed: the fluid model's queue"
+        if any(r.queue_reference is not None for r in runs)
+        else "time (emulated us); shaded: PFC pause in force"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -39,3 +39,29 @@ def test_pfc_unfairness_checks_pass() -> None:
     pfc_shares = scenarios._steady_shares(runs[0])
     assert pfc_shares[0] == pytest.approx(50, rel=0.1)  # C/2 for the lone sender
     assert all(x == pytest.approx(100 / 6, rel=0.15) for x in pfc_shares[1:])  # C/6 each
+
+
+def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim() -> None:
+    runs, lines, ok = scenarios.victim_flow(1)
+    assert ok, lines
+    pfc, both = runs
+    assert {"spine", "leaf1", "leaf2"} <= set(pfc.fabric["pfc_senders"])  # three switches
+    assert both.fabric["cnps_sent"] > 0
+    victim = next(r for r in pfc.results if r.src == "v")
+    assert victim.dst == "w" and victim.verified
+
+
+def test_fairness_flows_converge_to_fair_shares_and_recover() -> None:
+    runs, lines, ok = scenarios.fairness(1)
+    assert ok, lines
+    (run,) = runs
+    assert [r.start for r in run.results] == pytest.approx([0.0, 5e-3, 10e-3, 15e-3])
+    ends = [r.start + r.fct for r in run.results]
+    assert ends == sorted(ends, reverse=True)  # last in, first out
+
+
+def test_fluid_model_queue_matches_the_fixed_point(tmp_path: Path) -> None:
+    runs, lines, ok = scenarios.fluid_model(1, ns=(2, 8))
+    assert ok, lines
+    assert all(run.queue_reference for run in runs)
+    assert sum("check: queue within 20 %" in line for line in lines) == 2
