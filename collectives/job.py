@@ -1,0 +1,167 @@
+"""Running a job's ranks: placement from the topology, and the two ways to run them.
+
+Ranks are numbered host-major in the order the topology lists its hosts (as torchrun numbers
+node rank x local size + local rank); each host runs its ``ranks`` as tasks of its own process,
+sharing its NIC and a :class:`~collectives.communicator.HostGroup`.
+
+* :func:`run_virtual` - every switch, host and rank in this process, in virtual time, with an
+  in-memory store.
+* :func:`run_host_ranks` - what a host process does when the launcher asks it to run a job
+  (:mod:`rocev2_emu.agent`'s ``collective`` command): connect to the launcher's
+  :class:`~collectives.store.StoreServer`, run its ranks, return their results.
+
+A job is a named coroutine from :data:`JOBS` (so it can be asked for over the wire) with a
+parameter dict; it gets the rank's :class:`Communicator` and returns something msgpack can carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+import trio.testing
+
+from collectives.communicator import Communicator, HostGroup, RankPlace
+from collectives.metrics import HostCollectiveMetrics
+from collectives.store import MemoryStore, Store, TcpStore
+from rocev2_emu.topology import Topology
+from rocev2_emu.verbs import Context
+
+Job = Callable[[Communicator, dict[str, Any]], Awaitable[Any]]
+JOBS: dict[str, Job] = {}
+
+
+def job(name: str) -> Callable[[Job], Job]:
+    def register(fn: Job) -> Job:
+        JOBS[name] = fn
+        return fn
+
+    return register
+
+
+def places_for(topo: Topology) -> list[RankPlace]:
+    places: list[RankPlace] = []
+    for host in topo.hosts:
+        _, leaf = topo.host_link(host.name)
+        for local in range(host.ranks):
+            places.append(RankPlace(len(places), host.name, leaf.name, local))
+    return places
+
+
+def comm_options(topo: Topology, params: dict[str, Any]) -> dict[str, Any]:
+    """Communicator settings from the topology (link rate, MTU, transport) and the job."""
+    link, _ = topo.host_link(topo.hosts[0].name)
+    return {
+        "link_gbps": link.rate_bps / 1e9 or 100.0,
+        "mtu": topo.mtu,
+        "qp_timeout": int(params.get("qp_timeout", 10)),
+        "retry_cnt": int(topo.transport.get("retry_cnt", 7)),
+        "order": str(params.get("order", "topology")),
+        "slots": int(params.get("slots", 4)),
+        "slot_bytes": int(params.get("slot_bytes", 256 << 10)),
+        "timeout": float(params.get("timeout", 0.05)),
+    }
+
+
+async def _rank(
+    ctx: Context,
+    store: Store,
+    abort_store: Store | None,
+    places: list[RankPlace],
+    rank: int,
+    group: HostGroup,
+    name: str,
+    params: dict[str, Any],
+    options: dict[str, Any],
+    metrics: HostCollectiveMetrics | None,
+    results: dict[int, Any],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        comm = await Communicator.create(
+            ctx,
+            store,
+            places,
+            rank,
+            group,
+            nursery,
+            job=str(params.get("job_id", "job")),
+            metrics=metrics.rank(rank) if metrics else None,
+            abort_store=abort_store,
+            **options,
+        )
+        try:
+            results[rank] = await JOBS[name](comm, params)
+        finally:
+            comm.close()
+            nursery.cancel_scope.cancel()
+
+
+async def run_host_ranks(
+    ctx: Context,
+    topo: Topology,
+    host: str,
+    store_address: tuple[str, int],
+    name: str,
+    params: dict[str, Any],
+    metrics: HostCollectiveMetrics | None = None,
+) -> dict[int, Any]:
+    places = places_for(topo)
+    mine = [p for p in places if p.host == host]
+    group = HostGroup(len(mine))
+    options = comm_options(topo, params)
+    results: dict[int, Any] = {}
+    async with trio.open_nursery() as nursery:
+        for p in mine:
+            store = await TcpStore.connect(*store_address)
+            abort_store = await TcpStore.connect(*store_address)
+            nursery.start_soon(
+                _rank,
+                ctx,
+                store,
+                abort_store,
+                places,
+                p.rank,
+                group,
+                name,
+                params,
+                options,
+                metrics,
+                results,
+            )
+    return results
+
+
+def run_virtual(
+    topo: Topology, name: str, params: dict[str, Any]
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric)."""
+    from rocev2_emu.launcher import deterministic_trio, fabric_stats, virtual_fabric
+
+    async def main() -> tuple[dict[int, Any], dict[str, Any]]:
+        places = places_for(topo)
+        store = MemoryStore()
+        options = comm_options(topo, params)
+        results: dict[int, Any] = {}
+        async with virtual_fabric(topo) as (drivers, agents):
+            groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
+            async with trio.open_nursery() as nursery:
+                for p in places:
+                    nursery.start_soon(
+                        _rank,
+                        agents[p.host].ctx,
+                        store,
+                        None,
+                        places,
+                        p.rank,
+                        groups[p.host],
+                        name,
+                        params,
+                        options,
+                        None,
+                        results,
+                    )
+            return results, fabric_stats(drivers, agents)
+
+    deterministic_trio(topo.seed)
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -1,0 +1,242 @@
+"""One direction of a ring hop: a sender, a receiver, slots and credits.
+
+The receiver owns ``slots`` staging buffers of ``slot_bytes`` each; the sender may fill a slot
+only while it holds that slot's credit, so nothing is overwritten before it is consumed (NCCL's
+FIFO of steps between a proxy's sender and receiver works the same way).  Item k of a transfer
+goes to slot ``k mod slots``; the receiver hands the credit back after it has reduced or copied
+the slot.
+
+* :class:`RdmaTx` / :class:`RdmaRx` - across hosts, over the verbs API only: the data is an RDMA
+  WRITE with immediate into the receiver's registered slot (the immediate names the operation,
+  step and chunk), the credit a zero-length SEND with immediate on the same RC QP pair back.
+  Completions arrive on the rank's one CQ and are handed to the right link by
+  :class:`Completions`.
+* :class:`LocalTx` / :class:`LocalRx` - ranks on the same host, through shared memory (the
+  seed's NVLink): a copy into the receiver's slot and a notification, with the same credits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import numpy as np
+import trio
+
+from rocev2_emu.memory import Access
+from rocev2_emu.oob import QPInfo
+from rocev2_emu.verbs import CQ, MR, PD, QP
+from rocev2_emu.work import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
+
+IMM_BITS: Final = 32
+
+
+class LinkError(Exception):
+    """A link broke: the peer's QP failed or completions reported an error."""
+
+
+class _Waitable:
+    def __init__(self) -> None:
+        self.changed = trio.lowlevel.ParkingLot()
+        self.error: str | None = None
+
+    def fail(self, why: str) -> None:
+        self.error = why
+        self.changed.unpark_all()
+
+    async def _park(self) -> None:
+        if self.error:
+            raise LinkError(self.error)
+        await self.changed.park()
+        if self.error:
+            raise LinkError(self.error)
+
+
+# -- shared memory ------------------------------------------------------------------------
+
+
+class LocalRx(_Waitable):
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        super().__init__()
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.memory = np.zeros(slots * slot_bytes, np.uint8)
+        self.arrivals: deque[tuple[int, int]] = deque()  # (immediate, bytes)
+        self.tx: LocalTx | None = None
+
+    def slot(self, index: int, nbytes: int) -> np.ndarray:
+        start = index * self.slot_bytes
+        return self.memory[start : start + nbytes]
+
+    async def arrival(self) -> tuple[int, int]:
+        while not self.arrivals:
+            await self._park()
+        return self.arrivals.popleft()
+
+    def release(self, index: int) -> None:
+        assert self.tx is not None
+        self.tx.credits += 1
+        self.tx.changed.unpark_all()
+
+
+class LocalTx(_Waitable):
+    def __init__(self, rx: LocalRx) -> None:
+        super().__init__()
+        self.rx = rx
+        rx.tx = self
+        self.slots = rx.slots
+        self.slot_bytes = rx.slot_bytes
+        self.credits = rx.slots
+
+    async def acquire(self) -> None:
+        while self.credits == 0:
+            await self._park()
+        self.credits -= 1
+
+    async def drain(self) -> None:
+        """Copies are done when :meth:`write` returns."""
+
+    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
+        self.rx.slot(index, data.nbytes)[:] = data
+        self.rx.arrivals.append((imm, data.nbytes))
+        self.rx.changed.unpark_all()
+
+
+# -- RDMA ---------------------------------------------------------------------------------
+
+
+class Completions:
+    """Polls a rank's CQ and hands each completion to the link whose QP it belongs to."""
+
+    def __init__(self, cq: CQ) -> None:
+        self.cq = cq
+        self.by_qpn: dict[int, RdmaTx | RdmaRx] = {}
+
+    async def run(self, poll_timeout: float) -> None:
+        while True:
+            try:
+                wcs = await self.cq.wait(64, timeout=poll_timeout)
+            except Exception:  # no completion within the poll period: keep polling
+                continue
+            for wc in wcs:
+                link = self.by_qpn.get(wc.qp_num)
+                if link is not None:
+                    link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data)
+
+
+class _RdmaEnd(_Waitable):
+    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
+        super().__init__()
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.peer = peer  # "rank N", for errors
+        self.qp = QP(pd, cq, max_send_wr=4 * slots + 8, max_recv_wr=2 * slots + 8)
+
+    def connect(self, peer: QPInfo, *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
+        """Bring the QP to RTS towards ``peer`` and post the receives its immediates need."""
+        self.qp.connect(peer.remote(), path_mtu=path_mtu, timeout=timeout, retry_cnt=retry_cnt)
+        self.qp.post_recv([RecvWR(k) for k in range(2 * self.slots)])
+
+    def info(self, mr: MR | None = None) -> QPInfo:
+        ctx = self.qp.ctx
+        host, port = ctx.udp_address
+        if mr is None:
+            return QPInfo(self.qp.qp_num, self.qp.psn, ctx.gid, host, port)
+        return QPInfo(self.qp.qp_num, self.qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
+
+    def on_completion(
+        self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None
+    ) -> None:
+        if status is not WcStatus.SUCCESS:
+            self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
+            return
+        if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
+            self.qp.post_recv(RecvWR(0))
+            self.on_receive(nbytes, imm)
+        elif opcode is WcOpcode.RDMA_WRITE:
+            self.on_written()
+
+    def on_receive(self, nbytes: int, imm: int | None) -> None:
+        raise NotImplementedError
+
+    def on_written(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.qp.close()
+
+
+class RdmaRx(_RdmaEnd):
+    """The receiving end: registered slots the sender writes into."""
+
+    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
+        super().__init__(pd, cq, slots, slot_bytes, peer)
+        self.memory = np.zeros(slots * slot_bytes, np.uint8)
+        self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        self.arrivals: deque[tuple[int, int]] = deque()
+
+    def on_receive(self, nbytes: int, imm: int | None) -> None:
+        if imm is None:
+            self.fail(f"link with {self.peer}: a data write arrived without an immediate")
+            return
+        self.arrivals.append((imm, nbytes))
+        self.changed.unpark_all()
+
+    def slot(self, index: int, nbytes: int) -> np.ndarray:
+        start = index * self.slot_bytes
+        return self.memory[start : start + nbytes]
+
+    async def arrival(self) -> tuple[int, int]:
+        while not self.arrivals:
+            await self._park()
+        return self.arrivals.popleft()
+
+    def release(self, index: int) -> None:
+        self.qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
+
+
+class RdmaTx(_RdmaEnd):
+    """The sending end: holds credits, writes chunks into the receiver's slots."""
+
+    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
+        super().__init__(pd, cq, slots, slot_bytes, peer)
+        self.credits = slots
+        self.remote_addr = 0
+        self.rkey = 0
+        self.outstanding = 0  # writes posted and not yet completed: their source is in use
+
+    def on_written(self) -> None:
+        self.outstanding -= 1
+        self.changed.unpark_all()
+
+    async def drain(self) -> None:
+        """Until every posted write has completed (its source buffer may then change)."""
+        while self.outstanding:
+            await self._park()
+
+    def on_receive(self, nbytes: int, imm: int | None) -> None:
+        self.credits += 1
+        self.changed.unpark_all()
+
+    async def acquire(self) -> None:
+        while self.credits == 0:
+            await self._park()
+        self.credits -= 1
+
+    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
+        assert mr is not None
+        self.outstanding += 1
+        self.qp.post_send(
+            SendWR(
+                2,
+                WrOpcode.RDMA_WRITE_WITH_IMM,
+                [Sge(mr.addr + offset, data.nbytes, mr.lkey)],
+                imm_data=imm,
+                remote_addr=self.remote_addr + index * self.slot_bytes,
+                rkey=self.rkey,
+            )
+        )
+
+
+Tx = LocalTx | RdmaTx
+Rx = LocalRx | RdmaRx

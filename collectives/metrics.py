@@ -1,0 +1,80 @@
+"""Per-rank Prometheus metrics of the collectives.
+
+Names follow Prometheus conventions with the ``collective_`` prefix and labels ``rank`` and
+``op``: an operation-latency histogram in emulated seconds (buckets from 1 us to 10 s, so the
+straggler's tail shows in its p99), bytes moved, the algorithm and bus bandwidth of the last
+operation (nccl-tests' algbw and busbw, bytes per emulated second), and errors.  One registry
+per process; ranks sharing a host process share it, told apart by ``rank``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUCKETS = (*(m * 10.0**e for e in range(-6, 1) for m in (1, 2, 5)), 10.0)
+
+
+class HostCollectiveMetrics:
+    """The metric families of one process; :meth:`rank` gives one rank's view."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.latency = Histogram(
+            "collective_operation_seconds",
+            "Collective operation latency, emulated seconds",
+            ["rank", "op"],
+            buckets=BUCKETS,
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "collective_bytes",
+            "Bytes reduced or gathered by collectives",
+            ["rank", "op"],
+            registry=registry,
+        )
+        self.algbw = Gauge(
+            "collective_algbw_bytes_per_second",
+            "Algorithm bandwidth of the last operation (bytes / emulated second)",
+            ["rank", "op"],
+            registry=registry,
+        )
+        self.busbw = Gauge(
+            "collective_busbw_bytes_per_second",
+            "Bus bandwidth of the last operation (algbw x nccl-tests' factor)",
+            ["rank", "op"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "collective_errors",
+            "Collective operations that failed",
+            ["rank", "op"],
+            registry=registry,
+        )
+
+    def rank(self, rank: int) -> RankMetrics:
+        return RankMetrics(self, str(rank))
+
+
+class RankMetrics:
+    def __init__(self, families: HostCollectiveMetrics, rank: str) -> None:
+        self.families = families
+        self.rank_label = rank
+        self.errors = _Bound(families.errors, rank)
+
+    def observe(self, op: str, nbytes: int, seconds: float, bus_factor: float) -> None:
+        f, r = self.families, self.rank_label
+        f.latency.labels(rank=r, op=op).observe(seconds)
+        f.bytes.labels(rank=r, op=op).inc(nbytes)
+        algbw = nbytes / seconds if seconds > 0 else 0.0
+        f.algbw.labels(rank=r, op=op).set(algbw)
+        f.busbw.labels(rank=r, op=op).set(algbw * bus_factor)
+
+
+class _Bound:
+    """``counter.labels(op=...)`` with the rank label already applied."""
+
+    def __init__(self, counter: Counter, rank: str) -> None:
+        self.counter = counter
+        self.rank = rank
+
+    def labels(self, *, op: str) -> Counter:
+        return self.counter.labels(rank=self.rank, op=op)

@@ -1,0 +1,146 @@
+"""The rendezvous: a small key-value store through which ranks find each other.
+
+As NCCL's bootstrap (and torch's TCPStore), ranks publish what their peers need - here the
+emulated GID, QPNs, PSNs, slot addresses and rkeys - and block until what they need from others
+appears.  :class:`StoreServer` serves it over TCP (length-prefixed msgpack, the framing of
+:class:`rocev2_emu.oob.OobChannel`), run by the launcher; :class:`TcpStore` is the rank's client;
+:class:`MemoryStore` is the same store inside one process (virtual time, where real sockets
+would let the mock clock jump while a request is in flight).
+
+Operations: ``set(key, value)``; ``get(key, timeout)`` waits until the key exists; ``add(key,
+n)`` adds to a counter and returns it.  Every wait has a deadline; a passed deadline raises
+:class:`StoreTimeout` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import trio
+
+from rocev2_emu.errors import RemoteVerbsError
+from rocev2_emu.oob import OobChannel
+
+
+class StoreTimeout(Exception):
+    """A key did not appear within the deadline."""
+
+
+class Store(Protocol):
+    async def set(self, key: str, value: Any) -> None: ...
+
+    async def get(self, key: str, timeout: float) -> Any: ...
+
+    async def add(self, key: str, amount: int) -> int: ...
+
+
+class MemoryStore:
+    """The store in this process; ``timeout`` is in trio time (virtual or wall seconds)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self._changed = trio.lowlevel.ParkingLot()
+
+    async def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self._changed.unpark_all()
+
+    async def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, 0)) + amount
+        await self.set(key, value)
+        return value
+
+    async def get(self, key: str, timeout: float) -> Any:
+        with trio.move_on_after(timeout):
+            while key not in self.data:
+                await self._changed.park()
+            return self.data[key]
+        raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
+
+    async def wait_count(self, key: str, count: int, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            while int(self.data.get(key, 0)) < count:
+                await self._changed.park()
+            return
+        raise StoreTimeout(f"rendezvous counter {key!r} did not reach {count} in {timeout:g} s")
+
+
+class StoreServer:
+    """Serves a :class:`MemoryStore` over TCP: one task per client connection."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.store = MemoryStore()
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        chan = OobChannel(stream, timeout=math.inf)
+        try:
+            while True:
+                try:
+                    msg = await chan.recv()
+                except RemoteVerbsError:
+                    return  # the client went away
+                await chan.send(await self._reply(msg))
+        finally:
+            await chan.aclose()
+
+    async def _reply(self, msg: Any) -> dict[str, Any]:
+        if not isinstance(msg, dict) or not isinstance(msg.get("key"), str):
+            return {"error": f"bad store request {msg!r}"}
+        op, key = msg.get("op"), msg["key"]
+        try:
+            if op == "set":
+                await self.store.set(key, msg.get("value"))
+                return {"ok": True}
+            if op == "add":
+                return {"value": await self.store.add(key, int(msg.get("amount", 1)))}
+            if op == "get":
+                return {"value": await self.store.get(key, float(msg.get("timeout", 0)))}
+        except StoreTimeout as exc:
+            return {"timeout": str(exc)}
+        return {"error": f"unknown store operation {op!r}"}
+
+
+class TcpStore:
+    """A rank's client of :class:`StoreServer`; every request has a wall-clock deadline."""
+
+    def __init__(self, chan: OobChannel) -> None:
+        self.chan = chan
+        self._lock = trio.Lock()
+
+    @classmethod
+    async def connect(cls, host: str, port: int, timeout: float = 30.0) -> TcpStore:
+        return cls(await OobChannel.connect(host, port, timeout=timeout))
+
+    async def _call(self, msg: dict[str, Any], timeout: float) -> Any:
+        async with self._lock:  # one request at a time on the connection
+            self.chan.timeout = timeout + 10.0  # the server answers a timed-out get itself
+            await self.chan.send(msg)
+            reply = await self.chan.recv()
+        if not isinstance(reply, dict):
+            raise RemoteVerbsError(f"rendezvous server sent {reply!r}")
+        if "timeout" in reply:
+            raise StoreTimeout(reply["timeout"])
+        if "error" in reply:
+            raise RemoteVerbsError(f"rendezvous server: {reply['error']}")
+        return reply.get("value")
+
+    async def set(self, key: str, value: Any) -> None:
+        await self._call({"op": "set", "key": key, "value": value}, 10.0)
+
+    async def add(self, key: str, amount: int) -> int:
+        return int(await self._call({"op": "add", "key": key, "amount": amount}, 10.0))
+
+    async def get(self, key: str, timeout: float) -> Any:
+        return await self._call({"op": "get", "key": key, "timeout": timeout}, timeout)
+
+    async def aclose(self) -> None:
+        await self.chan.aclose()
