@@ -62,16 +62,20 @@ class LocalRx(_Waitable):
         self.slot_bytes = slot_bytes
         self.memory = np.zeros(slots * slot_bytes, np.uint8)
         self.arrivals: deque[tuple[int, int]] = deque()  # (immediate, bytes)
+        self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
         self.tx: LocalTx | None = None
 
     def slot(self, index: int, nbytes: int) -> np.ndarray:
         start = index * self.slot_bytes
         return self.memory[start : start + nbytes]
 
-    async def arrival(self) -> tuple[int, int]:
+    async def arrival(self) -> tuple[int, int, int]:
+        """The next (immediate, bytes, slot), in the order they were written."""
         while not self.arrivals:
             await self._park()
-        return self.arrivals.popleft()
+        imm, nbytes = self.arrivals.popleft()
+        self.taken += 1
+        return imm, nbytes, (self.taken - 1) % self.slots
 
     def release(self, index: int) -> None:
         assert self.tx is not None
@@ -87,11 +91,16 @@ class LocalTx(_Waitable):
         self.slots = rx.slots
         self.slot_bytes = rx.slot_bytes
         self.credits = rx.slots
+        self.used = 0
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> int:
+        """A credit: the slot the next write goes to (slots are used in a ring, across
+        operations, so a credit always frees the oldest slot)."""
         while self.credits == 0:
             await self._park()
         self.credits -= 1
+        self.used += 1
+        return (self.used - 1) % self.slots
 
     async def drain(self) -> None:
         """Copies are done when :meth:`write` returns."""
@@ -174,6 +183,7 @@ class RdmaRx(_RdmaEnd):
         self.memory = np.zeros(slots * slot_bytes, np.uint8)
         self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         self.arrivals: deque[tuple[int, int]] = deque()
+        self.taken = 0
 
     def on_receive(self, nbytes: int, imm: int | None) -> None:
         if imm is None:
@@ -186,10 +196,13 @@ class RdmaRx(_RdmaEnd):
         start = index * self.slot_bytes
         return self.memory[start : start + nbytes]
 
-    async def arrival(self) -> tuple[int, int]:
+    async def arrival(self) -> tuple[int, int, int]:
+        """The next (immediate, bytes, slot): RC delivers writes in order."""
         while not self.arrivals:
             await self._park()
-        return self.arrivals.popleft()
+        imm, nbytes = self.arrivals.popleft()
+        self.taken += 1
+        return imm, nbytes, (self.taken - 1) % self.slots
 
     def release(self, index: int) -> None:
         self.qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
@@ -204,6 +217,7 @@ class RdmaTx(_RdmaEnd):
         self.remote_addr = 0
         self.rkey = 0
         self.outstanding = 0  # writes posted and not yet completed: their source is in use
+        self.used = 0
 
     def on_written(self) -> None:
         self.outstanding -= 1
@@ -218,10 +232,12 @@ class RdmaTx(_RdmaEnd):
         self.credits += 1
         self.changed.unpark_all()
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> int:
         while self.credits == 0:
             await self._park()
         self.credits -= 1
+        self.used += 1
+        return (self.used - 1) % self.slots
 
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
         assert mr is not None

@@ -7,7 +7,8 @@ after chunk c of the step it depends on has been received (the data it carries w
 there), so consecutive steps overlap chunk by chunk as in NCCL's ring.
 
 The immediate of every write names the operation (its sequence number mod 256), the step and
-the chunk: ``seq << 24 | step << 16 | chunk``; a receiver that sees anything but the item it
+the chunk: ``seq << 24 | step << 16 | chunk``.  Slots are taken in a ring that runs on across
+operations (a rank may start the next operation while its successor still drains this one); a receiver that sees anything but the item it
 expects next fails the operation (the rings of two ranks disagree, or a stale write arrived).
 
 Schedules (``n`` ranks, ring position ``r``, segments as :func:`segments` cuts them):
@@ -120,7 +121,6 @@ async def run(
 
     async def sender() -> None:
         assert tx is not None
-        k = 0
         for s, step in enumerate(steps):
             if step.send is None:
                 continue
@@ -133,35 +133,32 @@ async def run(
                         progress[0] = f"step {step.after} chunk {c} from the predecessor"
                         await received.park()
                 progress[0] = "a credit from the successor"
-                await tx.acquire()
+                slot = await tx.acquire()
                 b0, b1 = lo * work.itemsize, hi * work.itemsize
-                tx.write(k % tx.slots, raw[b0:b1], mr, b0, imm_of(seq, s, c))
-                k += 1
+                tx.write(slot, raw[b0:b1], mr, b0, imm_of(seq, s, c))
         progress[0] = "the NIC to finish sending"
         await tx.drain()
 
     async def receiver() -> None:
         assert rx is not None
-        k = 0
         for s, step in enumerate(steps):
             if step.recv is None:
                 continue
             for c, (lo, hi) in enumerate(_chunks(step.recv, chunk)):
                 progress[0] = f"step {s} chunk {c} from the predecessor"
-                imm, nbytes = await rx.arrival()
+                imm, nbytes, slot = await rx.arrival()
                 want = imm_of(seq, s, c)
                 if imm != want or nbytes != (hi - lo) * work.itemsize:
                     raise ProtocolError(
                         f"expected step {s} chunk {c} ({(hi - lo) * work.itemsize} B, immediate "
                         f"{want:#x}), got immediate {imm:#x} with {nbytes} B"
                     )
-                incoming = rx.slot(k % rx.slots, nbytes).view(work.dtype)
+                incoming = rx.slot(slot, nbytes).view(work.dtype)
                 if step.reduce:
                     ops.combine(op, work[lo:hi], incoming)
                 else:
                     work[lo:hi] = incoming
-                rx.release(k % rx.slots)
-                k += 1
+                rx.release(slot)
                 done[s][c] = True
                 received.unpark_all()
 
