@@ -13,7 +13,7 @@ import numpy as np
 
 from collectives import ops
 from collectives.communicator import Communicator
-from collectives.job import job
+from collectives.registry import job
 
 DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 
@@ -40,15 +40,19 @@ def _close(got: np.ndarray, want: np.ndarray) -> bool:
 
 @job("check")
 async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
-    """All ops x dtypes x sizes; params: sizes, dtypes (names), ops, algos, seed."""
+    """Every op x dtype x size in ``params`` (sizes, dtypes, ops, seed): all-reduce by ring
+    (out of place) and hierarchically (in place, when hosts hold several ranks), reduce,
+    reduce-scatter, all-gather and broadcast (from a root that moves with the size)."""
     n, r = comm.size, comm.rank
     seed = int(params.get("seed", 1))
     sizes = [int(x) for x in params.get("sizes", [0, 1, 2, n - 1, n + 1, 1000, 12345])]
     dtypes = [np.dtype(d) for d in params.get("dtypes", [np.dtype(d).name for d in DTYPES])]
     op_names = list(params.get("ops", ops.OPS))
-    algos = list(params.get("algos", ["ring", "hierarchical"]))
-    if comm.local_ring is None:
-        algos = [a for a in algos if a != "hierarchical"]
+    which = set(
+        params.get(
+            "collectives", ["all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast"]
+        )
+    )
     bad: list[str] = []
 
     def expect(what: str, got: np.ndarray, want: np.ndarray) -> None:
@@ -60,25 +64,47 @@ async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
             for op in op_names:
                 inputs = [rank_input(k, count, dtype, seed, op) for k in range(n)]
                 want = ops.reference(op, inputs)
-                for algo in algos:
+                if "all_reduce" in which:
+                    got = await comm.all_reduce(inputs[r], op, algo="ring")
+                    expect(f"all_reduce ring {op} {dtype} x{count}", got, want)
+                if "all_reduce" in which and comm.local_ring is not None:
                     mine = inputs[r].copy()
-                    got = await comm.all_reduce(mine, op, algo=algo)
-                    expect(f"all_reduce {algo} {op} {dtype} x{count}", got, want)
-                    await comm.all_reduce(mine, op, out=mine, algo=algo)  # in place
-                    expect(f"all_reduce {algo} in-place {op} {dtype} x{count}", mine, want)
-                got = await comm.reduce(inputs[r], root=0, op=op)
-                if r == 0:
-                    expect(f"reduce {op} {dtype} x{count}", got, want)
+                    await comm.all_reduce(mine, op, out=mine, algo="hierarchical")
+                    expect(f"all_reduce hierarchical in-place {op} {dtype} x{count}", mine, want)
+                if "reduce" in which:
+                    got = await comm.reduce(inputs[r], root=0, op=op)
+                    if r == 0:
+                        expect(f"reduce {op} {dtype} x{count}", got, want)
+                if "reduce_scatter" not in which:
+                    continue
                 blocks = [rank_input(k, count * n, dtype, seed, op) for k in range(n)]
                 got = await comm.reduce_scatter(blocks[r], op)
                 full = ops.reference(op, blocks)
                 expect(
                     f"reduce_scatter {op} {dtype} x{count}", got, full[r * count : (r + 1) * count]
                 )
-            got = await comm.all_gather(inputs[r])
-            expect(f"all_gather {dtype} x{count}", got, np.concatenate(inputs))
+            inputs = [rank_input(k, count, dtype, seed, "sum") for k in range(n)]
+            if "all_gather" in which:
+                got = await comm.all_gather(inputs[r])
+                expect(f"all_gather {dtype} x{count}", got, np.concatenate(inputs))
             root = count % n
-            got = await comm.broadcast(inputs[r], root=root)
-            expect(f"broadcast root {root} {dtype} x{count}", got, inputs[root])
+            if "broadcast" in which:
+                got = await comm.broadcast(inputs[r], root=root)
+                expect(f"broadcast root {root} {dtype} x{count}", got, inputs[root])
     await comm.barrier()
     return bad
+
+
+@job("stop")
+async def stop_at(comm: Communicator, params: dict[str, Any]) -> str:
+    """All-reduces until rank ``params["rank"]`` stops taking part before operation
+    ``params["at"]`` (it leaves, as a crashed rank would); the others must raise."""
+    x = np.ones(int(params.get("count", 4096)), np.float32)
+    for k in range(int(params["at"]) + 1):
+        if comm.rank == int(params["rank"]) and k == int(params["at"]):
+            return "stopped"
+        try:
+            await comm.all_reduce(x)
+        except Exception as exc:
+            return f"{type(exc).__name__} at {comm.ctx.now() * 1e3:.3f} ms: {exc}"
+    return "finished"

@@ -373,7 +373,19 @@ class Communicator:
         if not any(s.send or s.recv for s in steps):
             return
         mr = self._register(work) if isinstance(r.tx, RdmaTx) else None
-        await ring.run(steps, work, mr, r.tx, r.rx, op=op, seq=self.seq, progress=progress)
+        n, pos = len(r.members), r.pos
+        await ring.run(
+            steps,
+            work,
+            mr,
+            r.tx,
+            r.rx,
+            op=op,
+            seq=self.seq,
+            progress=progress,
+            pred=f"rank {r.members[(pos - 1) % n]}",
+            succ=f"rank {r.members[(pos + 1) % n]}",
+        )
 
     @staticmethod
     def _check(x: np.ndarray, op: str = "sum") -> np.ndarray:

@@ -10,8 +10,7 @@ sharing its NIC and a :class:`~collectives.communicator.HostGroup`.
   (:mod:`rocev2_emu.agent`'s ``collective`` command): connect to the launcher's
   :class:`~collectives.store.StoreServer`, run its ranks, return their results.
 
-A job is a named coroutine from :data:`JOBS` (so it can be asked for over the wire) with a
-parameter dict; it gets the rank's :class:`Communicator` and returns something msgpack can carry.
+A job is a coroutine registered by name in :data:`collectives.registry.JOBS`.
 """
 
 from __future__ import annotations
@@ -22,22 +21,15 @@ from typing import Any
 import trio
 import trio.testing
 
+import collectives.bench
+import collectives.checks  # noqa: F401  (registers its jobs)
 from collectives.communicator import Communicator, HostGroup, RankPlace
 from collectives.metrics import HostCollectiveMetrics
+from collectives.registry import JOBS
+from collectives.ring import first_error
 from collectives.store import MemoryStore, Store, TcpStore
 from rocev2_emu.topology import Topology
 from rocev2_emu.verbs import Context
-
-Job = Callable[[Communicator, dict[str, Any]], Awaitable[Any]]
-JOBS: dict[str, Job] = {}
-
-
-def job(name: str) -> Callable[[Job], Job]:
-    def register(fn: Job) -> Job:
-        JOBS[name] = fn
-        return fn
-
-    return register
 
 
 def places_for(topo: Topology) -> list[RankPlace]:
@@ -65,6 +57,28 @@ def comm_options(topo: Topology, params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _rank(
+    ctx: Context,
+    store: Store,
+    abort_store: Store | None,
+    places: list[RankPlace],
+    rank: int,
+    group: HostGroup,
+    name: str,
+    params: dict[str, Any],
+    options: dict[str, Any],
+    metrics: HostCollectiveMetrics | None,
+    results: dict[int, Any],
+) -> None:
+    try:
+        await _rank_body(
+            ctx, store, abort_store, places, rank, group, name, params, options, metrics, results
+        )
+    except Exception as exc:  # reported per rank: the job's other ranks may still succeed
+        error = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        results[rank] = {"error": f"{type(error).__name__}: {error}"}
+
+
+async def _rank_body(
     ctx: Context,
     store: Store,
     abort_store: Store | None,
@@ -130,6 +144,24 @@ async def run_host_ranks(
                 results,
             )
     return results
+
+
+def collective_handler(
+    topo: Topology, ctx: Context, host: str, metrics: HostCollectiveMetrics
+) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """The host agent's ``collective`` command: run this host's ranks of a job."""
+
+    async def handle(msg: dict[str, Any]) -> dict[str, Any]:
+        name = str(msg["name"])
+        if name not in JOBS:
+            return {"error": f"unknown collective job {name!r}; known: {sorted(JOBS)}"}
+        host_, port = msg["store"]
+        results = await run_host_ranks(
+            ctx, topo, host, (str(host_), int(port)), name, dict(msg["params"]), metrics
+        )
+        return {"results": {str(k): v for k, v in results.items()}}
+
+    return handle
 
 
 def run_virtual(

@@ -7,9 +7,10 @@ after chunk c of the step it depends on has been received (the data it carries w
 there), so consecutive steps overlap chunk by chunk as in NCCL's ring.
 
 The immediate of every write names the operation (its sequence number mod 256), the step and
-the chunk: ``seq << 24 | step << 16 | chunk``.  Slots are taken in a ring that runs on across
-operations (a rank may start the next operation while its successor still drains this one); a receiver that sees anything but the item it
+the chunk: ``seq << 24 | step << 16 | chunk``; a receiver that sees anything but the item it
 expects next fails the operation (the rings of two ranks disagree, or a stale write arrived).
+Slots are taken in a ring that runs on across operations: a rank may start the next operation
+while its successor still drains this one.
 
 Schedules (``n`` ranks, ring position ``r``, segments as :func:`segments` cuts them):
 
@@ -108,6 +109,8 @@ async def run(
     op: str,
     seq: int,
     progress: list[str],
+    pred: str = "the predecessor",
+    succ: str = "the successor",
 ) -> None:
     """Run ``steps`` on ``work`` (registered as ``mr`` for RDMA sends).  ``progress`` holds one
     string saying what is awaited, for the caller's timeout message."""
@@ -130,13 +133,13 @@ async def run(
             for c, (lo, hi) in enumerate(pieces):
                 if step.after is not None:
                     while not done[step.after][c]:
-                        progress[0] = f"step {step.after} chunk {c} from the predecessor"
+                        progress[0] = f"step {step.after} chunk {c} from {pred}"
                         await received.park()
-                progress[0] = "a credit from the successor"
+                progress[0] = f"a credit from {succ}"
                 slot = await tx.acquire()
                 b0, b1 = lo * work.itemsize, hi * work.itemsize
                 tx.write(slot, raw[b0:b1], mr, b0, imm_of(seq, s, c))
-        progress[0] = "the NIC to finish sending"
+        progress[0] = f"the NIC to finish sending to {succ}"
         await tx.drain()
 
     async def receiver() -> None:
@@ -145,7 +148,7 @@ async def run(
             if step.recv is None:
                 continue
             for c, (lo, hi) in enumerate(_chunks(step.recv, chunk)):
-                progress[0] = f"step {s} chunk {c} from the predecessor"
+                progress[0] = f"step {s} chunk {c} from {pred}"
                 imm, nbytes, slot = await rx.arrival()
                 want = imm_of(seq, s, c)
                 if imm != want or nbytes != (hi - lo) * work.itemsize:

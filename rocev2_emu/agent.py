@@ -14,6 +14,7 @@ with msgpack between processes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -212,8 +213,13 @@ class RemotePeer:
 class AgentServer:
     """Serves an agent's calls over TCP: accept_flow, digest, run_flows."""
 
-    def __init__(self, agent: HostAgent) -> None:
+    def __init__(
+        self,
+        agent: HostAgent,
+        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+    ) -> None:
         self.agent = agent
+        self.handlers = handlers or {}  # more commands (the node adds "collective")
 
     async def serve(
         self,
@@ -259,6 +265,8 @@ class AgentServer:
             if cmd == "set_faults":
                 self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
                 return {"ok": True}
+            if cmd in self.handlers:
+                return await self.handlers[cmd](msg)
         except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
             return {"error": f"{cmd}: {exc!r}"}
         return {"error": f"unknown command {msg!r}"}

@@ -8,7 +8,8 @@ Subcommands::
     rocev2-emu up TOPOLOGY [--flows F] [--virtual]   a fabric: switches and hosts, a job
     rocev2-emu node TOPOLOGY NAME           one switch or host of a topology (used by up)
     rocev2-emu topology SHAPE [...]         generate a topology file
-    rocev2-emu bench udp-baseline|write-bw  print datagram-rate figures (no assertions)
+    rocev2-emu bench udp-baseline|write-bw|switch   datagram-rate figures (no assertions)
+    rocev2-emu bench all-reduce|all-gather|reduce-scatter|broadcast   nccl-tests' table
 
 Every figure is in emulated units and states the TDF it ran at.
 """
@@ -229,9 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
     scen.add_argument(
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
     )
-    bench = sub.add_parser("bench", help="print datagram-rate figures")
-    bench.add_argument("which", choices=["udp-baseline", "write-bw", "switch"])
-    bench.add_argument("--seconds", type=float, default=3.0, help="length of each run")
+    bench = sub.add_parser(
+        "bench", help="print figures: datagram rates, or collectives as nccl-tests does"
+    )
+    bench.add_argument(
+        "which",
+        choices=[
+            "udp-baseline",
+            "write-bw",
+            "switch",
+            "all-reduce",
+            "all-gather",
+            "reduce-scatter",
+            "broadcast",
+        ],
+    )
+    bench.add_argument("--seconds", type=float, default=3.0, help="length of each datagram run")
+    from collectives.cli import add_arguments
+
+    add_arguments(bench)
     return parser
 
 
@@ -375,10 +392,14 @@ def main(argv: list[str] | None = None) -> int:
             return scenarios.main(
                 args.name, seed=args.seed, out=args.out, virtual=args.virtual, tdf=args.tdf
             )
-        if args.command == "bench":
+        if args.command == "bench" and args.which in ("udp-baseline", "write-bw", "switch"):
             from rocev2_emu.bench import main as bench_main
 
             return bench_main(args.which, args.seconds)
+        if args.command == "bench":
+            from collectives.cli import main as collective_bench
+
+            return collective_bench(args.which, args)
         return trio.run(run_perftest, _options(args))
     except (PerftestError, VerbsError, OSError, ValueError, RuntimeError) as exc:
         print(f"rocev2-emu {args.command}: error: {exc}", file=sys.stderr)

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 import trio.abc
@@ -142,9 +142,10 @@ def _merge(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
     PFC pause frames (how far a pause spread)."""
     total: dict[str, Any] = {"drops": {}}
     total["pfc_senders"] = sorted(name for name, s in stats.items() if s.get("pfc_tx"))
+    total["switch_tx_bytes"] = {name: s["tx_bytes"] for name, s in stats.items() if "tx_bytes" in s}
     for s in stats.values():
         for key, value in s.items():
-            if key == "down_vnis":
+            if key in ("down_vnis", "switch_tx_bytes"):
                 continue
             if key == "drops":
                 for reason, n in value.items():
@@ -257,13 +258,44 @@ async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> Non
         tail.extend(chunk.decode(errors="replace").splitlines())
 
 
+class FabricJob(Protocol):
+    """What runs on a fabric of node processes once every node is ready."""
+
+    async def run(self, topo: Topology, tdf: float, epoch: float) -> Any: ...
+
+    async def node_died(self, name: str, code: int) -> bool:
+        """Told that a node died; True if the job copes (else the fabric stops)."""
+        ...
+
+
+class FlowsJob:
+    def __init__(self, flows: list[FlowSpec]) -> None:
+        self.flows = flows
+
+    async def run(
+        self, topo: Topology, tdf: float, epoch: float
+    ) -> tuple[list[FlowResult], dict[str, Any]]:
+        return await _run_job(topo, tdf, epoch, self.flows)
+
+    async def node_died(self, name: str, code: int) -> bool:
+        return False
+
+
 async def _watch(
-    name: str, proc: trio.Process, tail: deque[str], stopping: trio.Event, scope: trio.CancelScope
+    name: str,
+    proc: trio.Process,
+    tail: deque[str],
+    stopping: trio.Event,
+    scope: trio.CancelScope,
+    job: FabricJob | None,
 ) -> None:
     code = await proc.wait()
     if not stopping.is_set():
         await trio.sleep(0.2)  # let the drain task collect the last words
         why = "\n".join(tail)
+        if job is not None and await job.node_died(name, code):
+            print(f"rocev2-emu: node {name} died with code {code}", file=sys.stderr)
+            return
         print(
             f"rocev2-emu up: node {name} died with code {code}; stopping the fabric"
             + (f"\n{why}" if why else ""),
@@ -273,13 +305,14 @@ async def _watch(
 
 
 async def _local(
-    topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec] | None, quiet: bool = False
-) -> tuple[list[FlowResult], dict[str, Any]] | None:
-    """Start every node, run ``flows`` (or wait for Ctrl-C), stop; the job's outcome."""
+    topo: Topology, topo_path: str, tdf: float, job: FabricJob | None, quiet: bool = False
+) -> Any:
+    """Start every node, run ``job`` (or wait for Ctrl-C), stop; the job's outcome (None when
+    a node died and the job could not go on)."""
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
-    outcome: tuple[list[FlowResult], dict[str, Any]] | None = None
+    outcome: Any = None
     try:
         async with trio.open_nursery() as nursery:
             tails: dict[str, deque[str]] = {}
@@ -323,16 +356,18 @@ async def _local(
                 ) from exc
             for name, proc in procs.items():
                 nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
-                nursery.start_soon(_watch, name, proc, tails[name], stopping, nursery.cancel_scope)
+                nursery.start_soon(
+                    _watch, name, proc, tails[name], stopping, nursery.cancel_scope, job
+                )
             if not quiet:
                 print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
                 for name in topo.nodes:
                     print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
-            if flows is None:
+            if job is None:
                 print("# Ctrl-C stops the fabric", flush=True)
                 await trio.sleep_forever()
             else:
-                outcome = await _run_job(topo, tdf, epoch, flows)
+                outcome = await job.run(topo, tdf, epoch)
             stopping.set()
             nursery.cancel_scope.cancel()
     finally:
@@ -374,9 +409,17 @@ def run_local(
     topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec]
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     """One process per node, one job, then stop: the flows' results and the fabric's counters."""
-    outcome = trio.run(_local, topo, topo_path, tdf, flows, True)
-    assert outcome is not None
+    outcome = trio.run(_local, topo, topo_path, tdf, FlowsJob(flows), True)
+    if outcome is None:
+        raise RuntimeError("a node died during the job")
+    assert isinstance(outcome, tuple)
     return outcome
+
+
+def run_processes(topo: Topology, topo_path: str, tdf: float, job: FabricJob) -> Any:
+    """One process per node, ``job``, then stop; what the job returned (None: a node died and
+    the job could not go on)."""
+    return trio.run(_local, topo, topo_path, tdf, job, True)
 
 
 async def _stop(procs: dict[str, trio.Process]) -> None:
@@ -406,7 +449,7 @@ def up(
         return run_virtual(topo, flows)
     tdf = tdf or topo.tdf
     try:
-        outcome = trio.run(_local, topo, topo_path, tdf, flows)
+        outcome = trio.run(_local, topo, topo_path, tdf, FlowsJob(flows) if flows else None)
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:

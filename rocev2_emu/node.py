@@ -136,12 +136,18 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
                 partial(_switch_control, topo=topo, driver=driver), listeners
             )
         return
+    from collectives.job import collective_handler  # the application layer, on top
+    from collectives.metrics import HostCollectiveMetrics
+
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
+        registry = nic_registry(ctx.driver, name)
+        collective_metrics = HostCollectiveMetrics(registry)
         if opts.metrics:
-            serve(nic_registry(ctx.driver, name), METRICS_PORT, addr=node.address)
+            serve(registry, METRICS_PORT, addr=node.address)
         agent = host_agent(topo, ctx, name)
+        handlers = {"collective": collective_handler(topo, ctx, name, collective_metrics)}
         async with trio.open_nursery() as nursery:
-            await nursery.start(AgentServer(agent).serve, node.address, CONTROL_PORT)
+            await nursery.start(AgentServer(agent, handlers).serve, node.address, CONTROL_PORT)
             print(ready, flush=True)
 
 
@@ -158,6 +164,7 @@ def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
         "pfc_rx": sum(sum(ps.pfc_rx) for ps in ports),
         "ecn_marked": sum(sum(ps.ecn_marked) for ps in ports),
         "tx_packets": sum(ps.tx_packets for ps in ports),
+        "tx_bytes": sum(ps.tx_bytes for ps in ports),
         "paused_seconds": sum(
             ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(8)
         ),

@@ -1,0 +1,166 @@
+"""``rocev2-emu bench all-reduce`` (and all-gather, reduce-scatter, broadcast): nccl-tests.
+
+Flags and output follow NVIDIA's nccl-tests: sizes from ``-b`` to ``-e`` by factor ``-f``,
+``-n`` timed iterations after ``-w`` warm-up ones, ``-c`` checks the results, ``-o`` the
+reduction, ``-d`` the type, ``-r`` the root; one line per size with the out-of-place and the
+in-place time, algbw and busbw, and the count of wrong elements; then ``# Out of bounds
+values`` and ``# Avg bus bandwidth``.  algbw = size / time; busbw = algbw x 2(n-1)/n for
+all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast (nccl-tests'
+doc/PERFORMANCE.md).  Times are emulated microseconds: each rank times its ``-n`` operations
+from a common barrier, and the line shows the slowest rank's mean (the collective is done when
+its last rank is).  After the table comes the fabric summary: pauses, ECN marks, CNPs,
+retransmissions and drops - the interconnect tax.
+
+Inputs follow a pattern every rank can reproduce, so each rank checks its own result exactly
+(``(rank + i) mod 5``, and for ``prod`` 1 or 2, so every product is exact).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from collectives import ops
+from collectives.communicator import BUS_FACTOR, Communicator
+from collectives.registry import job
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    out, size = [], minbytes
+    while size <= maxbytes:
+        out.append(size)
+        if factor <= 1:
+            break
+        size *= factor
+    return out
+
+
+def pattern(rank: int, count: int, dtype: np.dtype, op: str, offset: int = 0) -> np.ndarray:
+    i = np.arange(offset, offset + count, dtype=np.int64)
+    values = 1 + ((rank + i) % 5 == 0) if op == "prod" else (rank + i) % 5
+    out: np.ndarray = values.astype(dtype)
+    return out
+
+
+def expected(
+    coll: str, n: int, count: int, dtype: np.dtype, op: str, rank: int, root: int
+) -> np.ndarray:
+    """What rank ``rank`` must hold after ``coll`` on ``count`` elements per rank."""
+    if coll == "all_gather":
+        return np.concatenate([pattern(k, count, dtype, op) for k in range(n)])
+    if coll == "broadcast":
+        return pattern(root, count, dtype, op)
+    total = count * n if coll == "reduce_scatter" else count
+    acc = pattern(0, total, dtype, op)
+    for k in range(1, n):
+        ops.combine(op, acc, pattern(k, total, dtype, op))
+    ops.finish(op, acc, n)
+    return acc[rank * count : (rank + 1) * count] if coll == "reduce_scatter" else acc
+
+
+async def _once(
+    comm: Communicator, coll: str, x: np.ndarray, inplace: bool, p: dict[str, Any]
+) -> np.ndarray:
+    out = x if inplace and coll in ("all_reduce", "broadcast") else None
+    if coll == "all_reduce":
+        return await comm.all_reduce(x, p["op"], out=out, algo=p["algo"])
+    if coll == "all_gather":
+        return await comm.all_gather(x)
+    if coll == "reduce_scatter":
+        return await comm.reduce_scatter(x, p["op"])
+    return await comm.broadcast(x, root=p["root"], out=out)
+
+
+@job("bench")
+async def bench(comm: Communicator, p: dict[str, Any]) -> list[dict[str, Any]]:
+    """params: coll, sizes (bytes), iters, warmup, check, op, dtype (nccl-tests name), root,
+    algo.  Returns, per size, this rank's mean time (emulated s) and wrong elements, for
+    out-of-place then in-place."""
+    n, coll = comm.size, p["coll"]
+    dtype = ops.DTYPES[p["dtype"]]
+    rows = []
+    for size in p["sizes"]:
+        per_rank = size // dtype.itemsize // (n if coll in ("all_gather", "reduce_scatter") else 1)
+        row: dict[str, Any] = {"size": size, "count": size // dtype.itemsize}
+        for inplace in (False, True):
+            total = per_rank * n if coll == "reduce_scatter" else per_rank
+            x = (
+                pattern(comm.rank, total, dtype, p["op"])
+                if coll != "reduce_scatter"
+                else np.concatenate(
+                    [
+                        pattern(comm.rank, per_rank, dtype, p["op"], offset=k * per_rank)
+                        for k in range(n)
+                    ]
+                )
+            )
+            for _ in range(p["warmup"]):
+                await _once(comm, coll, x.copy(), inplace, p)
+            await comm.barrier()
+            start = comm.ctx.now()
+            result = x
+            for _ in range(p["iters"]):
+                result = await _once(comm, coll, x.copy(), inplace, p)
+            elapsed = (comm.ctx.now() - start) / max(1, p["iters"])
+            wrong = 0
+            if p["check"]:
+                want = expected(coll, n, per_rank, dtype, p["op"], comm.rank, p["root"])
+                wrong = int(np.count_nonzero(result.reshape(-1) != want))
+            row["inplace" if inplace else "outofplace"] = {"time": elapsed, "wrong": wrong}
+        rows.append(row)
+    return rows
+
+
+def table(
+    coll: str, p: dict[str, Any], per_rank: dict[int, list[dict[str, Any]]]
+) -> tuple[list[str], int]:
+    """nccl-tests' table from every rank's rows; (lines, wrong elements in all)."""
+    n = len(per_rank)
+    factor = BUS_FACTOR[coll](n)
+    redop = p["op"] if coll in ("all_reduce", "reduce_scatter") else "none"
+    root = p["root"] if coll == "broadcast" else -1
+    lines = [
+        f"#{'out-of-place':>62}{'in-place':>35}",
+        f"#{'size':>11}{'count':>14}{'type':>10}{'redop':>8}{'root':>8}"
+        f"{'time':>9}{'algbw':>8}{'busbw':>8}{'#wrong':>7}{'time':>9}{'algbw':>8}{'busbw':>8}{'#wrong':>7}",
+        f"#{'(B)':>11}{'(elements)':>14}{'':>26}{'(us)':>9}{'(GB/s)':>8}{'(GB/s)':>8}{'':>7}"
+        f"{'(us)':>9}{'(GB/s)':>8}{'(GB/s)':>8}",
+    ]
+    wrong_total, busbws = 0, []
+    rows = per_rank[0]
+    for k, row in enumerate(rows):
+        cells = []
+        for kind in ("outofplace", "inplace"):
+            t = max(per_rank[r][k][kind]["time"] for r in per_rank)
+            wrong = sum(per_rank[r][k][kind]["wrong"] for r in per_rank)
+            wrong_total += wrong
+            algbw = row["size"] / t / 1e9 if t > 0 else 0.0
+            busbws.append(algbw * factor)
+            cells.append(f"{t * 1e6:9.2f}{algbw:8.2f}{algbw * factor:8.2f}{wrong:7d}")
+        lines.append(
+            f"{row['size']:12d}{row['count']:14d}{p['dtype']:>10}{redop:>8}{root:8d}"
+            + "".join(cells)
+        )
+    lines.append(f"# Out of bounds values : {wrong_total} {'OK' if not wrong_total else 'FAILED'}")
+    avg = sum(busbws) / len(busbws) if busbws else math.nan
+    lines.append(f"# Avg bus bandwidth    : {avg:g} ")
+    return lines, wrong_total
+
+
+def fabric_summary(fab: dict[str, Any]) -> list[str]:
+    drops = sum(fab.get("drops", {}).values())
+    senders = ", ".join(fab.get("pfc_senders", []))
+    return [
+        "#",
+        "# Fabric (the interconnect tax):",
+        f"#   PFC pause frames sent {fab.get('pfc_tx', 0)} (by {senders or 'nobody'}), "
+        f"paused {fab.get('paused_seconds', 0.0) * 1e6:.1f} us in all",
+        f"#   ECN marked {fab.get('ecn_marked', 0)}, CNPs sent {fab.get('cnps_sent', 0)}, "
+        f"handled {fab.get('cnps_handled', 0)}",
+        f"#   retransmitted packets {fab.get('retransmitted', 0)}, transport timeouts "
+        f"{fab.get('timeouts', 0)}, drops {drops} {dict(fab.get('drops', {})) or ''}".rstrip(),
+    ]

@@ -1,0 +1,96 @@
+"""A collective job on a fabric of real processes: the launcher's side.
+
+The launcher (``rocev2-emu bench all-reduce``, the tests) starts one process per node
+(:func:`rocev2_emu.launcher.run_processes`), serves the rendezvous (:class:`StoreServer`), asks
+every host to run its ranks of the job (the host agent's ``collective`` command), and collects
+each rank's result and the fabric's counters.  Like torchrun's agent it watches the node
+processes: when a host dies it posts an abort through the store naming the host and its ranks,
+so the surviving ranks raise at once instead of waiting out their deadlines.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+import trio
+
+from collectives.job import places_for
+from collectives.store import StoreServer
+from rocev2_emu.agent import CONTROL_PORT
+from rocev2_emu.launcher import _control, _merge, run_processes
+from rocev2_emu.oob import OobChannel
+from rocev2_emu.topology import Topology
+
+
+class CollectiveJob:
+    def __init__(self, name: str, params: dict[str, Any], store_host: str = "127.0.0.1") -> None:
+        self.name = name
+        self.params = {"job_id": secrets.token_hex(4), **params}
+        self.server = StoreServer(store_host, 0)
+        self.dead: set[str] = set()
+        self.topo: Topology | None = None
+
+    async def run(
+        self, topo: Topology, tdf: float, epoch: float
+    ) -> tuple[dict[int, Any], dict[str, Any]]:
+        self.topo = topo
+        results: dict[int, Any] = {}
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(self.server.serve)
+
+            async def host(name: str, address: str) -> None:
+                chan = await OobChannel.connect(address, CONTROL_PORT, timeout=30)
+                chan.timeout = math.inf  # the job's own deadlines bound it
+                try:
+                    await chan.send(
+                        {
+                            "cmd": "collective",
+                            "name": self.name,
+                            "params": self.params,
+                            "store": [self.server.host, port],
+                        }
+                    )
+                    reply = await chan.recv()
+                except Exception as exc:  # the host died under us
+                    if name in self.dead:
+                        return
+                    raise RuntimeError(f"host {name}: {exc}") from exc
+                finally:
+                    await chan.aclose()
+                if "error" in reply:
+                    raise RuntimeError(f"host {name}: {reply['error']}")
+                results.update({int(k): v for k, v in reply["results"].items()})
+
+            async with trio.open_nursery() as hosts:
+                for h in topo.hosts:
+                    hosts.start_soon(host, h.name, h.address)
+            nursery.cancel_scope.cancel()
+        stats = {}
+        for node in topo.nodes.values():
+            if node.name not in self.dead:
+                stats[node.name] = await _control(node.address, {"cmd": "stats"})
+        return results, _merge(stats)
+
+    async def node_died(self, name: str, code: int) -> bool:
+        self.dead.add(name)
+        if self.topo is None or self.topo.nodes[name].kind != "host":
+            return False  # a switch: the fabric is broken, stop
+        ranks = [p.rank for p in places_for(self.topo) if p.host == name]
+        await self.server.store.set(
+            f"{self.params['job_id']}/abort", f"host {name} (ranks {ranks}) died with code {code}"
+        )
+        return True
+
+
+def run_local(
+    topo: Topology, path: str, tdf: float, name: str, params: dict[str, Any]
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Job ``name`` on one process per node at ``tdf``: (results by rank, fabric counters)."""
+    job = CollectiveJob(name, params)
+    outcome = run_processes(topo, path, tdf, job)
+    if outcome is None:
+        raise RuntimeError("a switch died during the job")
+    results, fabric = outcome
+    return results, fabric
