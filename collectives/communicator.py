@@ -179,6 +179,7 @@ class Communicator:
         self.last: dict[str, Any] = {}
         self._nursery: trio.Nursery | None = None
         self._registered: tuple[np.ndarray, MR] | None = None
+        self._store_waits: set[trio.CancelScope] = set()
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -243,6 +244,11 @@ class Communicator:
     def _wall(self, emulated: float) -> float:
         return self.ctx.clock.wall_duration(emulated)
 
+    def _store_wait(self) -> float:
+        """How long a rendezvous or barrier waits for the other ranks: the operation deadline,
+        but at least 60 s of wall time (processes start at their own pace)."""
+        return max(self._wall(self.timeout), 60.0)
+
     async def _connect(self, rings: dict[str, list[int]]) -> None:
         pending: list[tuple[_Ring, str]] = []
         for name, members in rings.items():
@@ -273,7 +279,7 @@ class Communicator:
                 ring_.tx = tx
                 await self.store.set(f"{self.job}/{name}/tx/{self.rank}", asdict(tx.info()))
                 pending.append((ring_, "tx"))
-        wait = self._wall(max(self.timeout, 1.0))
+        wait = self._store_wait()
         for ring_, end in pending:
             n = len(ring_.members)
             if end == "rx":
@@ -293,10 +299,18 @@ class Communicator:
         end.connect(peer, path_mtu=self.mtu, timeout=self.qp_timeout, retry_cnt=self.retry_cnt)
 
     async def _get(self, key: str, wall_timeout: float) -> Any:
-        try:
-            return await self.store.get(key, wall_timeout)
-        except StoreTimeout as exc:
-            raise CollectiveError(f"rank {self.rank}: rendezvous failed: {exc}") from exc
+        """A store wait that an abort cuts short."""
+        if self.aborted:
+            raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
+        with trio.CancelScope() as scope:
+            self._store_waits.add(scope)
+            try:
+                return await self.store.get(key, wall_timeout)
+            except StoreTimeout as exc:
+                raise CollectiveError(f"rank {self.rank}: rendezvous failed: {exc}") from exc
+            finally:
+                self._store_waits.discard(scope)
+        raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
 
     # -- errors -------------------------------------------------------------------------
     async def _watch_abort(self) -> None:
@@ -306,6 +320,8 @@ class Communicator:
             except StoreTimeout:
                 continue
             self.aborted = str(why)
+            for scope in list(self._store_waits):
+                scope.cancel()
             for r in self.rings.values():
                 for end in (r.tx, r.rx):
                     if end is not None:
@@ -529,7 +545,7 @@ class Communicator:
         key = f"{self.job}/barrier/{self.seq}"
         if await self.store.add(key, 1) == self.size:
             await self.store.set(f"{key}/done", 1)
-        await self._get(f"{key}/done", self._wall(max(self.timeout, 1.0) * 20))
+        await self._get(f"{key}/done", self._store_wait())
 
     @staticmethod
     def _deliver(work: np.ndarray, like: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:

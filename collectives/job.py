@@ -15,6 +15,7 @@ A job is a coroutine registered by name in :data:`collectives.registry.JOBS`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ import trio.testing
 
 import collectives.bench
 import collectives.checks  # noqa: F401  (registers its jobs)
-from collectives.communicator import Communicator, HostGroup, RankPlace
+from collectives.communicator import CollectiveError, Communicator, HostGroup, RankPlace
 from collectives.metrics import HostCollectiveMetrics
 from collectives.registry import JOBS
 from collectives.ring import first_error
@@ -106,6 +107,10 @@ async def _rank_body(
         )
         try:
             results[rank] = await JOBS[name](comm, params)
+            # as NCCL's communicator teardown: nobody destroys its QPs while a peer still waits
+            # for the acknowledgements of its last writes (an aborted job skips it)
+            with contextlib.suppress(CollectiveError):
+                await comm.barrier()
         finally:
             comm.close()
             nursery.cancel_scope.cancel()

@@ -1,0 +1,188 @@
+"""Collectives in virtual time: correctness against numpy, errors, and spine traffic."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from collectives import ops, ring
+from collectives.bench import expected, pattern, sizes
+from collectives.communicator import RankPlace, ring_order
+from collectives.job import places_for, run_virtual
+from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
+from rocev2_emu.topogen import leaf_spine
+from rocev2_emu.topology import Topology, parse
+
+
+def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:
+    data = tomllib.loads(leaf_spine(spines, leaves, per_leaf))
+    for host in data["host"]:
+        host["ranks"] = ranks
+    for section, values in edits.items():
+        data.setdefault(section, {}).update(values)
+    return parse(data, "test.toml")
+
+
+def simulate(n: int, count: int, op: str) -> list[np.ndarray]:
+    """Run the all-reduce schedule by hand, step by step, with no network at all."""
+    inputs = [np.arange(count, dtype=np.int64) * (k + 1) + k for k in range(n)]
+    work = [x.copy() for x in inputs]
+    segs = ring.segments(count, n)
+    steps = [ring.all_reduce_steps(segs, r) for r in range(n)]
+    for s in range(len(steps[0])):
+        sent = [
+            work[r][slice(*steps[r][s].send)].copy() if steps[r][s].send else None for r in range(n)
+        ]
+        for r in range(n):
+            step, incoming = steps[r][s], sent[(r - 1) % n]
+            assert step.recv is not None and incoming is not None
+            lo, hi = step.recv
+            assert hi - lo == incoming.size  # the predecessor sends what this rank expects
+            if step.reduce:
+                ops.combine(op, work[r][lo:hi], incoming)
+            else:
+                work[r][lo:hi] = incoming
+    return [w - ops.reference(op, inputs) for w in work]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("count", [0, 1, 7, 64])
+def test_ring_all_reduce_schedule_is_right_by_hand(n: int, count: int) -> None:
+    for op in ("sum", "max"):
+        assert all(not d.any() for d in simulate(n, count, op))
+
+
+def test_segments_split_evenly_and_cover_everything() -> None:
+    assert ring.segments(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert ring.segments(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert ring.imm_of(0x1FF, 3, 7) == 0xFF030007
+
+
+def test_topology_order_is_leaf_major_whatever_the_rank_order() -> None:
+    places = [RankPlace(r, f"h{r % 4}", f"leaf{r % 2}", r // 4) for r in range(8)]
+    order = ring_order(places, "topology")
+    leaves = [places[r].leaf for r in order]
+    assert leaves == ["leaf0"] * 4 + ["leaf1"] * 4  # the ring crosses the spine twice
+    assert ring_order(places, "rank") == list(range(8))
+
+
+def test_ops_reference_and_avg_truncates_toward_zero() -> None:
+    x = [np.array([-7, 7], np.int32), np.array([0, 0], np.int32)]
+    assert ops.reference("avg", x).tolist() == [-3, 3]
+    with pytest.raises(ValueError, match="reduction op"):
+        ops.check("xor", np.dtype(np.int32))
+    with pytest.raises(TypeError, match="dtype"):
+        ops.check("sum", np.dtype(np.uint8))
+
+
+def test_bench_patterns_and_expected_values() -> None:
+    assert sizes(8, 64, 2) == [8, 16, 32, 64]
+    want = expected("all_reduce", 3, 5, np.dtype(np.float32), "sum", 0, 0)
+    assert want.tolist() == [3, 6, 9, 7, 5]  # (rank + i) mod 5 summed over ranks 0-2
+    assert set(pattern(1, 20, np.dtype(np.int32), "prod").tolist()) == {1, 2}
+
+
+def test_every_op_and_dtype_on_16_ranks() -> None:
+    topo = fabric(2, 4, 2, 2)  # 8 hosts x 2 ranks; hierarchical runs too
+    results, _ = run_virtual(topo, "check", {"sizes": [17]})
+    assert len(results) == 16
+    assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
+
+
+def test_awkward_sizes_on_16_ranks() -> None:
+    topo = fabric(2, 4, 2, 2)
+    params = {"sizes": [0, 1, 1000], "dtypes": ["float32", "int64"], "ops": ["sum", "avg", "min"]}
+    results, _ = run_virtual(topo, "check", params)
+    assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
+
+
+def test_all_reduce_on_64_ranks() -> None:
+    topo = fabric(2, 4, 4, 4)  # 16 hosts x 4 ranks
+    params = {"sizes": [65], "dtypes": ["float32"], "ops": ["sum"], "collectives": ["all_reduce"]}
+    results, fabric_ = run_virtual(topo, "check", params)
+    assert len(results) == 64 and all(v == [] for v in results.values())
+    assert fabric_["switch_tx_bytes"]["spine0"] + fabric_["switch_tx_bytes"]["spine1"] > 0
+
+
+def test_a_rank_that_stops_makes_every_other_rank_raise_in_bounded_time() -> None:
+    topo = fabric(2, 4, 2, 2)
+    results, _ = run_virtual(topo, "stop", {"rank": 5, "at": 2, "timeout": 0.02})
+    assert results[5] == "stopped"
+    for rank, outcome in results.items():
+        if rank == 5:
+            continue
+        assert outcome.startswith("CollectiveError"), outcome
+        assert "all_reduce #4" in outcome  # the operation and its sequence number
+        ms = float(outcome.split(" at ")[1].split(" ms")[0])
+        assert ms < 25.0  # the deadline (20 ms) plus a little: no hang
+    # the neighbours name the rank that went away
+    assert "from rank 5" in results[6] or "rank 5" in results[4]
+
+
+def interleaved(ranks: int) -> Topology:
+    """Two leaves whose hosts the file lists alternately: rank order crosses the spine at
+    every hop, a topology-aware ring only twice."""
+    data = tomllib.loads(leaf_spine(2, 2, 2))  # h0, h1 under leaf0; h2, h3 under leaf1
+    data["host"] = [{"name": h, "ranks": ranks} for h in ("h0", "h2", "h1", "h3")]
+    return parse(data, "interleaved.toml")
+
+
+def spine_bytes(topo: Topology, algo: str, order: str) -> int:
+    params = {
+        "coll": "all_reduce",
+        "sizes": [1 << 20],
+        "iters": 1,
+        "warmup": 0,
+        "check": True,
+        "op": "sum",
+        "dtype": "float",
+        "root": 0,
+        "algo": algo,
+        "order": order,
+    }
+    results, fab = run_virtual(topo, "bench", params)
+    assert all(row["outofplace"]["wrong"] == 0 for rows in results.values() for row in rows)
+    return int(sum(v for k, v in fab["switch_tx_bytes"].items() if k.startswith("spine")))
+
+
+def test_topology_aware_and_hierarchical_cross_the_spine_less_than_a_naive_ring() -> None:
+    topo = interleaved(2)
+    assert [p.host for p in places_for(topo)][:4] == ["h0", "h0", "h2", "h2"]
+    naive = spine_bytes(topo, "ring", "rank")
+    aware = spine_bytes(topo, "ring", "topology")
+    hier = spine_bytes(topo, "hierarchical", "topology")
+    assert aware < naive / 1.5
+    assert hier < naive / 1.5
+
+
+async def test_tcp_store_set_get_add_and_deadlines() -> None:
+    server = StoreServer("127.0.0.1", 0)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        a = await TcpStore.connect("127.0.0.1", port)
+        b = await TcpStore.connect("127.0.0.1", port)
+
+        async def late_set() -> None:
+            await trio.sleep(0.05)
+            await a.set("k", {"qpn": 7})
+
+        nursery.start_soon(late_set)
+        assert await b.get("k", 5.0) == {"qpn": 7}  # waits for the key
+        assert await a.add("n", 2) == 2 and await b.add("n", 3) == 5
+        with pytest.raises(StoreTimeout, match="'missing'"):
+            await b.get("missing", 0.05)
+        await a.aclose()
+        await b.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_memory_store_waits_with_a_deadline() -> None:
+    store = MemoryStore()
+    with pytest.raises(StoreTimeout):
+        await store.get("x", 0.01)
+    await store.set("x", 1)
+    assert await store.get("x", 0.01) == 1
