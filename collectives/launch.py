@@ -30,12 +30,14 @@ class CollectiveJob:
         self.params = {"job_id": secrets.token_hex(4), **params}
         self.server = StoreServer(store_host, 0)
         self.dead: set[str] = set()
+        self.died: dict[str, trio.Event] = {}
         self.topo: Topology | None = None
 
     async def run(
         self, topo: Topology, tdf: float, epoch: float
     ) -> tuple[dict[int, Any], dict[str, Any]]:
         self.topo = topo
+        self.died = {name: trio.Event() for name in topo.nodes}
         results: dict[int, Any] = {}
         async with trio.open_nursery() as nursery:
             port = await nursery.start(self.server.serve)
@@ -53,7 +55,9 @@ class CollectiveJob:
                         }
                     )
                     reply = await chan.recv()
-                except Exception as exc:  # the host died under us
+                except Exception as exc:  # the host died under us (its watcher will say so)?
+                    with trio.move_on_after(2.0):
+                        await self.died[name].wait()
                     if name in self.dead:
                         return
                     raise RuntimeError(f"host {name}: {exc}") from exc
@@ -75,6 +79,8 @@ class CollectiveJob:
 
     async def node_died(self, name: str, code: int) -> bool:
         self.dead.add(name)
+        if name in self.died:
+            self.died[name].set()
         if self.topo is None or self.topo.nodes[name].kind != "host":
             return False  # a switch: the fabric is broken, stop
         ranks = [p.rank for p in places_for(self.topo) if p.host == name]
