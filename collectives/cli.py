@@ -57,6 +57,34 @@ def default_topology() -> tuple[Topology, str]:
     return parse(tomllib.loads(text), str(path)), str(path)
 
 
+def demo(tdf: float | None) -> int:
+    """The README's first command: all-reduce on the shipped leaf-spine, one process per node."""
+    args = argparse.Namespace(
+        minbytes=1 << 10,
+        maxbytes=4 << 20,
+        stepfactor=4,
+        iters=2,
+        warmup_iters=1,
+        check=1,
+        op="sum",
+        datatype="float",
+        root=0,
+        algo="auto",
+        order="topology",
+        topology=None,
+        virtual=False,
+        tdf=tdf,
+        show_nodes=True,
+    )
+    print(
+        "rocev2-emu demo: ring all-reduce across the shipped leaf-spine (2 spines, 4 leaves, "
+        "8 hosts): every switch and host a process on 127.10.x.y, real RoCEv2 frames over "
+        "VXLAN links.  Each node serves Prometheus metrics at http://<its address>:9100/metrics "
+        "while the demo runs (the list follows); `rocev2-emu up` keeps a fabric running.\n"
+    )
+    return main("all-reduce", args)
+
+
 def main(which: str, args: argparse.Namespace) -> int:
     coll = which.replace("-", "_")
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
@@ -91,7 +119,9 @@ def main(which: str, args: argparse.Namespace) -> int:
     else:
         from collectives.launch import run_local
 
-        results, fabric = run_local(topo, path, tdf, "bench", params)
+        results, fabric = run_local(
+            topo, path, tdf, "bench", params, quiet=not getattr(args, "show_nodes", False)
+        )
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
         for r, why in sorted(failed.items()):

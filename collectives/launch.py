@@ -91,11 +91,18 @@ class CollectiveJob:
 
 
 def run_local(
-    topo: Topology, path: str, tdf: float, name: str, params: dict[str, Any]
+    topo: Topology,
+    path: str,
+    tdf: float,
+    name: str,
+    params: dict[str, Any],
+    *,
+    quiet: bool = True,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Job ``name`` on one process per node at ``tdf``: (results by rank, fabric counters)."""
+    """Job ``name`` on one process per node at ``tdf``: (results by rank, fabric counters);
+    ``quiet=False`` lists the nodes and their metrics endpoints first."""
     job = CollectiveJob(name, params)
-    outcome = run_processes(topo, path, tdf, job)
+    outcome = run_processes(topo, path, tdf, job, quiet=quiet)
     if outcome is None:
         raise RuntimeError("a switch died during the job")
     results, fabric = outcome

@@ -2,7 +2,8 @@
 
 Subcommands::
 
-    rocev2-emu demo                         two NIC processes on 127.0.0.2/.3: write-bw, write-lat
+    rocev2-emu demo                         all-reduce on the shipped leaf-spine (processes)
+    rocev2-emu demo --perftest              two NIC processes on 127.0.0.2/.3: write-bw, write-lat
     rocev2-emu write-bw [SERVER] [flags]    perftest ib_write_bw (server without SERVER)
     rocev2-emu write-lat | send-bw | read-bw
     rocev2-emu up TOPOLOGY [--flows F] [--virtual]   a fabric: switches and hosts, a job
@@ -164,9 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "demo", help="two NIC processes on 127.0.0.2/.3 run write-bw and write-lat, with metrics"
+        "demo",
+        help="the all-reduce benchmark on the shipped leaf-spine, one process per node, with "
+        "metrics (--perftest: write-bw and write-lat between two NICs)",
     )
-    demo.add_argument("--tdf", type=float, default=200.0, help="time-dilation factor")
+    demo.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
+    demo.add_argument("--tdf", type=float, help="time-dilation factor (default: the topology's)")
     demo.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     for name in PERFTESTS:
         _perftest_parser(sub, name)
@@ -289,12 +293,20 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.perftest:
+        from collectives.cli import demo
+
+        return demo(args.tdf)
+    return _perftest_demo(args.tdf or 200.0, args.loss)
+
+
+def _perftest_demo(tdf: float, loss: float) -> int:
     me = [sys.executable, "-m", "rocev2_emu"]
-    common = ["--tdf", str(args.tdf), "--loss", str(args.loss), "-p", "18516"]
+    common = ["--tdf", str(tdf), "--loss", str(loss), "-p", "18516"]
     runs = [("write-bw", ["-s", "65536", "-n", "400"]), ("write-lat", ["-n", "200"])]
     print(
         f"rocev2-emu demo: two NIC processes, server 127.0.0.2 and client 127.0.0.3, direct "
-        f"100 Gbit/s link, TDF {args.tdf:g}; metrics at http://127.0.0.2:9102/metrics and "
+        f"100 Gbit/s link, TDF {tdf:g}; metrics at http://127.0.0.2:9102/metrics and "
         "http://127.0.0.3:9103/metrics while each test runs\n"
     )
     for test, extra in runs:

@@ -416,10 +416,12 @@ def run_local(
     return outcome
 
 
-def run_processes(topo: Topology, topo_path: str, tdf: float, job: FabricJob) -> Any:
+def run_processes(
+    topo: Topology, topo_path: str, tdf: float, job: FabricJob, *, quiet: bool = True
+) -> Any:
     """One process per node, ``job``, then stop; what the job returned (None: a node died and
     the job could not go on)."""
-    return trio.run(_local, topo, topo_path, tdf, job, True)
+    return trio.run(_local, topo, topo_path, tdf, job, quiet)
 
 
 async def _stop(procs: dict[str, trio.Process]) -> None:
