@@ -170,9 +170,13 @@ def collective_handler(
 
 
 def run_virtual(
-    topo: Topology, name: str, params: dict[str, Any]
+    topo: Topology,
+    name: str,
+    params: dict[str, Any],
+    metrics: HostCollectiveMetrics | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric)."""
+    """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric).
+    ``metrics``: one set of metric families for every rank (they differ by ``rank``)."""
     from rocev2_emu.launcher import deterministic_trio, fabric_stats, virtual_fabric
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
@@ -195,7 +199,7 @@ def run_virtual(
                         name,
                         params,
                         options,
-                        None,
+                        metrics,
                         results,
                     )
             return results, fabric_stats(drivers, agents)

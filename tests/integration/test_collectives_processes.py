@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -17,6 +19,7 @@ from rocev2_emu.topogen import leaf_spine, to_toml
 from rocev2_emu.topology import Topology, parse
 
 pytestmark = pytest.mark.integration
+BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]
 
 
 def leaf_spine_file(loss_link: tuple[str, str] | None = None) -> tuple[Topology, str]:
@@ -75,3 +78,22 @@ def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline() ->
         for o in results.values()
     )
     assert elapsed < 60, elapsed  # bounded: the job ends soon after the kill, never hangs
+
+
+def test_bench_all_reduce_prints_nccl_tests_table_with_processes() -> None:
+    _, path = leaf_spine_file()
+    out = subprocess.run(
+        [*BENCH, "--topology", path, "-b", "8", "-e", "64K", "-f", "64", "-n", "2", "-w", "1"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 512, 32768]
+    assert all(r[2:5] == ["float", "sum", "-1"] and r[8] == "0" and r[12] == "0" for r in rows)
+    assert "# Out of bounds values : 0 OK" in lines
+    assert any(line.startswith("# Avg bus bandwidth") for line in lines)
+    assert any("retransmitted packets" in line for line in lines)  # the fabric summary

@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from prometheus_client import CollectorRegistry
 
 from collectives import ops, ring
 from collectives.bench import expected, pattern, sizes
 from collectives.communicator import RankPlace, ring_order
 from collectives.job import places_for, run_virtual
+from collectives.metrics import HostCollectiveMetrics
 from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.topogen import leaf_spine
 from rocev2_emu.topology import Topology, parse
@@ -186,3 +188,30 @@ async def test_memory_store_waits_with_a_deadline() -> None:
         await store.get("x", 0.01)
     await store.set("x", 1)
     assert await store.get("x", 0.01) == 1
+
+
+def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
+    registry = CollectorRegistry()
+    families = HostCollectiveMetrics(registry)
+    topo = fabric(1, 2, 1, 1)  # two hosts, one rank each
+    params = {
+        "coll": "all_reduce",
+        "sizes": [4096],
+        "iters": 3,
+        "warmup": 1,
+        "check": True,
+        "op": "sum",
+        "dtype": "float",
+        "root": 0,
+        "algo": "ring",
+    }
+    run_virtual(topo, "bench", params, metrics=families)
+    labels = {"rank": "1", "op": "all_reduce"}
+    ops_done = registry.get_sample_value("collective_operation_seconds_count", labels)
+    assert ops_done == 2 * (3 + 1)  # out-of-place and in-place, warm-up included
+    assert registry.get_sample_value("collective_bytes_total", labels) == ops_done * 4096
+    latency = registry.get_sample_value("collective_operation_seconds_sum", labels)
+    assert latency is not None and 0 < latency / ops_done < 1e-3  # emulated microseconds
+    algbw = registry.get_sample_value("collective_algbw_bytes_per_second", labels)
+    busbw = registry.get_sample_value("collective_busbw_bytes_per_second", labels)
+    assert algbw is not None and busbw == pytest.approx(algbw * 2 * (2 - 1) / 2)
