@@ -57,7 +57,7 @@ def comm_options(topo: Topology, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _rank(
+async def run_rank(
     ctx: Context,
     store: Store,
     abort_store: Store | None,
@@ -135,7 +135,7 @@ async def run_host_ranks(
             store = await TcpStore.connect(*store_address)
             abort_store = await TcpStore.connect(*store_address)
             nursery.start_soon(
-                _rank,
+                run_rank,
                 ctx,
                 store,
                 abort_store,
@@ -189,7 +189,7 @@ def run_virtual(
             async with trio.open_nursery() as nursery:
                 for p in places:
                     nursery.start_soon(
-                        _rank,
+                        run_rank,
                         agents[p.host].ctx,
                         store,
                         None,

@@ -298,8 +298,10 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
             index = len(nodes)
             address = f"127.10.{index // 200}.{index % 200 + 10}"
             ranks = item.get("ranks", 1 if kind == "host" else 0)
-            if kind == "host" and (not isinstance(ranks, int) or ranks < 1):
-                raise fail(f"[[host]] {name}.ranks", ranks, "must be an integer >= 1")
+            if kind == "host" and (
+                not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0
+            ):
+                raise fail(f"[[host]] {name}.ranks", ranks, "must be an integer >= 0")
             rx = item.get("rx_gbps", 0.0)
             if not isinstance(rx, int | float) or isinstance(rx, bool) or rx < 0:
                 raise fail(f"[[{kind}]] {name}.rx_gbps", rx, "must be a number >= 0")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -215,3 +217,14 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
     algbw = registry.get_sample_value("collective_algbw_bytes_per_second", labels)
     busbw = registry.get_sample_value("collective_busbw_bytes_per_second", labels)
     assert algbw is not None and busbw == pytest.approx(algbw * 2 * (2 - 1) / 2)
+
+
+def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) -> None:
+    from collectives.straggler import main as straggler_main
+
+    assert straggler_main(1, str(tmp_path)) == 0
+    data = json.loads((tmp_path / "straggler.json").read_text())
+    quiet, pfc, both = data["runs"]
+    assert len(quiet["times"]) == 40 and pfc["fabric"]["pfc_tx"] > 0
+    assert pfc["p99"] > 1.25 * quiet["p99"] and both["p99"] < pfc["p99"]
+    assert both["fabric"]["pfc_tx"] < pfc["fabric"]["pfc_tx"]  # DCQCN: fewer pauses

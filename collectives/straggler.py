@@ -1,0 +1,236 @@
+"""``rocev2-emu scenario straggler``: the seed's straggler problem, in virtual time.
+
+Eight ranks (the shipped leaf-spine: 2 spines, 4 leaves, 2 hosts per leaf, one rank each)
+run back-to-back ring all-reduces.  Beside them, background hosts (``ranks = 0``) fire
+micro-bursts: every ``period`` each of six senders under leaves 1-3 writes ``burst`` bytes to
+one receiver under leaf 0.  The bursts converge on the spines' links down to leaf 0 and on the
+receiver's port; with PFC alone the pauses spread back over leaf 0's uplinks, which the ring
+crosses too, so iterations that meet a burst stall.  Three settings: no bursts (the baseline),
+bursts with PFC only, bursts with PFC + DCQCN.
+
+Each iteration's time is the latest rank's finish minus the previous iteration's latest
+finish; the report gives p50 / p99 / max, and which rank finished last most often.  The check:
+the tail (p99) grows by at least a quarter under bursts with PFC alone, and DCQCN shrinks it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+import trio.testing
+
+from collectives.communicator import Communicator, HostGroup
+from collectives.job import comm_options, places_for, run_rank
+from collectives.registry import job
+from collectives.store import MemoryStore
+from rocev2_emu.agent import FlowSpec
+from rocev2_emu.launcher import deterministic_trio, fabric_stats, run_flows, virtual_fabric
+from rocev2_emu.topogen import leaf_spine
+from rocev2_emu.topology import Topology, parse
+
+
+@job("iterations")
+async def iterations(comm: Communicator, p: dict[str, Any]) -> list[float]:
+    """``p["iters"]`` all-reduces of ``p["bytes"]``; the emulated time each one ended."""
+    x = np.ones(int(p["bytes"]) // 4, np.float32)
+    await comm.barrier()
+    ends = [comm.ctx.now()]
+    for _ in range(int(p["iters"])):
+        await comm.all_reduce(x, algo="ring")
+        ends.append(comm.ctx.now())
+    return ends
+
+
+def straggler_topology(seed: int, dcqcn: bool) -> Topology:
+    data = tomllib.loads(leaf_spine(2, 4, 2))
+    data["fabric"]["seed"] = seed
+    extra = [("bgr", "leaf0")] + [
+        (f"bg{leaf}{k}", f"leaf{leaf}") for leaf in (1, 2, 3) for k in (0, 1)
+    ]
+    for name, leaf in extra:
+        data["host"].append({"name": name, "ranks": 0})
+        data["link"].append({"a": leaf, "b": name})
+    for link in data["link"]:  # 400 Gbit/s uplinks, as a 100G-host fabric has them
+        if link["a"].startswith(("leaf", "spine")) and link["b"].startswith(("leaf", "spine")):
+            link["rate_gbps"] = 400.0
+    data["dcqcn"]["enabled"] = dcqcn
+    data["ecn"]["enabled"] = dcqcn
+    if dcqcn:  # mark as the DCQCN paper does, well before PFC engages
+        data["ecn"].update(kmin_kb=5, kmax_kb=200, pmax=0.01)
+    return parse(data, "straggler.toml")
+
+
+def bursts(period: float, burst: int, count: int, start: float) -> list[FlowSpec]:
+    senders = [f"bg{leaf}{k}" for leaf in (1, 2, 3) for k in (0, 1)]
+    return [
+        FlowSpec(1000 + b * len(senders) + i, s, "bgr", burst, start=start + b * period)
+        for b in range(count)
+        for i, s in enumerate(senders)
+    ]
+
+
+def run(
+    topo: Topology, params: dict[str, Any], flows: list[FlowSpec]
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """The ranks' job and the background flows together, in virtual time."""
+
+    async def main() -> tuple[dict[int, Any], dict[str, Any]]:
+        places = places_for(topo)
+        store = MemoryStore()
+        options = comm_options(topo, params)
+        results: dict[int, Any] = {}
+        async with virtual_fabric(topo) as (drivers, agents):
+            groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
+            t0 = next(iter(agents.values())).ctx.now()
+            async with trio.open_nursery() as nursery:
+                for p in places:
+                    nursery.start_soon(
+                        run_rank,
+                        agents[p.host].ctx,
+                        store,
+                        None,
+                        places,
+                        p.rank,
+                        groups[p.host],
+                        "iterations",
+                        params,
+                        options,
+                        None,
+                        results,
+                    )
+                if flows:
+                    nursery.start_soon(run_flows, agents, flows, t0)
+            return results, fabric_stats(drivers, agents)
+
+    deterministic_trio(topo.seed)
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def summarize(results: dict[int, list[float]]) -> tuple[list[float], list[int]]:
+    """Per iteration: its time (latest finish minus the previous latest) and the last rank."""
+    ranks = sorted(results)
+    ends = np.array([results[r] for r in ranks])  # rank x (iters + 1)
+    latest = ends.max(axis=0)
+    times = [float(t) for t in np.diff(latest)]
+    last = [ranks[int(k)] for k in ends[:, 1:].argmax(axis=0)]
+    return times, last
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+BURST = 2 << 20  # bytes per sender per burst: 6 senders, 12 MiB towards one 100G port
+PERIOD = 1.5e-3  # seconds between bursts
+BURSTS = 3
+
+
+def straggler(
+    seed: int, iters: int = 40, size: int = 256 << 10
+) -> tuple[list[dict[str, Any]], list[str], bool]:
+    params = {"iters": iters, "bytes": size, "timeout": 0.5}
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for setting, dcqcn, with_bursts in (
+        ("quiet", False, False),
+        ("pfc", False, True),
+        ("pfc+dcqcn", True, True),
+    ):
+        topo = straggler_topology(seed, dcqcn)
+        flows = bursts(PERIOD, BURST, BURSTS, 50e-6) if with_bursts else []
+        results, fab = run(topo, params, flows)
+        bad = {r: v for r, v in results.items() if not isinstance(v, list)}
+        if bad:
+            raise RuntimeError(f"straggler {setting}: ranks failed: {bad}")
+        times, last = summarize(results)
+        p50, p99 = statistics.median(times), percentile(times, 0.99)
+        slowest, n_last = Counter(last).most_common(1)[0]
+        rows.append(
+            {
+                "setting": setting,
+                "times": times,
+                "last": last,
+                "p50": p50,
+                "p99": p99,
+                "max": max(times),
+                "fabric": fab,
+            }
+        )
+        lines.append(
+            f"{setting:>10}: iteration p50 {p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us, max "
+            f"{max(times) * 1e6:.0f} us; last to finish most often: rank {slowest} "
+            f"({n_last} of {len(times)}); PFC frames {fab['pfc_tx']} "
+            f"(by {', '.join(fab['pfc_senders']) or 'nobody'}), CNPs {fab['cnps_sent']}"
+        )
+    quiet, pfc, both = rows
+    checks = [
+        (
+            f"bursts stretch the tail with PFC alone (p99 x{pfc['p99'] / quiet['p99']:.2f})",
+            pfc["p99"] >= 1.25 * quiet["p99"],
+        ),
+        (
+            f"DCQCN shrinks it (p99 x{both['p99'] / pfc['p99']:.2f} of PFC alone)",
+            both["p99"] < pfc["p99"],
+        ),
+    ]
+    ok = True
+    for text, good in checks:
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good
+    return rows, lines, ok
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Iteration time against iteration end, per setting, burst periods shaded."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for row in rows:
+        ends = np.cumsum(row["times"]) * 1e6
+        ax.plot(ends, [t * 1e6 for t in row["times"]], marker=".", label=row["setting"])
+    for b in range(BURSTS):
+        start = (50e-6 + b * PERIOD) * 1e6
+        ax.axvspan(start, start + 6 * BURST * 8 / 100e9 * 1e6, color="red", alpha=0.08, lw=0)
+    ax.set_xlabel("time (emulated us); shaded: a burst's drain time at the receiver's port")
+    ax.set_ylabel("all-reduce iteration (us)")
+    ax.set_title("straggler: 8-rank ring all-reduce, 256 KiB, beside micro-bursts")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(seed: int, out: str | None) -> int:
+    rows, lines, ok = straggler(seed)
+    print(f"# scenario straggler, virtual time (TDF 1), seed {seed}")
+    for line in lines:
+        print(line)
+    out_dir = Path(out or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "straggler.json").write_text(
+        json.dumps(
+            {"scenario": "straggler", "seed": seed, "ok": ok, "report": lines, "runs": rows},
+            indent=1,
+        )
+    )
+    plotted = plot(rows, out_dir / "straggler.png")
+    print(
+        f"# wrote {out_dir / 'straggler.json'}"
+        + (f" and {out_dir / 'straggler.png'}" if plotted else " (no plot: matplotlib absent)")
+    )
+    return 0 if ok else 1
