@@ -67,7 +67,8 @@ class NicConfig:
     ecn: int = ECN_ECT0
     catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
     ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
-    rate_control: str = "none"  # per-QP reaction point: "dcqcn" or "none" (PFC only)
+    rate_control: str = "none"  # per QP: "dcqcn", "static" (pacing at pacing_bps) or "none"
+    pacing_bps: float = 0.0  # "static": every QP's fixed rate
     dcqcn: DcqcnParams = field(default_factory=lambda: PROFILES["paper"])
     send_cnps: bool = False  # notification point: answer CE marks with CNPs
     cnp_dscp: int = DSCP_CNP
@@ -162,7 +163,11 @@ class NicCore:
         qp.priority = self.priority_of(self.dscp_of(qp))
         self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
-            kwargs = {"params": self.config.dcqcn} if self.config.rate_control == "dcqcn" else {}
+            kwargs: dict[str, object] = {}
+            if self.config.rate_control == "dcqcn":
+                kwargs["params"] = self.config.dcqcn
+            elif self.config.rate_control == "static":
+                kwargs["rate"] = self.config.pacing_bps
             qp.rc = create_rate_control(
                 self.config.rate_control,
                 line_rate=self.config.link_bps or NOMINAL_BPS,

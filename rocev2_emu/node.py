@@ -79,6 +79,7 @@ def host_config(
         seed=topo.seed * 1000 + node.index if seeded else None,
         dcqcn=dcqcn_params(topo),
         max_inflight=topo.transport["max_inflight"],
+        pacing_gbps=float(topo.transport["pacing_gbps"]),
         ingress=IngressConfig(
             rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
         )

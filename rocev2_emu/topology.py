@@ -13,7 +13,8 @@ build what the switch pipeline and the NIC need.  Layout of the file::
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
     [dcqcn]         enabled, profile ("paper", "nvidia", "hpcc"), and any DcqcnParams field to
                     override (g, rate_ai, cnp_interval, ...)
-    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight
+    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight,
+                    pacing_gbps (every QP paced at this rate when DCQCN is off; 0: off)
                     (unacknowledged packets per QP; default 4096: paced NICs need no window)
     [[switch]]      name
     [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
@@ -178,7 +179,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ecn": {"enabled": True, "priorities": [3]},
     "dcqcn": {"enabled": True, "profile": "paper"},
-    "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096},
+    "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096, "pacing_gbps": 0.0},
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -208,6 +209,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "qp_timeout": int,
     "retry_cnt": int,
     "max_inflight": int,
+    "pacing_gbps": (int, float),
 }
 
 
@@ -267,6 +269,8 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         raise fail("[transport].qp_timeout", tr["qp_timeout"], "must be 1..31")
     if not 0 <= tr["retry_cnt"] <= 7:
         raise fail("[transport].retry_cnt", tr["retry_cnt"], "must be 0..7")
+    if tr["pacing_gbps"] < 0:
+        raise fail("[transport].pacing_gbps", tr["pacing_gbps"], "must be >= 0 (0: off)")
     if pfc["watchdog_action"] not in ("drop", "forward"):
         raise fail("[pfc].watchdog_action", pfc["watchdog_action"], "must be drop or forward")
     if not 0 <= pfc["quanta"] <= 0xFFFF:

@@ -71,6 +71,7 @@ class DeviceConfig:
     ingress: IngressConfig | None = None  # a slow host that pauses its switch port (PFC)
     dcqcn: DcqcnParams | None = None  # DCQCN at this NIC (notification and reaction); None: off
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
+    pacing_gbps: float = 0.0  # every QP paced at this rate (when DCQCN is off); 0: line rate
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,7 +110,12 @@ class Context:
                 link_bps=config.link_gbps * 1e9,
                 catchup=CATCHUP_WALL_SECONDS / config.tdf,
                 ingress=config.ingress,
-                rate_control="dcqcn" if config.dcqcn is not None else "none",
+                rate_control="dcqcn"
+                if config.dcqcn is not None
+                else "static"
+                if config.pacing_gbps
+                else "none",
+                pacing_bps=config.pacing_gbps * 1e9,
                 dcqcn=config.dcqcn or PROFILES["paper"],
                 send_cnps=config.dcqcn is not None,
                 max_inflight=config.max_inflight,

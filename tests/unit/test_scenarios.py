@@ -17,10 +17,11 @@ def test_incast_scenario_checks_pass_and_results_are_written(
     monkeypatch.setitem(scenarios.SCENARIOS, "incast", small)
     assert scenarios.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
     out = capsys.readouterr().out
-    assert out.count(": pass") == 3
+    assert out.count(": pass") == 4
     data = json.loads((tmp_path / "incast.json").read_text())
     assert data["ok"] is True
-    lossy, pfc, both = data["runs"]
+    lossy, pfc, both, paced = data["runs"]
+    assert paced["fabric"]["pfc_tx"] == 0 and sum(paced["fabric"]["drops"].values()) == 0
     assert sum(lossy["fabric"]["drops"].values()) > 0
     assert sum(pfc["fabric"]["drops"].values()) == 0 and pfc["fabric"]["pfc_tx"] > 0
     assert both["fabric"]["cnps_sent"] > 0
