@@ -47,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--order", default="topology", choices=["topology", "rank"], help="ring order")
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
     g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
+    g.add_argument(
+        "--attach",
+        action="store_true",
+        help="run on a fabric already running (rocev2-emu up, the compose testbed)",
+    )
     g.add_argument("--tdf", type=float, help="TDF with processes (default: the topology's)")
 
 
@@ -73,6 +78,7 @@ def demo(tdf: float | None) -> int:
         order="topology",
         topology=None,
         virtual=False,
+        attach=False,
         tdf=tdf,
         show_nodes=True,
     )
@@ -103,6 +109,8 @@ def main(which: str, args: argparse.Namespace) -> int:
     ranks = sum(h.ranks for h in topo.hosts)
     tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, TDF {tdf:g}"
+    if getattr(args, "attach", False):
+        mode = f"attached to the running fabric, TDF {topo.tdf:g}"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
         f"{len(topo.hosts)} hosts, {ranks} ranks), {mode}"
@@ -116,6 +124,10 @@ def main(which: str, args: argparse.Namespace) -> int:
         from collectives.job import run_virtual
 
         results, fabric = run_virtual(topo, "bench", params)
+    elif getattr(args, "attach", False):
+        from collectives.launch import run_attached
+
+        results, fabric = run_attached(topo, "bench", params)
     else:
         from collectives.launch import run_local
 

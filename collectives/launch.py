@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import socket
 from typing import Any
 
 import trio
@@ -25,10 +26,17 @@ from rocev2_emu.topology import Topology
 
 
 class CollectiveJob:
-    def __init__(self, name: str, params: dict[str, Any], store_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        store_host: str = "127.0.0.1",
+        bind_host: str | None = None,
+    ) -> None:
         self.name = name
         self.params = {"job_id": secrets.token_hex(4), **params}
-        self.server = StoreServer(store_host, 0)
+        self.store_host = store_host  # where hosts reach the store
+        self.server = StoreServer(bind_host or store_host, 0)
         self.dead: set[str] = set()
         self.died: dict[str, trio.Event] = {}
         self.topo: Topology | None = None
@@ -51,7 +59,7 @@ class CollectiveJob:
                             "cmd": "collective",
                             "name": self.name,
                             "params": self.params,
-                            "store": [self.server.host, port],
+                            "store": [self.store_host, port],
                         }
                     )
                     reply = await chan.recv()
@@ -88,6 +96,24 @@ class CollectiveJob:
             f"{self.params['job_id']}/abort", f"host {name} (ranks {ranks}) died with code {code}"
         )
         return True
+
+
+def own_address(towards: str) -> str:
+    """This machine's address on the route to ``towards`` (a container's, on its network)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((towards, 9))
+        return str(s.getsockname()[0])
+
+
+def run_attached(
+    topo: Topology, name: str, params: dict[str, Any]
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Job ``name`` on a fabric that is already running (the compose testbed's job service):
+    the store listens on every interface and the hosts reach it at this machine's address."""
+    host = own_address(topo.hosts[0].address)
+    job = CollectiveJob(name, params, store_host=host, bind_host="0.0.0.0")
+    results, fabric = trio.run(job.run, topo, topo.tdf, 0.0)
+    return results, fabric
 
 
 def run_local(

@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     node.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
     node.add_argument(
+        "--metrics-addr",
+        help="address /metrics listens on (default: the node's; 0.0.0.0 in a container)",
+    )
+    node.add_argument(
         "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
     )
     link = sub.add_parser("link", help="take a link of a running fabric down or up")
@@ -378,7 +382,11 @@ def _fabric_command(args: argparse.Namespace) -> int:
         return launcher.set_faults(topo, args.a, args.b, faults) if faults else 0
     if args.command == "node":
         opts = node.NodeOptions(
-            args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid
+            args.tdf or topo.tdf,
+            args.epoch,
+            not args.no_metrics,
+            args.parent_pid,
+            args.metrics_addr,
         )
         trio.run(node.run_node, topo, args.name, opts)
         return 0

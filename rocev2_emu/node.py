@@ -43,6 +43,7 @@ class NodeOptions:
     epoch: float | None = None
     metrics: bool = True
     parent_pid: int = 0  # exit when this process is gone (0: never)
+    metrics_addr: str | None = None  # where /metrics listens (default: the node's address)
 
 
 def link_faults(topo: Topology, link: Link) -> LinkFaults:
@@ -128,7 +129,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         if opts.metrics:
             registry = CollectorRegistry()
             registry.register(SwitchCollector(driver))
-            serve(registry, METRICS_PORT, addr=node.address)
+            serve(registry, METRICS_PORT, addr=opts.metrics_addr or node.address)
         async with trio.open_nursery() as nursery:
             await nursery.start(driver.run)
             listeners = await trio.open_tcp_listeners(CONTROL_PORT, host=node.address)
@@ -144,7 +145,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         registry = nic_registry(ctx.driver, name)
         collective_metrics = HostCollectiveMetrics(registry)
         if opts.metrics:
-            serve(registry, METRICS_PORT, addr=node.address)
+            serve(registry, METRICS_PORT, addr=opts.metrics_addr or node.address)
         agent = host_agent(topo, ctx, name)
         handlers = {"collective": collective_handler(topo, ctx, name, collective_metrics)}
         async with trio.open_nursery() as nursery:

@@ -5,7 +5,7 @@ value.  :func:`load` returns a :class:`Topology` with addresses assigned and sho
 routes computed, from which :meth:`Topology.switch_config` and :meth:`Topology.host_config`
 build what the switch pipeline and the NIC need.  Layout of the file::
 
-    [fabric]        name, tdf, seed, mtu
+    [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y)
     [link_defaults] rate_gbps, delay_us, loss
     [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
@@ -26,6 +26,7 @@ in local mode; host h's emulated address is 10.0.(h // 250).(h % 250 + 1).
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections import deque
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ class Topology:
 
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "fabric": {"name": "fabric", "tdf": 200.0, "seed": 1, "mtu": 4096},
+    "fabric": {"name": "fabric", "tdf": 200.0, "seed": 1, "mtu": 4096, "subnet": ""},
     "link_defaults": {"rate_gbps": 100.0, "delay_us": 1.0, "loss": 0.0},
     "buffer": {
         "size_bytes": 12 * 2**20,
@@ -183,6 +184,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str,
+    "subnet": str,
     "tdf": (int, float),
     "seed": int,
     "mtu": int,
@@ -285,6 +287,12 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
     if ("kmin_kb" in ecn) != ("kmax_kb" in ecn) or ecn.get("kmin_kb", 0) > ecn.get("kmax_kb", 1):
         raise fail("[ecn].kmin_kb", ecn.get("kmin_kb"), "needs kmax_kb, and kmin_kb <= kmax_kb")
 
+    subnet = None
+    if fab["subnet"]:  # containers: node i at the subnet's address 10 + i
+        try:
+            subnet = ipaddress.IPv4Network(fab["subnet"])
+        except ValueError as exc:
+            raise fail("[fabric].subnet", fab["subnet"], f"not an IPv4 network: {exc}") from exc
     nodes: dict[str, Node] = {}
     for kind in ("switch", "host"):
         items = data.get(kind, [])
@@ -301,6 +309,10 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
                 raise fail(f"[[{kind}]] {name}", sorted(extra), "unknown keys")
             index = len(nodes)
             address = f"127.10.{index // 200}.{index % 200 + 10}"
+            if subnet is not None:
+                if index + 10 >= subnet.num_addresses - 1:
+                    raise fail("[fabric].subnet", fab["subnet"], "too small for every node")
+                address = str(subnet.network_address + 10 + index)
             ranks = item.get("ranks", 1 if kind == "host" else 0)
             if kind == "host" and (
                 not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0
