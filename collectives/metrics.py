@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+OPERATIONS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 BUCKETS = (*(m * 10.0**e for e in range(-6, 1) for m in (1, 2, 5)), 10.0)
 
 
@@ -59,6 +60,8 @@ class RankMetrics:
         self.families = families
         self.rank_label = rank
         self.errors = _Bound(families.errors, rank)
+        for op in OPERATIONS:  # a zero series from the start, so "no errors" shows as 0
+            families.errors.labels(rank=rank, op=op).inc(0)
 
     def observe(self, op: str, nbytes: int, seconds: float, bus_factor: float) -> None:
         f, r = self.families, self.rank_label

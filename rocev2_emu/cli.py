@@ -9,6 +9,7 @@ Subcommands::
     rocev2-emu up TOPOLOGY [--flows F] [--virtual]   a fabric: switches and hosts, a job
     rocev2-emu node TOPOLOGY NAME           one switch or host of a topology (used by up)
     rocev2-emu topology SHAPE [...]         generate a topology file
+    rocev2-emu compose TOPOLOGY [--out D]   the docker-compose testbed for a topology
     rocev2-emu bench udp-baseline|write-bw|switch   datagram-rate figures (no assertions)
     rocev2-emu bench all-reduce|all-gather|reduce-scatter|broadcast   nccl-tests' table
 
@@ -226,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
+    comp = sub.add_parser(
+        "compose", help="write the docker-compose testbed (and Prometheus config) for a topology"
+    )
+    comp.add_argument("topology")
+    comp.add_argument("--out", default=".", help="where docker-compose.yml and deploy/ go (.)")
+    comp.add_argument("--subnet", default="172.30.0.0/24", help="the bridge network's subnet")
     scen = sub.add_parser("scenario", help="run a canonical congestion experiment and check it")
     scen.add_argument(
         "name",
@@ -406,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command in ("up", "node", "topology", "link"):
             return _fabric_command(args)
+        if args.command == "compose":
+            from rocev2_emu.compose import generate
+
+            for path in generate(args.topology, args.out, args.subnet):
+                print(f"wrote {path}")
+            return 0
         if args.command == "scenario":
             from rocev2_emu import scenarios
 

@@ -14,6 +14,11 @@ from prometheus_client.registry import Collector
 from switch.driver import SwitchDriver
 from switch.mmu import PRIORITIES
 
+DROP_REASONS = frozenset(
+    {"buffer", "headroom", "link_down", "malformed", "no_route", "ttl", "ipv4_checksum"}
+    | {"pfc_watchdog"}
+)
+
 
 class SwitchCollector(Collector):
     def __init__(self, driver: SwitchDriver) -> None:
@@ -76,8 +81,9 @@ class SwitchCollector(Collector):
             labels = [name, str(i), cfg.peer_name]
             for key, fam in fams.items():
                 fam.add_metric(labels, getattr(ps, key))
-            for reason, count in sorted(ps.drops.items()):
-                drops.add_metric([*labels, reason], count)
+            # every known reason, zeros included, so dashboards have a series before a drop
+            for reason in sorted(DROP_REASONS | set(ps.drops)):
+                drops.add_metric([*labels, reason], ps.drops.get(reason, 0))
             for prio in range(PRIORITIES):
                 pl = [*labels, str(prio)]
                 ecn.add_metric(pl, ps.ecn_marked[prio])

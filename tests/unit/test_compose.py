@@ -1,0 +1,76 @@
+"""The compose testbed's files: generated, checked in, consistent, and free of placeholders."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rocev2_emu import dashboards
+from rocev2_emu.compose import generate
+from rocev2_emu.topology import TopologyError, load, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = "examples/topologies/leaf-spine.toml"
+
+
+def test_checked_in_testbed_is_the_generators_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
+    written = generate(SHIPPED, str(tmp_path))
+    assert len(written) == 8
+    for path in written:
+        rel = path.relative_to(tmp_path)
+        assert (ROOT / rel).read_text() == path.read_text(), (
+            f"{rel} drifted: rocev2-emu compose {SHIPPED}"
+        )
+
+
+def test_compose_file_runs_every_node_and_waits_for_health() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "\nversion:" not in text and not text.startswith("version:")  # v1 and v2 alike
+    topo = load(ROOT / "deploy" / "topology.toml")
+    for node in topo.nodes.values():
+        assert f"\n  {node.name}:\n" in text
+        assert f"ipv4_address: {node.address}" in text
+        assert node.address.startswith("172.30.0.")
+    job = text.split("\n  job:\n")[1].split("\n  prometheus:\n")[0]
+    assert job.count("condition: service_healthy") == len(topo.nodes)
+    assert '"--attach"' in job
+    prom = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert all(f'"{n.address}:9100"' in prom for n in topo.nodes.values())
+
+
+def test_dashboards_name_the_fixed_datasource_and_set_units() -> None:
+    for name in ("fabric", "transport", "collectives"):
+        text = (ROOT / "deploy" / "grafana" / "dashboards" / f"{name}.json").read_text()
+        assert "${DS_" not in text
+        board = json.loads(text)
+        assert board["panels"]
+        for panel in board["panels"]:
+            assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+            assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
+            assert all(
+                t["datasource"]["uid"] == dashboards.DATASOURCE_UID for t in panel["targets"]
+            )
+        assert dashboards.expressions(text)
+    ds = (
+        ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+    ).read_text()
+    assert f"uid: {dashboards.DATASOURCE_UID}" in ds
+
+
+def test_subnet_places_nodes_and_is_checked() -> None:
+    data = tomllib.loads((ROOT / SHIPPED).read_text())
+    data["fabric"]["subnet"] = "10.9.0.0/24"
+    topo = parse(data, "x.toml")
+    assert [n.address for n in topo.nodes.values()][:2] == ["10.9.0.10", "10.9.0.11"]
+    data["fabric"]["subnet"] = "10.9.0.0/29"
+    with pytest.raises(TopologyError, match="too small"):
+        parse(data, "x.toml")
+    data["fabric"]["subnet"] = "not-a-net"
+    with pytest.raises(TopologyError, match="subnet"):
+        parse(data, "x.toml")
