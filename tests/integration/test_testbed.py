@@ -1,0 +1,189 @@
+"""The docker-compose testbed for real: containers, the all-reduce job, a link taken down
+mid-run, and a real Prometheus (Debian's binary) scraping every node for the dashboards.
+
+Needs a Docker engine, docker-compose, prometheus and a base image (``.ci/run`` installs and
+builds them; ``ROCEV2_BASE_IMAGE`` names the base image, else the public slim Python image).
+Under CI=true a missing part fails the test; elsewhere it skips, saying what to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocev2_emu import dashboards
+from rocev2_emu.topology import load
+from tests.conftest import require_tool
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = "rocev2ci"
+JOB = ["bench", "all-reduce", "--attach", "--topology", "/etc/rocev2-emu/topology.toml"]
+JOB += ["-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1"]
+SIZES = [8, 64, 512, 4096, 32768, 262144]
+
+
+def _missing(what: str) -> None:
+    message = f"{what}: install Debian's docker.io, docker-compose and prometheus (see .ci/run)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _run(*argv: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
+def _compose(
+    *argv: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return _run("docker-compose", "-p", PROJECT, *argv, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    require_tool("docker", "Debian's docker.io")
+    require_tool("docker-compose", "Debian's docker-compose")
+    if _run("docker", "info", check=False).returncode:
+        _missing("no Docker engine answers (start dockerd)")
+    base = os.environ.get("ROCEV2_BASE_IMAGE", "python:3.11-slim")
+    build = _run(
+        "docker",
+        "build",
+        "-q",
+        "-t",
+        "rocev2-emu:latest",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        ".",
+        timeout=600,
+        check=False,
+    )
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    return "rocev2-emu:latest"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[str]:
+    binary = require_tool("prometheus", "Debian's prometheus")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={ROOT / 'deploy' / 'prometheus' / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "prometheus did not become ready in 30 s"
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _query(url: str, path: str, **params: Any) -> list[dict[str, Any]]:
+    q = urllib.parse.urlencode(params)
+    with urllib.request.urlopen(f"{url}/api/v1/{path}?{q}", timeout=10) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def _wait_healthy(names: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ps = _compose("ps", "-q", *names).stdout.split()
+        states = [
+            _run("docker", "inspect", "-f", "{{.State.Health.Status}}", cid).stdout.strip()
+            for cid in ps
+        ]
+        if len(states) == len(names) and all(s == "healthy" for s in states):
+            return
+        assert time.monotonic() < deadline, f"not healthy within {timeout:g} s: {states}"
+        time.sleep(1)
+
+
+def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: str) -> None:
+    topo = load(ROOT / "deploy" / "topology.toml")
+    names = list(topo.nodes)
+    link = [sys.executable, "-m", "rocev2_emu", "link", "deploy/topology.toml", "leaf0", "spine0"]
+    try:
+        _compose("up", "-d", *names)
+        _wait_healthy(names)
+        started = time.time()
+        outcome: dict[str, subprocess.CompletedProcess[str]] = {}
+
+        def job() -> None:
+            outcome["job"] = _compose("run", "--rm", "job", *JOB, timeout=400, check=False)
+
+        runner = threading.Thread(target=job)
+        runner.start()
+        time.sleep(8)  # the job is connected and running: take a spine link away
+        down = _run(*link, "down")
+        assert "is down" in down.stdout
+        runner.join(420)
+        result = outcome["job"]
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "# Out of bounds values : 0 OK" in result.stdout  # ECMP rerouted, all correct
+        rows = [line.split() for line in result.stdout.splitlines() if line[:1] == " "]
+        assert [int(r[0]) for r in rows] == SIZES
+        _run(*link, "up")
+        time.sleep(5)  # two more scrapes after the job
+
+        # every expression of every provisioned dashboard returns data for the run's window
+        empty = []
+        for name in ("fabric", "transport", "collectives"):
+            text = (ROOT / "deploy" / "grafana" / "dashboards" / f"{name}.json").read_text()
+            for expr in dashboards.expressions(text):
+                got = _query(
+                    prometheus, "query_range", query=expr, start=started, end=time.time(), step=1
+                )
+                if not got:
+                    empty.append(f"{name}: {expr}")
+        assert not empty, empty
+        # and some are the values the run is known to have produced
+        moved = _query(prometheus, "query", query='collective_bytes_total{op="all_reduce"}')
+        per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in moved}
+        assert per_rank == {str(r): sum(SIZES) * 2 * (1 + 3) for r in range(8)}
+        down_drops = _query(
+            prometheus,
+            "query",
+            query='sum(rocev2_switch_dropped_packets_total{reason="link_down"}) >= 0',
+        )
+        assert down_drops
+        tdf = _query(prometheus, "query", query="max(rocev2_emulation_tdf)")
+        assert float(tdf[0]["value"][1]) == topo.tdf
+    finally:
+        _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
