@@ -17,7 +17,7 @@ from typing import Any
 
 from collectives import bench, ops
 from rocev2_emu.topogen import leaf_spine
-from rocev2_emu.topology import Topology, load, parse
+from rocev2_emu.topology import Topology, load, parse, resolve_names
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -94,6 +94,7 @@ def demo(tdf: float | None) -> int:
 def main(which: str, args: argparse.Namespace) -> int:
     coll = which.replace("-", "_")
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
+    topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
     params: dict[str, Any] = {
         "coll": coll,
         "sizes": bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),

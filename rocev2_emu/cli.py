@@ -368,7 +368,7 @@ def _fabric_command(args: argparse.Namespace) -> int:
             text = topogen.fat_tree(args.k, **common)
         print(text, end="")
         return 0
-    topo = topology.load(args.topology)
+    topo = topology.resolve_names(topology.load(args.topology))  # names: docker swarm
     if args.command == "link":
         faults = {
             k: v

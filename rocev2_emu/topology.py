@@ -27,6 +27,8 @@ in local mode; host h's emulated address is 10.0.(h // 250).(h % 250 + 1).
 from __future__ import annotations
 
 import ipaddress
+import socket
+import time
 import tomllib
 from collections import deque
 from dataclasses import dataclass, field
@@ -84,6 +86,7 @@ class Topology:
     dcqcn: dict[str, Any]
     transport: dict[str, Any]
     routes: dict[str, dict[str, tuple[int, ...]]]  # switch -> host -> egress ports
+    subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
 
     @property
     def hosts(self) -> list[Node]:
@@ -215,6 +218,28 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
+def resolve_names(topo: Topology, timeout: float = 120.0) -> Topology:
+    """With ``subnet = "dns"`` (docker swarm), replace every node's name by the address it
+    resolves to, waiting for names that do not resolve yet (their tasks are still starting).
+    Everything downstream then works with addresses, as in the other modes."""
+    if topo.subnet != "dns":
+        return topo
+    deadline = time.monotonic() + timeout
+    for node in topo.nodes.values():
+        while True:
+            try:
+                node.address = socket.gethostbyname(node.name)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise TopologyError(
+                        f"{topo.path}: node {node.name!r} did not resolve within {timeout:g} s"
+                    ) from exc
+                time.sleep(0.5)
+    topo.subnet = "resolved"
+    return topo
+
+
 def load(path: str | Path) -> Topology:
     path = str(path)
     try:
@@ -288,7 +313,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         raise fail("[ecn].kmin_kb", ecn.get("kmin_kb"), "needs kmax_kb, and kmin_kb <= kmax_kb")
 
     subnet = None
-    if fab["subnet"]:  # containers: node i at the subnet's address 10 + i
+    if fab["subnet"] and fab["subnet"] != "dns":  # containers: node i at address 10 + i
         try:
             subnet = ipaddress.IPv4Network(fab["subnet"])
         except ValueError as exc:
@@ -313,6 +338,8 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
                 if index + 10 >= subnet.num_addresses - 1:
                     raise fail("[fabric].subnet", fab["subnet"], "too small for every node")
                 address = str(subnet.network_address + 10 + index)
+            if fab["subnet"] == "dns":  # docker swarm: a node is found by its name
+                address = name
             ranks = item.get("ranks", 1 if kind == "host" else 0)
             if kind == "host" and (
                 not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0
@@ -381,6 +408,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         sec["dcqcn"],
         sec["transport"],
         routes,
+        fab["subnet"],
     )
 
 

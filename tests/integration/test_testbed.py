@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -187,3 +189,52 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         assert float(tdf[0]["value"][1]) == topo.tdf
     finally:
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+
+
+def test_swarm_stack_runs_the_job(image: str) -> None:
+    """A single-node swarm (``docker swarm init --advertise-addr 127.0.0.1``) deploys the
+    stack: nodes find each other by name on an attachable overlay network, the job runs once;
+    the stack is removed and the swarm left afterwards."""
+    state = _run("docker", "info", "-f", "{{.Swarm.LocalNodeState}}").stdout.strip()
+    joined = state != "active"
+    if joined:
+        _run("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
+    stack = "rocev2swarm"
+    # the shipped stack with a shorter job (sizes up to 64 KiB), beside its topology config
+    where = Path(tmp_dir := tempfile.mkdtemp(prefix="stack-"))
+    shutil.copy(ROOT / "deploy" / "topology-swarm.toml", where / "topology-swarm.toml")
+    text = (ROOT / "deploy" / "docker-stack.yml").read_text()
+    short = text.replace('"-e", "4M"', '"-e", "64K"').replace('"-n", "5"', '"-n", "2"')
+    assert short != text
+    (where / "docker-stack.yml").write_text(short)
+    try:
+        _run("docker", "stack", "deploy", "-c", f"{tmp_dir}/docker-stack.yml", stack, timeout=120)
+        deadline = time.monotonic() + 240
+        while True:
+            states = _run(
+                "docker",
+                "service",
+                "ps",
+                f"{stack}_job",
+                "--format",
+                "{{.CurrentState}}",
+                check=False,
+            ).stdout.split("\n")
+            current = states[0] if states else ""
+            if current.startswith(("Complete", "Failed", "Rejected")):
+                break
+            assert time.monotonic() < deadline, f"the job did not finish in 240 s: {current!r}"
+            time.sleep(2)
+        logs = _run("docker", "service", "logs", "--raw", f"{stack}_job", check=False).stdout
+        assert current.startswith("Complete"), current + "\n" + logs[-3000:]
+        assert "# Out of bounds values : 0 OK" in logs
+    finally:
+        _run("docker", "stack", "rm", stack, check=False)
+        # the overlay network goes once its tasks are gone
+        for _ in range(60):
+            nets = _run("docker", "network", "ls", "-q", "-f", f"name={stack}_fabric").stdout
+            if not nets.strip():
+                break
+            time.sleep(1)
+        if joined:
+            _run("docker", "swarm", "leave", "--force", check=False)

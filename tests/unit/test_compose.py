@@ -21,7 +21,7 @@ def test_checked_in_testbed_is_the_generators_output(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
     written = generate(SHIPPED, str(tmp_path))
-    assert len(written) == 8
+    assert len(written) == 10
     for path in written:
         rel = path.relative_to(tmp_path)
         assert (ROOT / rel).read_text() == path.read_text(), (
