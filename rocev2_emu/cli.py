@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     scen = sub.add_parser("scenario", help="run a canonical congestion experiment and check it")
     scen.add_argument(
         "name",
-        help="pfc-unfairness, victim-flow, incast, fairness, fluid-model or dilation "
+        help="pfc-unfairness, victim-flow, incast, fairness, fluid-model, dilation or straggler "
         "(docs/scenarios.md)",
     )
     scen.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
