@@ -10,6 +10,8 @@ Subcommands::
     rocev2-emu node TOPOLOGY NAME           one switch or host of a topology (used by up)
     rocev2-emu topology SHAPE [...]         generate a topology file
     rocev2-emu compose TOPOLOGY [--out D]   the docker-compose testbed for a topology
+    rocev2-emu link TOPOLOGY A B down|up    take a link of a running fabric down or up
+    rocev2-emu stop TOPOLOGY NODE           stop one node of a running fabric
     rocev2-emu bench udp-baseline|write-bw|switch   datagram-rate figures (no assertions)
     rocev2-emu bench all-reduce|all-gather|reduce-scatter|broadcast   nccl-tests' table
 
@@ -213,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--duplicate", type=float, help="set the duplication probability")
     link.add_argument("--reorder", type=float, help="set the reordering probability")
     link.add_argument("--delay-us", type=float, help="set the one-way delay (emulated us)")
+    stop = sub.add_parser("stop", help="stop one node of a running fabric (as a crash would)")
+    stop.add_argument("topology")
+    stop.add_argument("name")
     gen = sub.add_parser("topology", help="generate a topology file on stdout")
     gen.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
     gen.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
@@ -369,6 +374,8 @@ def _fabric_command(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     topo = topology.resolve_names(topology.load(args.topology))  # names: docker swarm
+    if args.command == "stop":
+        return launcher.stop_node(topo, args.name)
     if args.command == "link":
         faults = {
             k: v
@@ -411,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
-        if args.command in ("up", "node", "topology", "link"):
+        if args.command in ("up", "node", "topology", "link", "stop"):
             return _fabric_command(args)
         if args.command == "compose":
             from rocev2_emu.compose import generate

@@ -523,6 +523,17 @@ async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) 
     return f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions"
 
 
+def stop_node(topo: Topology, name: str) -> int:
+    """``rocev2-emu stop``: end one node of a running fabric (as a crash or docker stop)."""
+    if name not in topo.nodes:
+        raise TopologyError(f"{topo.path}: no node named {name!r}")
+    reply = trio.run(_control, topo.nodes[name].address, {"cmd": "stop"})
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        raise RuntimeError(f"node {name}: {reply!r}")
+    print(f"node {name} (pid {reply['pid']}) is stopping")
+    return 0
+
+
 def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
     """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
     print(trio.run(_set_faults, topo, a, b, faults))

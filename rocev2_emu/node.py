@@ -12,6 +12,7 @@ route updates and reports its counters).  When it is ready it prints one line::
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -147,7 +148,10 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         if opts.metrics:
             serve(registry, METRICS_PORT, addr=opts.metrics_addr or node.address)
         agent = host_agent(topo, ctx, name)
-        handlers = {"collective": collective_handler(topo, ctx, name, collective_metrics)}
+        handlers = {
+            "collective": collective_handler(topo, ctx, name, collective_metrics),
+            "stop": _stop_soon,
+        }
         async with trio.open_nursery() as nursery:
             await nursery.start(AgentServer(agent, handlers).serve, node.address, CONTROL_PORT)
             print(ready, flush=True)
@@ -179,6 +183,18 @@ def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
     }
 
 
+async def _stop_soon(msg: object = None) -> dict[str, object]:
+    """``rocev2-emu stop``: end this node as ``docker stop`` or a crash would (SIGTERM, a
+    moment after the reply leaves), so users can watch the fabric and the job react."""
+
+    async def later() -> None:
+        await trio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    trio.lowlevel.spawn_system_task(later)
+    return {"ok": True, "pid": os.getpid()}
+
+
 async def _switch_control(stream: trio.SocketStream, topo: Topology, driver: SwitchDriver) -> None:
     chan = OobChannel(stream, timeout=3600.0)
     try:
@@ -200,6 +216,8 @@ async def _switch_control(stream: trio.SocketStream, topo: Topology, driver: Swi
             elif cmd == "set_routes":
                 driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
                 await chan.send({"ok": True})
+            elif cmd == "stop":
+                await chan.send(await _stop_soon())
             else:
                 await chan.send({"error": f"unknown command {msg!r}"})
     finally:

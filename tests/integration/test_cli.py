@@ -119,3 +119,35 @@ async def test_metrics_are_served_in_prometheus_format() -> None:
         "rx_packets",
     ):
         assert ("rocev2_nic_" + name + "_total", (("node", "n1"),)) in samples
+
+
+def test_stop_ends_a_running_node(tmp_path: Path) -> None:
+    topo = tmp_path / "one.toml"
+    topo.write_text(
+        subprocess.run(
+            [*CLI, "topology", "single-switch", "--hosts", "1"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    node = subprocess.Popen(
+        [*CLI, "node", str(topo), "h0", "--no-metrics"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert node.stdout is not None and node.stdout.readline().startswith("READY h0")
+        out = subprocess.run(
+            [*CLI, "stop", str(topo), "h0"], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0 and f"(pid {node.pid}) is stopping" in out.stdout
+        assert node.wait(10) != 0  # ended by SIGTERM, as docker stop would
+        gone = subprocess.run(
+            [*CLI, "stop", str(topo), "nosuch"], capture_output=True, text=True, timeout=30
+        )
+        assert gone.returncode == 1 and "no node named 'nosuch'" in gone.stderr
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait(10)
+        if node.stdout is not None:
+            node.stdout.close()
