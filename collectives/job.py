@@ -29,6 +29,7 @@ from collectives.metrics import HostCollectiveMetrics
 from collectives.registry import JOBS
 from collectives.ring import first_error
 from collectives.store import MemoryStore, Store, TcpStore
+from rocev2_emu.agent import FlowSpec
 from rocev2_emu.topology import Topology
 from rocev2_emu.verbs import Context
 
@@ -70,50 +71,34 @@ async def run_rank(
     metrics: HostCollectiveMetrics | None,
     results: dict[int, Any],
 ) -> None:
+    """One rank: connect, run job ``name``, tear down; its result (or ``{"error": ...}``,
+    so the job's other ranks may still report) goes in ``results[rank]``."""
     try:
-        await _rank_body(
-            ctx, store, abort_store, places, rank, group, name, params, options, metrics, results
-        )
+        async with trio.open_nursery() as nursery:
+            comm = await Communicator.create(
+                ctx,
+                store,
+                places,
+                rank,
+                group,
+                nursery,
+                job=str(params.get("job_id", "job")),
+                metrics=metrics.rank(rank) if metrics else None,
+                abort_store=abort_store,
+                **options,
+            )
+            try:
+                results[rank] = await JOBS[name](comm, params)
+                # as NCCL's communicator teardown: nobody destroys its QPs while a peer still waits
+                # for the acknowledgements of its last writes (an aborted job skips it)
+                with contextlib.suppress(CollectiveError):
+                    await comm.barrier()
+            finally:
+                comm.close()
+                nursery.cancel_scope.cancel()
     except Exception as exc:  # reported per rank: the job's other ranks may still succeed
         error = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
         results[rank] = {"error": f"{type(error).__name__}: {error}"}
-
-
-async def _rank_body(
-    ctx: Context,
-    store: Store,
-    abort_store: Store | None,
-    places: list[RankPlace],
-    rank: int,
-    group: HostGroup,
-    name: str,
-    params: dict[str, Any],
-    options: dict[str, Any],
-    metrics: HostCollectiveMetrics | None,
-    results: dict[int, Any],
-) -> None:
-    async with trio.open_nursery() as nursery:
-        comm = await Communicator.create(
-            ctx,
-            store,
-            places,
-            rank,
-            group,
-            nursery,
-            job=str(params.get("job_id", "job")),
-            metrics=metrics.rank(rank) if metrics else None,
-            abort_store=abort_store,
-            **options,
-        )
-        try:
-            results[rank] = await JOBS[name](comm, params)
-            # as NCCL's communicator teardown: nobody destroys its QPs while a peer still waits
-            # for the acknowledgements of its last writes (an aborted job skips it)
-            with contextlib.suppress(CollectiveError):
-                await comm.barrier()
-        finally:
-            comm.close()
-            nursery.cancel_scope.cancel()
 
 
 async def run_host_ranks(
@@ -174,10 +159,12 @@ def run_virtual(
     name: str,
     params: dict[str, Any],
     metrics: HostCollectiveMetrics | None = None,
+    flows: list[FlowSpec] | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric).
-    ``metrics``: one set of metric families for every rank (they differ by ``rank``)."""
-    from rocev2_emu.launcher import deterministic_trio, fabric_stats, virtual_fabric
+    ``metrics``: one set of metric families for every rank (they differ by ``rank``);
+    ``flows``: background traffic between hosts alongside (the straggler scenario's)."""
+    from rocev2_emu.launcher import deterministic_trio, fabric_stats, run_flows, virtual_fabric
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
         places = places_for(topo)
@@ -186,7 +173,10 @@ def run_virtual(
         results: dict[int, Any] = {}
         async with virtual_fabric(topo) as (drivers, agents):
             groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
+            t0 = next(iter(agents.values())).ctx.now()
             async with trio.open_nursery() as nursery:
+                if flows:
+                    nursery.start_soon(run_flows, agents, flows, t0)
                 for p in places:
                     nursery.start_soon(
                         run_rank,

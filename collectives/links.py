@@ -52,10 +52,9 @@ class _Waitable:
             raise LinkError(self.error)
 
 
-# -- shared memory ------------------------------------------------------------------------
+class _Receiver(_Waitable):
+    """The receiving end's slots and the arrivals waiting in them, in write order."""
 
-
-class LocalRx(_Waitable):
     def __init__(self, slots: int, slot_bytes: int) -> None:
         super().__init__()
         self.slots = slots
@@ -63,11 +62,14 @@ class LocalRx(_Waitable):
         self.memory = np.zeros(slots * slot_bytes, np.uint8)
         self.arrivals: deque[tuple[int, int]] = deque()  # (immediate, bytes)
         self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
-        self.tx: LocalTx | None = None
 
     def slot(self, index: int, nbytes: int) -> np.ndarray:
         start = index * self.slot_bytes
         return self.memory[start : start + nbytes]
+
+    def deliver(self, imm: int, nbytes: int) -> None:
+        self.arrivals.append((imm, nbytes))
+        self.changed.unpark_all()
 
     async def arrival(self) -> tuple[int, int, int]:
         """The next (immediate, bytes, slot), in the order they were written."""
@@ -77,21 +79,20 @@ class LocalRx(_Waitable):
         self.taken += 1
         return imm, nbytes, (self.taken - 1) % self.slots
 
-    def release(self, index: int) -> None:
-        assert self.tx is not None
-        self.tx.credits += 1
-        self.tx.changed.unpark_all()
 
+class _Sender(_Waitable):
+    """The sending end's credits."""
 
-class LocalTx(_Waitable):
-    def __init__(self, rx: LocalRx) -> None:
+    def __init__(self, slots: int, slot_bytes: int) -> None:
         super().__init__()
-        self.rx = rx
-        rx.tx = self
-        self.slots = rx.slots
-        self.slot_bytes = rx.slot_bytes
-        self.credits = rx.slots
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.credits = slots
         self.used = 0
+
+    def credit(self) -> None:
+        self.credits += 1
+        self.changed.unpark_all()
 
     async def acquire(self) -> int:
         """A credit: the slot the next write goes to (slots are used in a ring, across
@@ -102,13 +103,32 @@ class LocalTx(_Waitable):
         self.used += 1
         return (self.used - 1) % self.slots
 
+
+# -- shared memory ------------------------------------------------------------------------
+
+
+class LocalRx(_Receiver):
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        super().__init__(slots, slot_bytes)
+        self.tx: LocalTx | None = None
+
+    def release(self, index: int) -> None:
+        assert self.tx is not None
+        self.tx.credit()
+
+
+class LocalTx(_Sender):
+    def __init__(self, rx: LocalRx) -> None:
+        super().__init__(rx.slots, rx.slot_bytes)
+        self.rx = rx
+        rx.tx = self
+
     async def drain(self) -> None:
         """Copies are done when :meth:`write` returns."""
 
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
         self.rx.slot(index, data.nbytes)[:] = data
-        self.rx.arrivals.append((imm, data.nbytes))
-        self.rx.changed.unpark_all()
+        self.rx.deliver(imm, data.nbytes)
 
 
 # -- RDMA ---------------------------------------------------------------------------------
@@ -133,13 +153,16 @@ class Completions:
                     link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data)
 
 
-class _RdmaEnd(_Waitable):
-    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
-        super().__init__()
-        self.slots = slots
-        self.slot_bytes = slot_bytes
+class _Rdma(_Waitable):
+    """One RC QP of a link (mixed into both ends)."""
+
+    slots: int
+    qp: QP
+    peer: str
+
+    def _open_qp(self, pd: PD, cq: CQ, peer: str) -> None:
         self.peer = peer  # "rank N", for errors
-        self.qp = QP(pd, cq, max_send_wr=4 * slots + 8, max_recv_wr=2 * slots + 8)
+        self.qp = QP(pd, cq, max_send_wr=4 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
 
     def connect(self, peer: QPInfo, *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
         """Bring the QP to RTS towards ``peer`` and post the receives its immediates need."""
@@ -175,49 +198,36 @@ class _RdmaEnd(_Waitable):
         self.qp.close()
 
 
-class RdmaRx(_RdmaEnd):
+class RdmaRx(_Rdma, _Receiver):
     """The receiving end: registered slots the sender writes into."""
 
     def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
-        super().__init__(pd, cq, slots, slot_bytes, peer)
-        self.memory = np.zeros(slots * slot_bytes, np.uint8)
+        super().__init__(slots, slot_bytes)
+        self._open_qp(pd, cq, peer)
         self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
-        self.arrivals: deque[tuple[int, int]] = deque()
-        self.taken = 0
 
     def on_receive(self, nbytes: int, imm: int | None) -> None:
         if imm is None:
             self.fail(f"link with {self.peer}: a data write arrived without an immediate")
             return
-        self.arrivals.append((imm, nbytes))
-        self.changed.unpark_all()
-
-    def slot(self, index: int, nbytes: int) -> np.ndarray:
-        start = index * self.slot_bytes
-        return self.memory[start : start + nbytes]
-
-    async def arrival(self) -> tuple[int, int, int]:
-        """The next (immediate, bytes, slot): RC delivers writes in order."""
-        while not self.arrivals:
-            await self._park()
-        imm, nbytes = self.arrivals.popleft()
-        self.taken += 1
-        return imm, nbytes, (self.taken - 1) % self.slots
+        self.deliver(imm, nbytes)
 
     def release(self, index: int) -> None:
         self.qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
 
 
-class RdmaTx(_RdmaEnd):
+class RdmaTx(_Rdma, _Sender):
     """The sending end: holds credits, writes chunks into the receiver's slots."""
 
     def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
-        super().__init__(pd, cq, slots, slot_bytes, peer)
-        self.credits = slots
+        super().__init__(slots, slot_bytes)
+        self._open_qp(pd, cq, peer)
         self.remote_addr = 0
         self.rkey = 0
         self.outstanding = 0  # writes posted and not yet completed: their source is in use
-        self.used = 0
+
+    def on_receive(self, nbytes: int, imm: int | None) -> None:
+        self.credit()
 
     def on_written(self) -> None:
         self.outstanding -= 1
@@ -227,17 +237,6 @@ class RdmaTx(_RdmaEnd):
         """Until every posted write has completed (its source buffer may then change)."""
         while self.outstanding:
             await self._park()
-
-    def on_receive(self, nbytes: int, imm: int | None) -> None:
-        self.credits += 1
-        self.changed.unpark_all()
-
-    async def acquire(self) -> int:
-        while self.credits == 0:
-            await self._park()
-        self.credits -= 1
-        self.used += 1
-        return (self.used - 1) % self.slots
 
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
         assert mr is not None
