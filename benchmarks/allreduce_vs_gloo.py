@@ -49,6 +49,7 @@ def gloo(n: int, nbytes: int, iters: int) -> float:
 
 
 def emulator(n: int, nbytes: int, iters: int) -> float:
+    from collectives.bench import params
     from collectives.launch import run_local
     from rocev2_emu.topogen import single_switch, to_toml
     from rocev2_emu.topology import parse
@@ -59,20 +60,8 @@ def emulator(n: int, nbytes: int, iters: int) -> float:
     data["transport"] = {"max_inflight": int(os.environ.get("WINDOW", 256))}
     path = Path(tempfile.mkdtemp(prefix="gloo-vs-emu-")) / "one-switch.toml"
     path.write_text(to_toml(data))
-    params = {
-        "coll": "all_reduce",
-        "sizes": [nbytes],
-        "iters": iters,
-        "warmup": 1,
-        "check": True,
-        "op": "sum",
-        "dtype": "float",
-        "root": 0,
-        "algo": "ring",
-        "timeout": 600.0,
-        "qp_timeout": 14,
-    }
-    results, _ = run_local(parse(data, str(path)), str(path), 1.0, "bench", params)
+    job = params([nbytes], iters=iters, warmup=1, algo="ring", timeout=600.0, qp_timeout=14)
+    results, _ = run_local(parse(data, str(path)), str(path), 1.0, "bench", job)
     failed = [v for v in results.values() if isinstance(v, dict)]
     assert not failed, failed
     rows = [results[r][0] for r in sorted(results)]

@@ -39,6 +39,17 @@ def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     return out
 
 
+def params(sizes: list[int], coll: str = "all_reduce", **overrides: Any) -> dict[str, Any]:
+    """The ``bench`` job's parameters: nccl-tests' defaults for what ``overrides`` leaves out
+    (one timed iteration, no warm-up, checked, sum of floats, root 0, algorithm auto)."""
+    p = {"coll": coll, "sizes": sizes, "iters": 1, "warmup": 0, "check": True, "op": "sum"}
+    p |= {"dtype": "float", "root": 0, "algo": "auto", "order": "topology"}
+    unknown = set(overrides) - set(p) - {"timeout", "qp_timeout", "slots", "slot_bytes"}
+    if unknown:
+        raise ValueError(f"unknown bench parameters {sorted(unknown)}")
+    return p | overrides
+
+
 def pattern(rank: int, count: int, dtype: np.dtype, op: str, offset: int = 0) -> np.ndarray:
     i = np.arange(offset, offset + count, dtype=np.int64)
     values = 1 + ((rank + i) % 5 == 0) if op == "prod" else (rank + i) % 5

@@ -13,7 +13,6 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from collectives import bench, ops
 from rocev2_emu.topogen import leaf_spine
@@ -95,18 +94,18 @@ def main(which: str, args: argparse.Namespace) -> int:
     coll = which.replace("-", "_")
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
     topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
-    params: dict[str, Any] = {
-        "coll": coll,
-        "sizes": bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),
-        "iters": args.iters,
-        "warmup": args.warmup_iters,
-        "check": bool(args.check),
-        "op": args.op,
-        "dtype": args.datatype,
-        "root": args.root,
-        "algo": args.algo,
-        "order": args.order,
-    }
+    params = bench.params(
+        bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),
+        coll,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=bool(args.check),
+        op=args.op,
+        dtype=args.datatype,
+        root=args.root,
+        algo=args.algo,
+        order=args.order,
+    )
     ranks = sum(h.ranks for h in topo.hosts)
     tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, TDF {tdf:g}"

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from collectives import ops, ring
 from collectives.bench import expected, pattern, sizes
+from collectives.bench import params as bench_params
 from collectives.communicator import RankPlace, ring_order
 from collectives.job import places_for, run_virtual
 from collectives.metrics import HostCollectiveMetrics
@@ -136,19 +137,7 @@ def interleaved(ranks: int) -> Topology:
 
 
 def spine_bytes(topo: Topology, algo: str, order: str) -> int:
-    params = {
-        "coll": "all_reduce",
-        "sizes": [1 << 20],
-        "iters": 1,
-        "warmup": 0,
-        "check": True,
-        "op": "sum",
-        "dtype": "float",
-        "root": 0,
-        "algo": algo,
-        "order": order,
-    }
-    results, fab = run_virtual(topo, "bench", params)
+    results, fab = run_virtual(topo, "bench", bench_params([1 << 20], algo=algo, order=order))
     assert all(row["outofplace"]["wrong"] == 0 for rows in results.values() for row in rows)
     return int(sum(v for k, v in fab["switch_tx_bytes"].items() if k.startswith("spine")))
 
@@ -196,18 +185,8 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
     registry = CollectorRegistry()
     families = HostCollectiveMetrics(registry)
     topo = fabric(1, 2, 1, 1)  # two hosts, one rank each
-    params = {
-        "coll": "all_reduce",
-        "sizes": [4096],
-        "iters": 3,
-        "warmup": 1,
-        "check": True,
-        "op": "sum",
-        "dtype": "float",
-        "root": 0,
-        "algo": "ring",
-    }
-    run_virtual(topo, "bench", params, metrics=families)
+    job = bench_params([4096], iters=3, warmup=1, algo="ring")
+    run_virtual(topo, "bench", job, metrics=families)
     labels = {"rank": "1", "op": "all_reduce"}
     ops_done = registry.get_sample_value("collective_operation_seconds_count", labels)
     assert ops_done == 2 * (3 + 1)  # out-of-place and in-place, warm-up included
