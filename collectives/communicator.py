@@ -268,7 +268,9 @@ class Communicator:
                 rx = RdmaRx(self.pd, self.cq, self.slots, self.slot_bytes, f"rank {prv}")
                 self.completions.by_qpn[rx.qp.qp_num] = rx
                 ring_.rx = rx
-                await self.store.set(f"{self.job}/{name}/rx/{self.rank}", asdict(rx.info(rx.mr)))
+                await self.store.set(
+                    f"{self.job}/{name}/rx/{self.rank}", asdict(QPInfo.of(rx.qp, rx.mr))
+                )
                 pending.append((ring_, "rx"))
             if self.places[nxt].host == me.host:
                 shared = self.group.local_link(self.rank, nxt, name, self.slots, self.slot_bytes)
@@ -277,7 +279,7 @@ class Communicator:
                 tx = RdmaTx(self.pd, self.cq, self.slots, self.slot_bytes, f"rank {nxt}")
                 self.completions.by_qpn[tx.qp.qp_num] = tx
                 ring_.tx = tx
-                await self.store.set(f"{self.job}/{name}/tx/{self.rank}", asdict(tx.info()))
+                await self.store.set(f"{self.job}/{name}/tx/{self.rank}", asdict(QPInfo.of(tx.qp)))
                 pending.append((ring_, "tx"))
         wait = self._store_wait()
         for ring_, end in pending:

@@ -23,6 +23,7 @@ from typing import Final
 import numpy as np
 import trio
 
+from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.memory import Access
 from rocev2_emu.oob import QPInfo
 from rocev2_emu.verbs import CQ, MR, PD, QP
@@ -145,7 +146,7 @@ class Completions:
         while True:
             try:
                 wcs = await self.cq.wait(64, timeout=poll_timeout)
-            except Exception:  # no completion within the poll period: keep polling
+            except RemoteVerbsError:  # no completion within the poll period: keep polling
                 continue
             for wc in wcs:
                 link = self.by_qpn.get(wc.qp_num)
@@ -168,13 +169,6 @@ class _Rdma(_Waitable):
         """Bring the QP to RTS towards ``peer`` and post the receives its immediates need."""
         self.qp.connect(peer.remote(), path_mtu=path_mtu, timeout=timeout, retry_cnt=retry_cnt)
         self.qp.post_recv([RecvWR(k) for k in range(2 * self.slots)])
-
-    def info(self, mr: MR | None = None) -> QPInfo:
-        ctx = self.qp.ctx
-        host, port = ctx.udp_address
-        if mr is None:
-            return QPInfo(self.qp.qp_num, self.qp.psn, ctx.gid, host, port)
-        return QPInfo(self.qp.qp_num, self.qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
 
     def on_completion(
         self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None

@@ -14,13 +14,12 @@ n)`` adds to a counter and returns it.  Every wait has a deadline; a passed dead
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 import trio
 
 from rocev2_emu.errors import RemoteVerbsError
-from rocev2_emu.oob import OobChannel
+from rocev2_emu.oob import OobChannel, serve_requests
 
 
 class StoreTimeout(Exception):
@@ -81,16 +80,7 @@ class StoreServer:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        chan = OobChannel(stream, timeout=math.inf)
-        try:
-            while True:
-                try:
-                    msg = await chan.recv()
-                except RemoteVerbsError:
-                    return  # the client went away
-                await chan.send(await self._reply(msg))
-        finally:
-            await chan.aclose()
+        await serve_requests(stream, self._reply)
 
     async def _reply(self, msg: Any) -> dict[str, Any]:
         if not isinstance(msg, dict) or not isinstance(msg.get("key"), str):

@@ -24,7 +24,7 @@ import trio
 from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.memory import Access
-from rocev2_emu.oob import OobChannel, QPInfo
+from rocev2_emu.oob import OobChannel, QPInfo, serve_requests
 from rocev2_emu.roce import DSCP_ROCE
 from rocev2_emu.verbs import CQ, MR, PD, QP, Context
 from rocev2_emu.work import SendWR, Sge, WcStatus, WrOpcode
@@ -88,12 +88,6 @@ class HostAgent:
         self.pd = PD(ctx)
         self._inbound: dict[int, tuple[QP, MR, np.ndarray]] = {}
 
-    def _info(self, qp: QP, mr: MR | None = None) -> QPInfo:
-        host, port = self.ctx.udp_address
-        if mr is None:
-            return QPInfo(qp.qp_num, qp.psn, self.ctx.gid, host, port)
-        return QPInfo(qp.qp_num, qp.psn, self.ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
-
     def _connect(self, qp: QP, peer: QPInfo, dscp: int) -> None:
         qp.connect(
             peer.remote(),
@@ -110,7 +104,7 @@ class HostAgent:
         qp = QP(self.pd, CQ(self.ctx, 16))
         self._connect(qp, sender, spec.dscp)
         self._inbound[spec.id] = (qp, mr, buf)
-        return self._info(qp, mr)
+        return QPInfo.of(qp, mr)
 
     async def digest(self, flow_id: int) -> str:
         _, _, buf = self._inbound.pop(flow_id)
@@ -123,7 +117,7 @@ class HostAgent:
         chunks = max(1, -(-spec.size // CHUNK))
         cq = CQ(self.ctx, chunks + 16)
         qp = QP(self.pd, cq, max_send_wr=chunks + 16)
-        remote = await peer.accept_flow(spec, self._info(qp))
+        remote = await peer.accept_flow(spec, QPInfo.of(qp))
         self._connect(qp, remote, spec.dscp)
         await trio.sleep_until(self.ctx.clock.to_trio(t0 + spec.start))
         begin = self.ctx.now()
@@ -233,16 +227,7 @@ class AgentServer:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        chan = OobChannel(stream, timeout=3600.0)
-        try:
-            while True:
-                try:
-                    msg = await chan.recv()
-                except RemoteVerbsError:
-                    return  # the client is done (or gone)
-                await chan.send(await self._dispatch(msg))
-        finally:
-            await chan.aclose()
+        await serve_requests(stream, self._dispatch, timeout=3600.0)
 
     async def _dispatch(self, msg: Any) -> dict[str, Any]:
         cmd = msg.get("cmd") if isinstance(msg, dict) else None

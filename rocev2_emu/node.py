@@ -22,12 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.agent import CONTROL_PORT, AgentServer, HostAgent
 from rocev2_emu.clock import DilatedClock
-from rocev2_emu.errors import RemoteVerbsError
 from rocev2_emu.ethernet import VXLAN_UDP_PORT
 from rocev2_emu.ingress import IngressConfig
 from rocev2_emu.link import LinkFaults
 from rocev2_emu.metrics import nic_registry, serve
-from rocev2_emu.oob import OobChannel
+from rocev2_emu.oob import serve_requests
 from rocev2_emu.ports import DatagramPort, UdpPort
 from rocev2_emu.topology import Link, Topology, dcqcn_params
 from rocev2_emu.verbs import Context, DeviceConfig
@@ -196,29 +195,21 @@ async def _stop_soon(msg: object = None) -> dict[str, object]:
 
 
 async def _switch_control(stream: trio.SocketStream, topo: Topology, driver: SwitchDriver) -> None:
-    chan = OobChannel(stream, timeout=3600.0)
-    try:
-        while True:
-            try:
-                msg = await chan.recv()
-            except RemoteVerbsError:
-                return
-            cmd = msg.get("cmd") if isinstance(msg, dict) else None
-            now = driver.clock.now()
-            if cmd == "stats":
-                await chan.send(switch_stats(driver))
-            elif cmd == "set_link":
-                driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
-                await chan.send({"ok": True})
-            elif cmd == "set_faults":
-                driver.set_faults(int(msg["port"]), LinkFaults(**msg["faults"]))
-                await chan.send({"ok": True})
-            elif cmd == "set_routes":
-                driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
-                await chan.send({"ok": True})
-            elif cmd == "stop":
-                await chan.send(await _stop_soon())
-            else:
-                await chan.send({"error": f"unknown command {msg!r}"})
-    finally:
-        await chan.aclose()
+    async def reply(msg: Any) -> Any:
+        cmd = msg.get("cmd") if isinstance(msg, dict) else None
+        now = driver.clock.now()
+        if cmd == "stats":
+            return switch_stats(driver)
+        if cmd == "set_link":
+            driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
+        elif cmd == "set_faults":
+            driver.set_faults(int(msg["port"]), LinkFaults(**msg["faults"]))
+        elif cmd == "set_routes":
+            driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
+        elif cmd == "stop":
+            return await _stop_soon()
+        else:
+            return {"error": f"unknown command {msg!r}"}
+        return {"ok": True}
+
+    await serve_requests(stream, reply, timeout=3600.0)

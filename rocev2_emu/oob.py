@@ -9,7 +9,9 @@ two :class:`QPInfo` lists; :func:`connect_qp` does that for one QP and brings it
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -36,6 +38,15 @@ class QPInfo:
     rkey: int = 0
     vaddr: int = 0
     length: int = 0
+
+    @classmethod
+    def of(cls, qp: QP, mr: MR | None = None) -> QPInfo:
+        """What a peer needs of ``qp`` (and of ``mr``: rkey, address, length)."""
+        ctx = qp.ctx
+        host, port = ctx.udp_address
+        if mr is None:
+            return cls(qp.qp_num, qp.psn, ctx.gid, host, port)
+        return cls(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
 
     def remote(self) -> RemoteQP:
         return RemoteQP(self.qpn, self.psn, self.gid, (self.udp_host, self.udp_port))
@@ -137,20 +148,29 @@ class OobChannel:
         await self.stream.aclose()
 
 
+async def serve_requests(
+    stream: trio.SocketStream,
+    reply: Callable[[Any], Awaitable[Any]],
+    timeout: float = math.inf,
+) -> None:
+    """Answer each message on ``stream`` with ``await reply(message)`` until the client goes:
+    the loop of every control server (host agents, switches, the rendezvous store)."""
+    chan = OobChannel(stream, timeout=timeout)
+    try:
+        while True:
+            try:
+                msg = await chan.recv()
+            except RemoteVerbsError:
+                return  # the client is done (or gone)
+            await chan.send(await reply(msg))
+    finally:
+        await chan.aclose()
+
+
 async def connect_qp(chan: OobChannel, qp: QP, mr: MR | None = None, **attrs: Any) -> QPInfo:
     """Swap QP data (and ``mr``'s rkey, address and length) with the peer over ``chan`` and
     bring ``qp`` to RTS towards it; ``attrs`` go to :meth:`QP.connect`.  Returns the peer's."""
-    ctx = qp.ctx
-    host, port = ctx.udp_address
-    local = QPInfo(
-        qp.qp_num,
-        qp.psn,
-        ctx.gid,
-        host,
-        port,
-        *((mr.rkey, mr.addr, mr.length) if mr is not None else (0, 0, 0)),
-    )
-    remote, _ = await chan.exchange([local])
+    remote, _ = await chan.exchange([QPInfo.of(qp, mr)])
     if len(remote) != 1:
         raise RemoteVerbsError(f"out-of-band peer described {len(remote)} QPs, expected 1")
     qp.connect(remote[0].remote(), **attrs)
