@@ -1,4 +1,5 @@
-"""``rocev2-emu bench all-reduce | all-gather | reduce-scatter | broadcast``: nccl-tests' flags.
+"""``rocev2-emu bench all-reduce | all-gather | reduce-scatter | broadcast``: nccl-tests' flags,
+and the all-reduce demo (registered with the CLI by :mod:`collectives.plugin`).
 
 Over a topology file (default: the shipped leaf-spine, 2 spines, 4 leaves, 2 hosts per leaf,
 one rank per host), as one process per node at the topology's TDF, or ``--virtual``.  Prints
@@ -12,11 +13,16 @@ import re
 import sys
 import tempfile
 import tomllib
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from collectives import bench, ops
-from rocev2_emu.topogen import leaf_spine
-from rocev2_emu.topology import Topology, load, parse, resolve_names
+from collectives.job import run_virtual
+from collectives.launch import run_attached, run_local
+from rocev2_emu.cli.bench import BenchKind, register_bench
+from rocev2_emu.cli.demo import set_demo
+from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topology import Topology, load, parse, resolve_names
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -61,36 +67,45 @@ def default_topology() -> tuple[Topology, str]:
     return parse(tomllib.loads(text), str(path)), str(path)
 
 
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """A collective benchmark run: nccl-tests' flags and where it runs."""
+
+    minbytes: int = 8
+    maxbytes: int = 1 << 20
+    stepfactor: int = 4
+    iters: int = 5
+    warmup_iters: int = 1
+    check: int = 1
+    op: str = "sum"
+    datatype: str = "float"
+    root: int = 0
+    algo: str = "auto"
+    order: str = "topology"
+    topology: str | None = None
+    virtual: bool = False
+    attach: bool = False
+    tdf: float | None = None
+    show_nodes: bool = False  # list the node processes and their metrics first
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchOptions:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
 def demo(tdf: float | None) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node."""
-    args = argparse.Namespace(
-        minbytes=1 << 10,
-        maxbytes=4 << 20,
-        stepfactor=4,
-        iters=2,
-        warmup_iters=1,
-        check=1,
-        op="sum",
-        datatype="float",
-        root=0,
-        algo="auto",
-        order="topology",
-        topology=None,
-        virtual=False,
-        attach=False,
-        tdf=tdf,
-        show_nodes=True,
-    )
+    opts = BenchOptions(minbytes=1 << 10, maxbytes=4 << 20, iters=2, tdf=tdf, show_nodes=True)
     print(
         "rocev2-emu demo: ring all-reduce across the shipped leaf-spine (2 spines, 4 leaves, "
         "8 hosts): every switch and host a process on 127.10.x.y, real RoCEv2 frames over "
         "VXLAN links.  Each node serves Prometheus metrics at http://<its address>:9100/metrics "
         "while the demo runs (the list follows); `rocev2-emu up` keeps a fabric running.\n"
     )
-    return main("all-reduce", args)
+    return main("all-reduce", opts)
 
 
-def main(which: str, args: argparse.Namespace) -> int:
+def main(which: str, args: BenchOptions) -> int:
     coll = which.replace("-", "_")
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
     topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
@@ -109,7 +124,7 @@ def main(which: str, args: argparse.Namespace) -> int:
     ranks = sum(h.ranks for h in topo.hosts)
     tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, TDF {tdf:g}"
-    if getattr(args, "attach", False):
+    if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
@@ -121,19 +136,11 @@ def main(which: str, args: argparse.Namespace) -> int:
         f"algo: {args.algo} order: {args.order}; times in emulated us"
     )
     if args.virtual:
-        from collectives.job import run_virtual
-
         results, fabric = run_virtual(topo, "bench", params)
-    elif getattr(args, "attach", False):
-        from collectives.launch import run_attached
-
+    elif args.attach:
         results, fabric = run_attached(topo, "bench", params)
     else:
-        from collectives.launch import run_local
-
-        results, fabric = run_local(
-            topo, path, tdf, "bench", params, quiet=not getattr(args, "show_nodes", False)
-        )
+        results, fabric = run_local(topo, path, tdf, "bench", params, quiet=not args.show_nodes)
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
         for r, why in sorted(failed.items()):
@@ -145,3 +152,16 @@ def main(which: str, args: argparse.Namespace) -> int:
     for line in lines + bench.fabric_summary(fabric):
         print(line)
     return 1 if wrong else 0
+
+
+COLLECTIVE_BENCHES = ["all-reduce", "all-gather", "reduce-scatter", "broadcast"]
+
+
+def _run_bench(which: str, args: argparse.Namespace) -> int:
+    return main(which, BenchOptions.from_args(args))
+
+
+def register() -> None:
+    """Add the collective benchmarks to ``rocev2-emu bench`` and make the all-reduce the demo."""
+    register_bench(COLLECTIVE_BENCHES, BenchKind(_run_bench, add_arguments))
+    set_demo(demo)

@@ -7,7 +7,7 @@ sharing its NIC and a :class:`~collectives.communicator.HostGroup`.
 * :func:`run_virtual` - every switch, host and rank in this process, in virtual time, with an
   in-memory store.
 * :func:`run_host_ranks` - what a host process does when the launcher asks it to run a job
-  (:mod:`rocev2_emu.agent`'s ``collective`` command): connect to the launcher's
+  (:mod:`rocev2_emu.fabric.agent`'s ``collective`` command): connect to the launcher's
   :class:`~collectives.store.StoreServer`, run its ranks, return their results.
 
 A job is a coroutine registered by name in :data:`collectives.registry.JOBS`.
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-import trio.testing
+from prometheus_client import CollectorRegistry
 
 import collectives.bench
 import collectives.checks  # noqa: F401  (registers its jobs)
@@ -29,9 +29,12 @@ from collectives.metrics import HostCollectiveMetrics
 from collectives.registry import JOBS
 from collectives.ring import first_error
 from collectives.store import MemoryStore, Store, TcpStore
-from rocev2_emu.agent import FlowSpec
-from rocev2_emu.topology import Topology
-from rocev2_emu.verbs import Context
+from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.flows import run_flows
+from rocev2_emu.fabric.report import fabric_stats
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
+from rocev2_emu.verbs.api import Context
 
 
 def places_for(topo: Topology) -> list[RankPlace]:
@@ -137,9 +140,12 @@ async def run_host_ranks(
 
 
 def collective_handler(
-    topo: Topology, ctx: Context, host: str, metrics: HostCollectiveMetrics
+    topo: Topology, ctx: Context, host: str, registry: CollectorRegistry
 ) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-    """The host agent's ``collective`` command: run this host's ranks of a job."""
+    """The host agent's ``collective`` command (a host service, registered by
+    :mod:`collectives.plugin`): run this host's ranks of a job.  Its metric families are
+    registered on the host's ``registry`` at once, so they are scraped as zeros before a job."""
+    metrics = HostCollectiveMetrics(registry)
 
     async def handle(msg: dict[str, Any]) -> dict[str, Any]:
         name = str(msg["name"])
@@ -164,7 +170,6 @@ def run_virtual(
     """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric).
     ``metrics``: one set of metric families for every rank (they differ by ``rank``);
     ``flows``: background traffic between hosts alongside (the straggler scenario's)."""
-    from rocev2_emu.launcher import deterministic_trio, fabric_stats, run_flows, virtual_fabric
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
         places = places_for(topo)
@@ -194,5 +199,4 @@ def run_virtual(
                     )
             return results, fabric_stats(drivers, agents)
 
-    deterministic_trio(topo.seed)
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return run_virtual_time(topo.seed, main)

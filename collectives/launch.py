@@ -1,11 +1,12 @@
 """A collective job on a fabric of real processes: the launcher's side.
 
 The launcher (``rocev2-emu bench all-reduce``, the tests) starts one process per node
-(:func:`rocev2_emu.launcher.run_processes`), serves the rendezvous (:class:`StoreServer`), asks
-every host to run its ranks of the job (the host agent's ``collective`` command), and collects
-each rank's result and the fabric's counters.  Like torchrun's agent it watches the node
-processes: when a host dies it posts an abort through the store naming the host and its ranks,
-so the surviving ranks raise at once instead of waiting out their deadlines.
+(:func:`rocev2_emu.fabric.supervisor.run_processes`), serves the rendezvous
+(:class:`StoreServer`), asks every host to run its ranks of the job (the host agent's
+``collective`` command), and collects each rank's result and the fabric's counters.  Like
+torchrun's agent it watches the node processes: when a host dies it posts an abort through the
+store naming the host and its ranks, so the surviving ranks raise at once instead of waiting
+out their deadlines.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import trio
 
 from collectives.job import places_for
 from collectives.store import StoreServer
-from rocev2_emu.agent import CONTROL_PORT
-from rocev2_emu.launcher import _control, _merge, run_processes
-from rocev2_emu.oob import OobChannel
-from rocev2_emu.topology import Topology
+from rocev2_emu.fabric.agent import CONTROL_PORT
+from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.verbs.oob import OobChannel
 
 
 class CollectiveJob:
@@ -82,8 +85,8 @@ class CollectiveJob:
         stats = {}
         for node in topo.nodes.values():
             if node.name not in self.dead:
-                stats[node.name] = await _control(node.address, {"cmd": "stats"})
-        return results, _merge(stats)
+                stats[node.name] = await control(node.address, {"cmd": "stats"})
+        return results, merge_stats(stats)
 
     async def node_died(self, name: str, code: int) -> bool:
         self.dead.add(name)

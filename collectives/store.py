@@ -3,7 +3,8 @@
 As NCCL's bootstrap (and torch's TCPStore), ranks publish what their peers need - here the
 emulated GID, QPNs, PSNs, slot addresses and rkeys - and block until what they need from others
 appears.  :class:`StoreServer` serves it over TCP (length-prefixed msgpack, the framing of
-:class:`rocev2_emu.oob.OobChannel`), run by the launcher; :class:`TcpStore` is the rank's client;
+the verbs API's :class:`~rocev2_emu.verbs.oob.OobChannel`), run by the launcher;
+:class:`TcpStore` is the rank's client;
 :class:`MemoryStore` is the same store inside one process (virtual time, where real sockets
 would let the mock clock jump while a request is in flight).
 
@@ -18,8 +19,8 @@ from typing import Any, Protocol
 
 import trio
 
-from rocev2_emu.errors import RemoteVerbsError
-from rocev2_emu.oob import OobChannel, serve_requests
+from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.verbs.oob import OobChannel, serve_requests
 
 
 class StoreTimeout(Exception):

@@ -1,4 +1,4 @@
-"""``rocev2-emu scenario straggler``: the seed's straggler problem, in virtual time.
+"""``rocev2-emu scenario straggler --virtual``: the seed's straggler problem, in virtual time.
 
 Eight ranks (the shipped leaf-spine: 2 spines, 4 leaves, 2 hosts per leaf, one rank each)
 run back-to-back ring all-reduces.  Beside them, background hosts (``ranks = 0``) fire
@@ -18,11 +18,11 @@ and which one meets a burst moves with scheduling; the tenth and the sum do not.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import tomllib
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,13 @@ import numpy as np
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
 from collectives.registry import job
-from rocev2_emu.agent import FlowSpec
-from rocev2_emu.topogen import leaf_spine
-from rocev2_emu.topology import Topology, parse
+from rocev2_emu.experiments import harness
+from rocev2_emu.experiments.harness import Mode, Outcome, Scenario, check_lines
+from rocev2_emu.experiments.plots import pyplot
+from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.stats import percentile
 
 
 @job("iterations")
@@ -84,11 +88,6 @@ def summarize(results: dict[int, list[float]]) -> tuple[list[float], list[int]]:
     times = [float(t) for t in np.diff(latest)]
     last = [ranks[int(k)] for k in ends[:, 1:].argmax(axis=0)]
     return times, last
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 BURST = 2 << 20  # bytes per sender per burst: 6 senders, 12 MiB towards one 100G port
@@ -152,21 +151,14 @@ def straggler(
             both["tail"] < pfc["tail"] and both["lost"] < pfc["lost"],
         ),
     ]
-    ok = True
-    for text, good in checks:
-        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
-        ok = ok and good
-    return rows, lines, ok
+    check, ok = check_lines(checks)
+    return rows, lines + check, ok
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     """Iteration time against iteration end, per setting, burst periods shaded."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for row in rows:
@@ -185,22 +177,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def main(seed: int, out: str | None) -> int:
+def run(seed: int, mode: Mode) -> Outcome:
     rows, lines, ok = straggler(seed)
-    print(f"# scenario straggler, virtual time (TDF 1), seed {seed}")
-    for line in lines:
-        print(line)
-    out_dir = Path(out or ".")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "straggler.json").write_text(
-        json.dumps(
-            {"scenario": "straggler", "seed": seed, "ok": ok, "report": lines, "runs": rows},
-            indent=1,
-        )
-    )
-    plotted = plot(rows, out_dir / "straggler.png")
-    print(
-        f"# wrote {out_dir / 'straggler.json'}"
-        + (f" and {out_dir / 'straggler.png'}" if plotted else " (no plot: matplotlib absent)")
-    )
-    return 0 if ok else 1
+    return Outcome(rows, lines, ok, partial(plot, rows))
+
+
+def register() -> None:
+    """Add ``straggler`` to ``rocev2-emu scenario`` (virtual time only)."""
+    harness.register(Scenario("straggler", run, virtual_only=True, units=""))

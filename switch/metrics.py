@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocev2_emu.runtime.metrics import pump_metrics
 from switch.driver import SwitchDriver
 from switch.mmu import PRIORITIES
 
@@ -100,22 +101,4 @@ class SwitchCollector(Collector):
         )
         buf.add_metric([name], core.mmu.total)
         yield buf
-        sock = CounterMetricFamily(
-            "rocev2_socket_rx_dropped_packets",
-            "Datagrams the kernel dropped at this node's UDP socket",
-            labels=["node"],
-        )
-        sock.add_metric([name], self.driver.port.kernel_drops())
-        yield sock
-        tdf = GaugeMetricFamily(
-            "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
-        )
-        tdf.add_metric([name], self.driver.clock.tdf)
-        yield tdf
-        late = CounterMetricFamily(
-            "rocev2_emulation_late_wakeups",
-            "Driver wake-ups later than their deadline",
-            labels=["node"],
-        )
-        late.add_metric([name], self.driver.late_wakeups)
-        yield late
+        yield from pump_metrics(self.driver, name)

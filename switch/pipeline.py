@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Final
 
-from rocev2_emu.crc import crc32
-from rocev2_emu.errors import MalformedFrame
-from rocev2_emu.ethernet import (
+from rocev2_emu.wire.crc import crc32
+from rocev2_emu.wire.errors import MalformedFrame
+from rocev2_emu.wire.ethernet import (
     ECN_CE,
     ETH_HEADER,
     ETHERTYPE_IPV4,
@@ -29,13 +30,12 @@ from rocev2_emu.ethernet import (
     VXLAN_LEN,
     ipv4_checksum,
 )
-from rocev2_emu.pfc import PFC_QUANTUM_BITS, decode_pfc_untrusted, encode_pfc
+from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
+from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS, decode_pfc_untrusted, encode_pfc
 from switch.config import EcnThresholds, SwitchConfig
 from switch.mmu import PRIORITIES, Mmu
 from switch.watchdog import Watchdog
 
-WIRE_OVERHEAD: Final = 24  # preamble + SFD, FCS, inter-frame gap
-NOMINAL_BPS: Final = 100e9
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
 
 
@@ -54,13 +54,12 @@ class _Entry:
 class PortState:
     """Counters and queues of one port (names after SAI port / queue statistics)."""
 
-    def __init__(self, prio_count: int = PRIORITIES) -> None:
+    def __init__(self, rate_bps: float, prio_count: int = PRIORITIES) -> None:
         self.up = True
-        self.idle = True
+        self.pacer = LinePacer(rate_bps)  # the egress link's transmitter
         # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
         self.queues: list[dict[int, deque[_Entry]]] = [{} for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
-        self.tx_free_at = 0.0
         self.control: deque[bytes] = deque()
         self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
         self.paused_time = [0.0] * prio_count  # accumulated, emulated seconds
@@ -96,7 +95,7 @@ class PortState:
 class SwitchCore:
     def __init__(self, config: SwitchConfig) -> None:
         self.config = config
-        self.ports = [PortState() for _ in config.ports]
+        self.ports = [PortState(p.rate_bps) for p in config.ports]
         self.by_vni = {p.vni: p.index for p in config.ports}
         lossless = config.lossless if config.pfc_enabled else frozenset()
         self.mmu = Mmu(config.mmu, len(config.ports), lossless)
@@ -117,8 +116,21 @@ class SwitchCore:
             for p in config.ports
         ]
         self.drops: Counter[str] = Counter()  # drops before an ingress port is known
-        self.catchup = 0.0  # emulated seconds a late pump may send in the past (driver sets)
-        self.behind_schedule = 0  # frames that lost their line-rate slot
+
+    @property
+    def catchup(self) -> float:
+        """Emulated seconds a late pump may send in the past (the driver sets it)."""
+        return self.ports[0].pacer.catchup if self.ports else 0.0
+
+    @catchup.setter
+    def catchup(self, seconds: float) -> None:
+        for ps in self.ports:
+            ps.pacer.catchup = seconds
+
+    @property
+    def behind_schedule(self) -> int:
+        """Frames that lost their line-rate slot, over every port."""
+        return sum(ps.pacer.behind_schedule for ps in self.ports)
 
     # -- ingress ---------------------------------------------------------------------------
     def receive(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
@@ -254,38 +266,28 @@ class SwitchCore:
             ps.xoff_refresh_at[prio] = 0.0
 
     # -- egress ----------------------------------------------------------------------------
-    def transmit(self, now: float) -> list[tuple[int, bytes]]:
-        """Every datagram due to leave by ``now``, as (port, datagram)."""
-        out: list[tuple[int, bytes]] = []
-        catchup = self.catchup
+    def transmit(self, now: float) -> Iterator[tuple[int, bytes]]:
+        """Every datagram due to leave by ``now``, as (port, datagram), dequeued lazily: what
+        the caller does not take stays queued."""
         pending = self._pending
         for index in list(pending):
             ps = self.ports[index]
-            rate = self.config.ports[index].rate_bps
-            while ps.tx_free_at <= now or not rate:
+            pacer = ps.pacer
+            while pacer.ready(now):
                 datagram = self._dequeue(index, ps, now)
                 if datagram is None:
-                    ps.idle = True
+                    pacer.idle = True
                     if not ps.control and not any(ps.queue_bytes):
                         pending.discard(index)
                     break
                 size = len(datagram) - VXLAN_LEN
                 ps.tx_packets += 1
                 ps.tx_bytes += size
-                if rate:
-                    start = ps.tx_free_at
-                    if ps.idle:
-                        start = now  # a new busy period starts at its first frame
-                    elif now - start > catchup:
-                        self.behind_schedule += 1
-                        start = now - catchup
-                    ps.idle = False
-                    ps.tx_free_at = start + (size + WIRE_OVERHEAD) * 8 / rate
+                pacer.depart(size, now)
                 if ps.up:
-                    out.append((index, datagram))
+                    yield index, datagram
                 else:
                     ps.drops["link_down"] += 1
-        return out
 
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
@@ -345,10 +347,10 @@ class SwitchCore:
         times: list[float] = []
         for ps in self.ports:
             if ps.control:
-                times.append(ps.tx_free_at)
+                times.append(ps.pacer.free_at)
             for prio in range(PRIORITIES):
                 if ps.queues[prio]:
-                    times.append(max(ps.tx_free_at, ps.paused_until[prio]))
+                    times.append(max(ps.pacer.free_at, ps.paused_until[prio]))
                 if ps.xoff_refresh_at[prio]:
                     times.append(ps.xoff_refresh_at[prio])
         wd = self.watchdog.get_timer()

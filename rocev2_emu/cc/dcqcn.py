@@ -1,8 +1,8 @@
 """DCQCN's reaction point: the per-QP rate a sender NIC keeps (Zhu et al., SIGCOMM 2015, §4).
 
 The switch marks (the congestion point, :mod:`switch.pipeline`), the receiver NIC turns marks
-into CNPs at most one per ``cnp_interval`` per QP (the notification point, :mod:`rocev2_emu.nic`),
-and here the sender reacts:
+into CNPs at most one per ``cnp_interval`` per QP (the notification point,
+:mod:`rocev2_emu.nic.core`), and here the sender reacts:
 
 * **Cut**, on a CNP: target ``Rt <- Rc``, current ``Rc <- Rc (1 - alpha/2)`` (not below the
   minimum rate), ``alpha <- (1 - g) alpha + g``; at most one cut per ``decrease_period``.  A cut

@@ -16,11 +16,11 @@ import hashlib
 import numpy as np
 import trio
 
-from rocev2_emu.link import LinkFaults
-from rocev2_emu.memory import Access
-from rocev2_emu.oob import OobChannel, connect_qp
-from rocev2_emu.verbs import CQ, MR, PD, QP, Context, DeviceConfig
-from rocev2_emu.work import RecvWR, Sge
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.transport.memory import Access
+from rocev2_emu.transport.work import RecvWR, Sge
+from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig
+from rocev2_emu.verbs.oob import OobChannel, connect_qp
 
 RECV_CHUNK = 64 << 10
 

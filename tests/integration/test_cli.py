@@ -13,7 +13,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from rocev2_emu.verbs import Context, DeviceConfig
+from rocev2_emu.verbs.api import Context, DeviceConfig
 from tests.conftest import require_tool
 from tests.integration.test_processes import free_port
 
@@ -91,7 +91,8 @@ def test_a_perftest_capture_is_decoded_by_tshark(tmp_path: Path) -> None:
 
 
 async def test_metrics_are_served_in_prometheus_format() -> None:
-    from rocev2_emu.metrics import nic_registry, serve
+    from rocev2_emu.nic.metrics import nic_registry
+    from rocev2_emu.runtime.metrics import serve
 
     port = free_port()
     async with Context.open(DeviceConfig(bind="127.0.0.45")) as ctx:

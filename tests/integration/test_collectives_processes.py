@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from collectives.launch import run_local
-from rocev2_emu.topogen import leaf_spine, to_toml
-from rocev2_emu.topology import Topology, parse
+from rocev2_emu.fabric.topogen import leaf_spine, to_toml
+from rocev2_emu.fabric.topology import Topology, parse
 
 pytestmark = pytest.mark.integration
 BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu.topogen import leaf_spine, single_switch
+from rocev2_emu.fabric.topogen import leaf_spine, single_switch
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "rocev2_emu"]

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rocev2_emu.link import LinkFaults
-from rocev2_emu.memory import Access
-from rocev2_emu.oob import OobChannel, QPInfo
-from rocev2_emu.verbs import CQ, MR, PD, QP, Context, DeviceConfig
-from rocev2_emu.work import SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.transport.memory import Access
+from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
+from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig
+from rocev2_emu.verbs.oob import OobChannel, QPInfo
 from tests.integration.peer import RECV_CHUNK, seeded
 
 pytestmark = pytest.mark.integration

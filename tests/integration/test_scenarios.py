@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu import scenarios
+from rocev2_emu.experiments import scenarios
 
 pytestmark = pytest.mark.integration
 

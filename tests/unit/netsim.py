@@ -7,10 +7,10 @@ import heapq
 import random
 from collections.abc import Callable
 
-from rocev2_emu.ethernet import ip_to_int
-from rocev2_emu.ingress import IngressConfig
-from rocev2_emu.nic import NicConfig, NicCore
-from rocev2_emu.topology import Link, Topology
+from rocev2_emu.fabric.topology import Link, Topology
+from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.ingress import IngressConfig
+from rocev2_emu.wire.ethernet import ip_to_int
 from switch.pipeline import SwitchCore
 
 

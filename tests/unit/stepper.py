@@ -11,12 +11,12 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rocev2_emu.memory import Access, MemoryRegion
-from rocev2_emu.nic import NicConfig, NicCore
-from rocev2_emu.qp import QueuePair
-from rocev2_emu.qp_state import QPAttr, QPState
-from rocev2_emu.roce import RoceFrame, decode_datagram_untrusted
-from rocev2_emu.work import CompletionQueue, WorkCompletion
+from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.transport.memory import Access, MemoryRegion
+from rocev2_emu.transport.qp import QueuePair
+from rocev2_emu.transport.qp_state import QPAttr, QPState
+from rocev2_emu.transport.work import CompletionQueue, WorkCompletion
+from rocev2_emu.wire.roce import RoceFrame, decode_datagram_untrusted
 
 Tamper = Callable[[int, bytes, float], list[bytes]]
 

@@ -19,8 +19,8 @@ from collectives.communicator import RankPlace, ring_order
 from collectives.job import places_for, run_virtual
 from collectives.metrics import HostCollectiveMetrics
 from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
-from rocev2_emu.topogen import leaf_spine
-from rocev2_emu.topology import Topology, parse
+from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topology import Topology, parse
 
 
 def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:

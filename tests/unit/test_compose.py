@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu import dashboards
-from rocev2_emu.compose import generate
-from rocev2_emu.topology import TopologyError, load, parse
+from rocev2_emu.fabric import dashboards
+from rocev2_emu.fabric.compose import generate
+from rocev2_emu.fabric.topology import TopologyError, load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = "examples/topologies/leaf-spine.toml"

@@ -7,8 +7,8 @@ import tomllib
 import pytest
 
 from rocev2_emu.cc import PROFILES, Dcqcn, DcqcnParams, create
-from rocev2_emu.topogen import single_switch
-from rocev2_emu.topology import parse
+from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.fabric.topology import parse
 from tests.unit.netsim import NetSim
 from tests.unit.test_switch import connect, finish, start
 

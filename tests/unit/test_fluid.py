@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rocev2_emu.cc import PROFILES
-from rocev2_emu.fluid import Bottleneck, fixed_point, integrate
+from rocev2_emu.experiments.fluid import Bottleneck, fixed_point, integrate
 
 LINK = Bottleneck(10e9, 2, 100e3, 400e3, 0.2, 4154)
 

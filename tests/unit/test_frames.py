@@ -15,11 +15,11 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from rocev2_emu.bth import NakCode, Opcode, psn_add, psn_diff
-from rocev2_emu.errors import MalformedFrame
-from rocev2_emu.ethernet import ECN_CE, ipv4_checksum
-from rocev2_emu.pfc import PFC_DST_MAC, PfcFrame, decode_pfc_untrusted, encode_pfc
-from rocev2_emu.roce import (
+from rocev2_emu.wire.bth import NakCode, Opcode, psn_add, psn_diff
+from rocev2_emu.wire.errors import MalformedFrame
+from rocev2_emu.wire.ethernet import ECN_CE, ipv4_checksum
+from rocev2_emu.wire.pfc import PFC_DST_MAC, PfcFrame, decode_pfc_untrusted, encode_pfc
+from rocev2_emu.wire.roce import (
     DSCP_CNP,
     FrameTemplate,
     RoceFrame,

@@ -10,9 +10,9 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from rocev2_emu.pcap import PcapWriter, read_pcap
-from rocev2_emu.pfc import encode_pfc
-from rocev2_emu.work import SendWR, Sge, WrOpcode
+from rocev2_emu.transport.work import SendWR, Sge, WrOpcode
+from rocev2_emu.wire.pcap import PcapWriter, read_pcap
+from rocev2_emu.wire.pfc import encode_pfc
 from tests.conftest import require_tool
 from tests.unit.stepper import Stepper
 

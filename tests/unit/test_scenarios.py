@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu import scenarios
+from rocev2_emu.experiments import scenarios
 
 
 def test_incast_scenario_checks_pass_and_results_are_written(

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from rocev2_emu.ethernet import encode_vxlan
-from rocev2_emu.memory import Access, MemoryRegion
-from rocev2_emu.nic import NicCore
-from rocev2_emu.pfc import encode_pfc
-from rocev2_emu.qp import QueuePair
-from rocev2_emu.qp_state import QPAttr, QPState
-from rocev2_emu.roce import FrameTemplate
-from rocev2_emu.topogen import leaf_spine, single_switch
-from rocev2_emu.topology import Topology, parse
-from rocev2_emu.work import CompletionQueue, SendWR, Sge, WcStatus, WrOpcode
+from rocev2_emu.fabric.topogen import leaf_spine, single_switch
+from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.nic.core import NicCore
+from rocev2_emu.transport.memory import Access, MemoryRegion
+from rocev2_emu.transport.qp import QueuePair
+from rocev2_emu.transport.qp_state import QPAttr, QPState
+from rocev2_emu.transport.work import CompletionQueue, SendWR, Sge, WcStatus, WrOpcode
+from rocev2_emu.wire.ethernet import encode_vxlan
+from rocev2_emu.wire.pfc import encode_pfc
+from rocev2_emu.wire.roce import FrameTemplate
 from switch.config import EcnThresholds
 from switch.mmu import Mmu, MmuConfig
 from tests.unit.netsim import NetSim
@@ -199,7 +199,7 @@ def test_red_marks_with_probability_between_kmin_and_kmax() -> None:
         marked = sum(sw._mark(1, 3, datagram, depth)[23] & 3 == 3 for _ in range(4000))
         assert marked / 4000 == pytest.approx(expected, abs=0.03)
         assert all(sw._mark(1, 3, not_ect, depth) == not_ect for _ in range(50))
-    from rocev2_emu.roce import decode_datagram_untrusted
+    from rocev2_emu.wire.roce import decode_datagram_untrusted
 
     marked_frame = sw._mark(1, 3, datagram, 40_000)
     assert decode_datagram_untrusted(marked_frame)[1].ecn == 3  # type: ignore[union-attr]
@@ -272,7 +272,8 @@ def test_virtual_mode_runs_the_real_drivers_and_repeats_exactly(
 ) -> None:
     from pathlib import Path
 
-    from rocev2_emu.launcher import load_flows, run_virtual
+    from rocev2_emu.fabric.flows import load_flows
+    from rocev2_emu.fabric.virtual import run_virtual
 
     assert isinstance(tmp_path, Path)
     data = tomllib.loads(single_switch(5))

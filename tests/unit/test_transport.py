@@ -8,13 +8,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from rocev2_emu.bth import Opcode, psn_add
-from rocev2_emu.errors import LocalVerbsError
-from rocev2_emu.memory import Access
-from rocev2_emu.qp_state import QPAttr, QPState
-from rocev2_emu.roce import FrameTemplate, pack_reth
-from rocev2_emu.timers import local_ack_timeout, rnr_delay
-from rocev2_emu.work import RecvWR, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
+from rocev2_emu.transport.errors import LocalVerbsError
+from rocev2_emu.transport.memory import Access
+from rocev2_emu.transport.qp_state import QPAttr, QPState
+from rocev2_emu.transport.timers import local_ack_timeout, rnr_delay
+from rocev2_emu.transport.work import RecvWR, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
+from rocev2_emu.wire.bth import Opcode, psn_add
+from rocev2_emu.wire.roce import FrameTemplate, pack_reth
 from tests.unit.stepper import Stepper, decode
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
@@ -677,8 +677,8 @@ def test_nic_counts_and_drops_bad_frames() -> None:
 
 
 def test_pfc_pause_stops_the_roce_priority_for_quanta_times_512_bit_times() -> None:
-    from rocev2_emu.ethernet import encode_vxlan
-    from rocev2_emu.pfc import encode_pfc
+    from rocev2_emu.wire.ethernet import encode_vxlan
+    from rocev2_emu.wire.pfc import encode_pfc
 
     s = Stepper(link_bps=100e9)
     write(s, 1024 * 4)
@@ -739,8 +739,8 @@ def test_read_recovers_from_lost_responses() -> None:
 
 
 def test_priorities_strict_order_and_pause_per_priority() -> None:
-    from rocev2_emu.ethernet import encode_vxlan
-    from rocev2_emu.pfc import encode_pfc
+    from rocev2_emu.wire.ethernet import encode_vxlan
+    from rocev2_emu.wire.pfc import encode_pfc
 
     s = Stepper(link_bps=100e9, mtu=1024)
     nic_a, nic_b = s.a.nic, s.b.nic

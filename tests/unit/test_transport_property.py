@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from rocev2_emu.work import RecvWR, SendWR, Sge, WcStatus, WrOpcode
+from rocev2_emu.transport.work import RecvWR, SendWR, Sge, WcStatus, WrOpcode
 from tests.unit.stepper import Stepper
 
 

@@ -8,13 +8,13 @@ import pytest
 import trio
 import trio.testing
 
-from rocev2_emu.errors import LocalVerbsError, RemoteVerbsError
-from rocev2_emu.link import LinkFaults
-from rocev2_emu.memory import Access
-from rocev2_emu.ports import MemoryNetwork
-from rocev2_emu.qp_state import QPState
-from rocev2_emu.verbs import CQ, MR, PD, QP, Context, DeviceConfig, RemoteQP
-from rocev2_emu.work import RecvWR, SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.transport.errors import LocalVerbsError, RemoteVerbsError
+from rocev2_emu.transport.memory import Access
+from rocev2_emu.transport.qp_state import QPState
+from rocev2_emu.transport.work import RecvWR, SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
+from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig, RemoteQP
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 A, B = ("127.0.0.2", 4789), ("127.0.0.3", 4789)

@@ -1,0 +1,20 @@
+"""How the collectives plug into the host side, which never imports them.
+
+``rocev2_emu`` loads the ``rocev2_emu.plugins`` entry points (pyproject.toml names
+:func:`register`) before it runs a command.  Registering adds: the host agent's
+``collective`` command (:mod:`rocev2_emu.fabric.services`), the ``bench`` kinds all-reduce,
+all-gather, reduce-scatter and broadcast and the all-reduce demo (:mod:`collectives.cli`), and
+the ``straggler`` scenario (:mod:`collectives.straggler`).
+"""
+
+from __future__ import annotations
+
+from collectives import cli, straggler
+from collectives.job import collective_handler
+from rocev2_emu.fabric.services import host_service
+
+
+def register() -> None:
+    host_service("collective")(collective_handler)
+    cli.register()
+    straggler.register()

@@ -1,0 +1,89 @@
+"""``rocev2-emu demo``: the README's first command.
+
+The default demo is the one a plugin sets with :func:`set_demo` (the collectives: an all-reduce
+across the shipped leaf-spine); without one, or with ``--perftest``, it is two NIC processes
+running perftest's write-bw and write-lat on 127.0.0.2 and 127.0.0.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from rocev2_emu.cli.commands import Command, register
+
+Demo = Callable[[float | None], int]  # takes the TDF (None: the topology's)
+_DEMO: list[Demo] = []
+
+
+def set_demo(demo: Demo) -> None:
+    """Make ``demo`` what ``rocev2-emu demo`` runs."""
+    _DEMO[:] = [demo]
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
+    p.add_argument("--tdf", type=float, help="time-dilation factor (default: the topology's)")
+    p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if _DEMO and not args.perftest:
+        return _DEMO[0](args.tdf)
+    return perftest_demo(args.tdf or 200.0, args.loss)
+
+
+def perftest_demo(tdf: float, loss: float) -> int:
+    me = [sys.executable, "-m", "rocev2_emu"]
+    common = ["--tdf", str(tdf), "--loss", str(loss), "-p", "18516"]
+    runs = [("write-bw", ["-s", "65536", "-n", "400"]), ("write-lat", ["-n", "200"])]
+    print(
+        f"rocev2-emu demo: two NIC processes, server 127.0.0.2 and client 127.0.0.3, direct "
+        f"100 Gbit/s link, TDF {tdf:g}; metrics at http://127.0.0.2:9102/metrics and "
+        "http://127.0.0.3:9103/metrics while each test runs\n"
+    )
+    for test, extra in runs:
+        server = subprocess.Popen(
+            [*me, test, *common, *extra, "--metrics-port", "9102", "--nic-addr", "127.0.0.2"],
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(0.3)
+        try:
+            client = subprocess.run(
+                [
+                    *me,
+                    test,
+                    "127.0.0.1",
+                    *common,
+                    *extra,
+                    "--metrics-port",
+                    "9103",
+                    "--nic-addr",
+                    "127.0.0.3",
+                ],
+                timeout=600,
+            )
+        finally:
+            server.wait(60)
+        if client.returncode or server.returncode:
+            print(
+                f"demo: {test} failed (client {client.returncode}, server {server.returncode})",
+                file=sys.stderr,
+            )
+            return 1
+        print()
+    return 0
+
+
+register(
+    Command(
+        "demo",
+        "the all-reduce benchmark on the shipped leaf-spine, one process per node, with "
+        "metrics (--perftest: write-bw and write-lat between two NICs)",
+        _configure,
+        _run,
+    )
+)

@@ -1,0 +1,162 @@
+"""The fabric's commands: ``up``, ``node``, ``link``, ``stop``, ``topology`` and ``compose``."""
+
+from __future__ import annotations
+
+import argparse
+
+import trio
+
+from rocev2_emu.cli.commands import Command, register
+from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology
+from rocev2_emu.fabric.compose import generate
+
+
+def _up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", help="topology TOML file (see examples/topologies)")
+    p.add_argument("--flows", help="flow list TOML ([[flow]] src, dst, size, start_us, dscp)")
+    p.add_argument(
+        "--virtual",
+        action="store_true",
+        help="one process in virtual time (deterministic; needs --flows)",
+    )
+    p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
+
+
+def _up(args: argparse.Namespace) -> int:
+    topo = topology.resolve_names(topology.load(args.topology))  # names: docker swarm
+    return supervisor.up(
+        topo, args.topology, tdf=args.tdf, flows_path=args.flows, virtual=args.virtual
+    )
+
+
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology")
+    p.add_argument("name")
+    p.add_argument("--tdf", type=float, help="override the topology's TDF")
+    p.add_argument(
+        "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
+    )
+    p.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
+    p.add_argument(
+        "--metrics-addr",
+        help="address /metrics listens on (default: the node's; 0.0.0.0 in a container)",
+    )
+    p.add_argument(
+        "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
+    )
+
+
+def _node(args: argparse.Namespace) -> int:
+    topo = topology.resolve_names(topology.load(args.topology))
+    opts = nodes.NodeOptions(
+        args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
+    )
+    trio.run(nodes.run_node, topo, args.name, opts)
+    return 0
+
+
+def _link_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology")
+    p.add_argument("a", help="one end of the link")
+    p.add_argument("b", help="the other end")
+    p.add_argument("state", nargs="?", choices=["down", "up"], help="take it down or up")
+    p.add_argument("--loss", type=float, help="set the loss probability, both directions")
+    p.add_argument("--corrupt", type=float, help="set the bit-corruption probability")
+    p.add_argument("--duplicate", type=float, help="set the duplication probability")
+    p.add_argument("--reorder", type=float, help="set the reordering probability")
+    p.add_argument("--delay-us", type=float, help="set the one-way delay (emulated us)")
+
+
+def _link(args: argparse.Namespace) -> int:
+    topo = topology.resolve_names(topology.load(args.topology))
+    faults = {
+        k: v
+        for k, v in (
+            ("loss", args.loss),
+            ("corrupt", args.corrupt),
+            ("duplicate", args.duplicate),
+            ("reorder", args.reorder),
+        )
+        if v is not None
+    }
+    if args.delay_us is not None:
+        faults["delay"] = args.delay_us * 1e-6
+    if args.state is None and not faults:
+        raise ValueError("say down, up, or a fault to set (--loss, --corrupt, ...)")
+    if args.state is not None:
+        control.set_link(topo, args.a, args.b, args.state == "up")
+    return control.set_faults(topo, args.a, args.b, faults) if faults else 0
+
+
+def _stop_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology")
+    p.add_argument("name")
+
+
+def _stop(args: argparse.Namespace) -> int:
+    return control.stop_node(topology.resolve_names(topology.load(args.topology)), args.name)
+
+
+def _topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
+    p.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
+    p.add_argument("--spines", type=int, default=2, help="leaf-spine: spines (default 2)")
+    p.add_argument("--leaves", type=int, default=4, help="leaf-spine: leaves (default 4)")
+    p.add_argument("--hosts-per-leaf", type=int, default=2, help="leaf-spine (default 2)")
+    p.add_argument("-k", type=int, default=4, help="fat-tree: k (even, default 4)")
+    p.add_argument("--rate", type=float, default=100.0, help="link rate, Gbit/s")
+    p.add_argument("--delay-us", type=float, default=1.0, help="link delay, microseconds")
+    p.add_argument(
+        "--tdf",
+        type=float,
+        help="time-dilation factor (default: the shape's, sized for this class of machine)",
+    )
+
+
+def _topology(args: argparse.Namespace) -> int:
+    common: dict[str, float] = {"rate_gbps": args.rate, "delay_us": args.delay_us}
+    if args.tdf:
+        common["tdf"] = args.tdf
+    if args.shape == "single-switch":
+        text = topogen.single_switch(args.hosts, **common)
+    elif args.shape == "leaf-spine":
+        text = topogen.leaf_spine(args.spines, args.leaves, args.hosts_per_leaf, **common)
+    else:
+        text = topogen.fat_tree(args.k, **common)
+    print(text, end="")
+    return 0
+
+
+def _compose_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology")
+    p.add_argument("--out", default=".", help="where docker-compose.yml and deploy/ go (.)")
+    p.add_argument("--subnet", default="172.30.0.0/24", help="the bridge network's subnet")
+
+
+def _compose(args: argparse.Namespace) -> int:
+    for path in generate(args.topology, args.out, args.subnet):
+        print(f"wrote {path}")
+    return 0
+
+
+register(
+    Command(
+        "up",
+        "run a topology: one process per switch and host (or --virtual), optionally a flow "
+        "list, then report",
+        _up_args,
+        _up,
+    )
+)
+register(Command("node", "run one switch or host of a topology (used by up)", _node_args, _node))
+register(Command("link", "take a link of a running fabric down or up", _link_args, _link))
+register(Command("stop", "stop one node of a running fabric (as a crash would)", _stop_args, _stop))
+register(Command("topology", "generate a topology file on stdout", _topology_args, _topology))
+register(
+    Command(
+        "compose",
+        "write the docker-compose testbed (and Prometheus config) for a topology",
+        _compose_args,
+        _compose,
+    )
+)

@@ -1,0 +1,252 @@
+"""The harness of the congestion scenarios: run flows on a scenario's fabric, sample it, check
+it, and write what it found.
+
+A scenario builds its topology (:func:`topology_data`, :func:`scenario_topology`,
+:func:`settings` for PFC / ECN / DCQCN), runs its flows with :func:`fabric_run` - in virtual time
+with every flow's goodput, the watched port's queue, marks and pauses sampled (:class:`Run`), or
+as one process per node at a TDF (flow results and counters only) - and returns an
+:class:`Outcome`: its runs, report lines, checks and plot.  :func:`main` prints the report,
+writes ``NAME.json`` (and ``NAME.png`` when matplotlib is installed) and gives the exit code.
+Scenarios register by name in :data:`SCENARIOS` (:mod:`rocev2_emu.experiments.catalog` holds
+the built-in ones; plugins add theirs).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rocev2_emu.fabric.agent import FlowResult, FlowSpec
+from rocev2_emu.fabric.flows import run_flows
+from rocev2_emu.fabric.report import fabric_stats
+from rocev2_emu.fabric.supervisor import run_flow_job
+from rocev2_emu.fabric.topogen import to_toml
+from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
+
+G = 1e9
+
+
+@dataclass(slots=True)
+class Run:
+    """One fabric run: flow results, time series and the fabric's counters."""
+
+    setting: str
+    results: list[FlowResult]
+    times: list[float] = field(default_factory=list)  # emulated seconds
+    goodput: dict[int, list[float]] = field(default_factory=dict)  # flow -> Gbit/s per sample
+    queue: list[int] = field(default_factory=list)  # bottleneck egress queue, bytes
+    paused: list[bool] = field(default_factory=list)  # any upstream pause in force
+    marked: list[int] = field(default_factory=list)  # CE marks at the bottleneck, cumulative
+    sent: list[int] = field(default_factory=list)  # packets out of the bottleneck, cumulative
+    queue_reference: float | None = None  # a model's queue (bytes), drawn across the plot
+    fabric: dict[str, Any] = field(default_factory=dict)
+
+
+async def _run(
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+) -> Run:
+    run = Run(setting, [])
+    async with virtual_fabric(topo) as (drivers, agents):
+        t0 = next(iter(agents.values())).ctx.now() + 1e-6
+        done = trio.Event()
+
+        async def sample() -> None:
+            last = {f.id: 0 for f in flows}
+            driver = drivers[watch[0]]
+            sw = driver.core
+            port = sw.ports[watch[1]]
+            while not done.is_set():
+                await trio.sleep(dt)
+                now = driver.clock.now()
+                run.times.append(now - t0)
+                for f in flows:
+                    received = agents[f.dst].received_bytes(f.id)
+                    total = last[f.id] if received is None else received
+                    run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
+                    last[f.id] = total
+                run.queue.append(sum(port.queue_bytes))
+                run.marked.append(sum(port.ecn_marked))
+                run.sent.append(port.tx_packets)
+                run.paused.append(
+                    any(p.paused_until[3] > now for p in sw.ports)
+                    or any(any(row) for row in sw.mmu.paused)
+                )
+
+        async with trio.open_nursery() as jobs:
+            jobs.start_soon(sample)
+            run.results = await run_flows(agents, flows, t0)
+            done.set()
+        run.fabric = fabric_stats(drivers, agents)
+    return run
+
+
+def run_sampled(
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+) -> Run:
+    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``."""
+    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting)
+
+
+def topology_data(text: str, seed: int, **sections: dict[str, Any]) -> dict[str, Any]:
+    data = tomllib.loads(text)
+    data["fabric"]["seed"] = seed
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return data
+
+
+def fabric_run(
+    data: dict[str, Any],
+    flows: list[FlowSpec],
+    watch: tuple[str, int],
+    dt: float,
+    setting: str,
+    mode: Mode,
+) -> Run:
+    """Run ``flows`` on the topology ``data``: in virtual time with sampled series, or as one
+    process per node at ``mode.tdf`` (flow results and counters only)."""
+    if mode.virtual:
+        return run_sampled(parse(data, "<scenario>"), flows, watch, dt, setting)
+    data = {**data, "fabric": {**data["fabric"], "tdf": mode.tdf}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/{setting}.toml"
+        Path(path).write_text(to_toml(data))
+        results, fabric = run_flow_job(parse(data, path), path, mode.tdf, flows)
+    return Run(setting, results, fabric=fabric)
+
+
+@dataclass(slots=True, frozen=True)
+class Mode:
+    virtual: bool = True
+    tdf: float = 1000.0
+
+
+def settings(
+    pfc: bool, dcqcn: bool, ecn: bool, profile: str = "paper"
+) -> dict[str, dict[str, Any]]:
+    # With DCQCN, mark as the DCQCN paper does (Kmin 5 KB, Kmax 200 KB, Pmax 1 %): well below
+    # where PFC engages, so rates are cut before the switch has to pause anyone.
+    marking = {"kmin_kb": 5, "kmax_kb": 200, "pmax": 0.01}
+    return {
+        "pfc": {"enabled": pfc},
+        "dcqcn": {"enabled": dcqcn, "profile": profile},
+        "ecn": {"enabled": ecn, "priorities": [3], **marking},
+    }
+
+
+def scenario_topology(
+    name: str,
+    switches: list[str],
+    links: list[tuple[str, str]],
+    uplink_gbps: float = 100.0,
+    rate_gbps: float = 100.0,
+) -> str:
+    """A scenario topology: 1 us links at ``rate_gbps``, or ``uplink_gbps`` between
+    switches; hosts are the link ends that are not switches."""
+    hosts = sorted({end for link in links for end in link} - set(switches))
+    lines = [f'[fabric]\nname = "{name}"\nmtu = 4096\n[link_defaults]\nrate_gbps = {rate_gbps}']
+    lines += ["delay_us = 1.0"] + [f'[[switch]]\nname = "{n}"' for n in switches]
+    lines += [f'[[host]]\nname = "{n}"' for n in hosts]
+    for a, b in links:
+        lines.append(f'[[link]]\na = "{a}"\nb = "{b}"')
+        if a in switches and b in switches:
+            lines.append(f"rate_gbps = {uplink_gbps:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def jain(values: list[float]) -> float:
+    """Jain's fairness index: 1 when all are equal, 1/n when one takes everything."""
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if any(values) else 0.0
+
+
+def steady_shares(run: Run) -> list[float]:
+    """Mean goodput of each flow while all of them were running (the middle 80 %)."""
+    first_done = min(r.start + r.fct for r in run.results)
+    picks = [k for k, t in enumerate(run.times) if 0.1 * first_done <= t <= 0.9 * first_done]
+    return [statistics.fmean(run.goodput[f][k] for k in picks) for f in sorted(run.goodput)]
+
+
+Check = tuple[str, bool]
+
+
+def check_lines(checks: list[Check]) -> tuple[list[str], bool]:
+    """One report line per check, and whether all passed."""
+    lines, ok = [], True
+    for text, good in checks:
+        lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
+        ok = ok and good
+    return lines, ok
+
+
+def runs_json(runs: list[Run]) -> list[dict[str, Any]]:
+    return [{**asdict(r), "results": [asdict(x) for x in r.results]} for r in runs]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a scenario found: its runs as NAME.json holds them, its report, its verdict, and
+    how to draw NAME.png (``plot(path)`` is False when it could not: no matplotlib)."""
+
+    runs: list[dict[str, Any]]
+    lines: list[str]
+    ok: bool
+    plot: Callable[[Path], bool] | None = None
+    no_plot: str = "matplotlib absent"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    run: Callable[[int, Mode], Outcome]
+    virtual_only: bool = False
+    units: str = "; rates in emulated Gbit/s"
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def register(scenario: Scenario) -> Scenario:
+    SCENARIOS[scenario.name] = scenario
+    return scenario
+
+
+def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1000.0) -> int:
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
+        return 2
+    if scenario.virtual_only and not virtual:
+        print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
+        return 2
+    outcome = scenario.run(seed, Mode(virtual, tdf))
+    where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
+    print(f"# scenario {name}, {where}, seed {seed}{scenario.units}")
+    for line in outcome.lines:
+        print(line)
+    out_dir = Path(out or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        "scenario": name,
+        "seed": seed,
+        "ok": outcome.ok,
+        "report": outcome.lines,
+        "runs": outcome.runs,
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1))
+    png = out_dir / f"{name}.png"
+    plotted = outcome.plot is not None and outcome.plot(png)
+    print(
+        f"# wrote {out_dir / (name + '.json')}"
+        + (f" and {png}" if plotted else f" (no plot: {outcome.no_plot})")
+    )
+    return 0 if outcome.ok else 1

@@ -1,0 +1,53 @@
+"""Plots of scenario runs (matplotlib, the ``plot`` extra): per-flow goodput, the watched
+port's queue, PFC pauses shaded, and a model's queue where a scenario has one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rocev2_emu.experiments.harness import Run
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        t = [x * 1e6 for x in run.times]
+        for flow, series in sorted(run.goodput.items()):
+            ax.plot(t, series, label=f"flow {flow}")
+        ax.set_ylabel("goodput (Gbit/s)")
+        ax.set_title(f"{name}: {run.setting}")
+        q = ax.twinx()
+        q.plot(t, [b / 1024 for b in run.queue], color="black", linestyle=":", label="queue")
+        q.set_ylabel("bottleneck queue (KiB)")
+        if run.queue_reference is not None:
+            q.axhline(run.queue_reference / 1024, color="grey", linestyle="--", linewidth=1)
+        for i, paused in enumerate(run.paused):
+            if paused and i + 1 < len(t):
+                ax.axvspan(t[i], t[i + 1], color="red", alpha=0.08, linewidth=0)
+        if run.goodput:
+            ax.legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel(
+        "time (emulated us); shaded: PFC pause in force; dashed: the fluid model's queue"
+        if any(r.queue_reference is not None for r in runs)
+        else "time (emulated us); shaded: PFC pause in force"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

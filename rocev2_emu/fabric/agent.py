@@ -1,0 +1,262 @@
+"""Jobs on a running fabric: every host runs an agent that executes flows and reports each
+flow's completion time (FCT), as the HPCC simulator's flow files drive its hosts.
+
+A flow is (id, src, dst, size, start, DSCP): at ``start`` (emulated seconds after the job's
+start) the source RDMA-WRITEs ``size`` seeded bytes into a buffer the destination registered
+for it, over a QP of its own; the FCT is from the first post to the last completion.  The
+destination then reports a SHA-256 of what it received, so every byte is checked end to end.
+
+The same :class:`HostAgent` serves both modes: in-process peers call each other directly
+(virtual mode), and :class:`AgentServer` / :class:`RemotePeer` carry the same calls over TCP
+with msgpack between processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import trio
+
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.transport.memory import Access
+from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WrOpcode
+from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context
+from rocev2_emu.verbs.oob import OobChannel, QPInfo, serve_requests
+from rocev2_emu.wire.roce import DSCP_ROCE
+
+CONTROL_PORT = 18515
+CHUNK = 64 << 10  # bytes per work request: completions come often enough to watch
+
+
+@dataclass(slots=True, frozen=True)
+class FlowSpec:
+    id: int
+    src: str
+    dst: str
+    size: int
+    start: float = 0.0  # emulated seconds after the job starts
+    dscp: int = DSCP_ROCE
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FlowSpec:
+        return cls(
+            int(d["id"]),
+            str(d["src"]),
+            str(d["dst"]),
+            int(d["size"]),
+            float(d.get("start", 0.0)),
+            int(d.get("dscp", DSCP_ROCE)),
+        )
+
+
+@dataclass(slots=True)
+class FlowResult:
+    id: int
+    src: str
+    dst: str
+    size: int
+    start: float  # emulated seconds, job clock
+    fct: float  # emulated seconds; 0 when it failed
+    status: str  # "ok" or the failure
+    verified: bool
+
+
+class FlowPeer(Protocol):
+    async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo: ...
+
+    async def digest(self, flow_id: int) -> str: ...
+
+
+def flow_data(spec: FlowSpec) -> np.ndarray:
+    return np.random.default_rng(spec.id).integers(0, 256, spec.size, dtype=np.uint8)
+
+
+class HostAgent:
+    def __init__(
+        self, ctx: Context, name: str, *, mtu: int = 4096, qp_timeout: int = 14, retry_cnt: int = 7
+    ) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.mtu = mtu
+        self.qp_timeout = qp_timeout
+        self.retry_cnt = retry_cnt
+        self.pd = PD(ctx)
+        self._inbound: dict[int, tuple[QP, MR, np.ndarray]] = {}
+
+    def _connect(self, qp: QP, peer: QPInfo, dscp: int) -> None:
+        qp.connect(
+            peer.remote(),
+            path_mtu=self.mtu,
+            timeout=self.qp_timeout,
+            retry_cnt=self.retry_cnt,
+            traffic_class=dscp,
+        )
+
+    async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
+        """Destination side: a buffer and a QP for one inbound flow."""
+        buf = np.zeros(max(1, spec.size), dtype=np.uint8)
+        mr = MR(self.pd, buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        qp = QP(self.pd, CQ(self.ctx, 16))
+        self._connect(qp, sender, spec.dscp)
+        self._inbound[spec.id] = (qp, mr, buf)
+        return QPInfo.of(qp, mr)
+
+    def received_bytes(self, flow_id: int) -> int | None:
+        """Bytes of inbound flow ``flow_id`` written into this host so far (None: not open)."""
+        inbound = self._inbound.get(flow_id)
+        return None if inbound is None else inbound[0].rx_bytes
+
+    async def digest(self, flow_id: int) -> str:
+        _, _, buf = self._inbound.pop(flow_id)
+        return hashlib.sha256(buf.tobytes()).hexdigest()
+
+    async def run_flow(self, spec: FlowSpec, peer: FlowPeer, t0: float) -> FlowResult:
+        """Source side: connect, wait for the start time, write, verify."""
+        data = flow_data(spec)
+        mr = MR(self.pd, data if spec.size else np.zeros(1, np.uint8), Access.LOCAL_WRITE)
+        chunks = max(1, -(-spec.size // CHUNK))
+        cq = CQ(self.ctx, chunks + 16)
+        qp = QP(self.pd, cq, max_send_wr=chunks + 16)
+        remote = await peer.accept_flow(spec, QPInfo.of(qp))
+        self._connect(qp, remote, spec.dscp)
+        await trio.sleep_until(self.ctx.clock.to_trio(t0 + spec.start))
+        begin = self.ctx.now()
+        qp.post_send(
+            [
+                SendWR(
+                    k,
+                    WrOpcode.RDMA_WRITE,
+                    [Sge(mr.addr + k * CHUNK, min(CHUNK, spec.size - k * CHUNK), mr.lkey)],
+                    remote_addr=remote.vaddr + k * CHUNK,
+                    rkey=remote.rkey,
+                )
+                for k in range(chunks)
+            ]
+        )
+        status = "ok"
+        # the transport completes every request or fails it after its retries; this deadline
+        # only guards against a hang, so it is generous: no progress for that long is an error
+        deadline = 4.096e-6 * 2**self.qp_timeout * (self.retry_cnt + 2) * 4 + CHUNK * 8 / 1e9
+        done = 0
+        try:
+            while done < chunks:
+                for wc in await cq.wait(chunks, timeout=deadline):
+                    if wc.status is not WcStatus.SUCCESS:
+                        raise RemoteVerbsError(f"completion {wc.status.name}")
+                    done += 1
+        except RemoteVerbsError as exc:
+            status = str(exc)
+        fct = self.ctx.now() - begin if status == "ok" else 0.0
+        verified = False
+        if status == "ok":
+            verified = await peer.digest(spec.id) == hashlib.sha256(data.tobytes()).hexdigest()
+        qp.close()
+        return FlowResult(spec.id, spec.src, spec.dst, spec.size, spec.start, fct, status, verified)
+
+    async def run_flows(
+        self, specs: list[FlowSpec], peers: dict[str, FlowPeer], t0: float
+    ) -> list[FlowResult]:
+        results: list[FlowResult] = []
+
+        async def one(spec: FlowSpec) -> None:
+            results.append(await self.run_flow(spec, peers[spec.dst], t0))
+
+        async with trio.open_nursery() as nursery:
+            for spec in specs:
+                nursery.start_soon(one, spec)
+        return sorted(results, key=lambda r: r.id)
+
+
+def host_stats(ctx: Context) -> dict[str, Any]:
+    """A host NIC's share of the fabric summary."""
+    c = ctx.core.counters
+    return {
+        "nic_pauses": c.pfc_pause_received,
+        "cnps_sent": c.np_cnp_sent,
+        "cnps_handled": c.rp_cnp_handled,
+        "retransmitted": c.retransmitted_packets,
+        "timeouts": c.local_ack_timeout_err,
+        "nic_drops": sum(c.rx_drops.values()),
+        "socket_drops": ctx.port.kernel_drops(),
+        "late_wakeups": ctx.driver.late_wakeups,
+    }
+
+
+class RemotePeer:
+    """A FlowPeer in another process, reached through its AgentServer."""
+
+    def __init__(self, host: str, port: int = CONTROL_PORT) -> None:
+        self.host, self.port = host, port
+        self._chans: dict[int, OobChannel] = {}
+
+    async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
+        chan = await OobChannel.connect(self.host, self.port, timeout=30)
+        self._chans[spec.id] = chan
+        await chan.send({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
+        return QPInfo.from_wire((await chan.recv())["qp"])
+
+    async def digest(self, flow_id: int) -> str:
+        chan = self._chans.pop(flow_id)
+        try:
+            await chan.send({"cmd": "digest", "id": flow_id})
+            return str((await chan.recv())["sha256"])
+        finally:
+            await chan.aclose()
+
+
+class AgentServer:
+    """Serves an agent's calls over TCP: accept_flow, digest, run_flows."""
+
+    def __init__(
+        self,
+        agent: HostAgent,
+        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.handlers = handlers or {}  # more commands (the node adds "collective")
+
+    async def serve(
+        self,
+        host: str,
+        port: int = CONTROL_PORT,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        await serve_requests(stream, self._dispatch, timeout=3600.0)
+
+    async def _dispatch(self, msg: Any) -> dict[str, Any]:
+        cmd = msg.get("cmd") if isinstance(msg, dict) else None
+        try:
+            if cmd == "accept_flow":
+                spec = FlowSpec.from_dict(msg["spec"])
+                info = await self.agent.accept_flow(spec, QPInfo.from_wire(msg["qp"]))
+                return {"qp": asdict(info)}
+            if cmd == "digest":
+                return {"sha256": await self.agent.digest(int(msg["id"]))}
+            if cmd == "run_flows":
+                specs = [FlowSpec.from_dict(d) for d in msg["flows"]]
+                peers: dict[str, FlowPeer] = {
+                    name: RemotePeer(addr[0], int(addr[1])) for name, addr in msg["peers"].items()
+                }
+                results = await self.agent.run_flows(specs, peers, float(msg["t0"]))
+                return {"results": [asdict(r) for r in results]}
+            if cmd == "stats":
+                return host_stats(self.agent.ctx)
+            if cmd == "set_faults":
+                self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
+                return {"ok": True}
+            if cmd in self.handlers:
+                return await self.handlers[cmd](msg)
+        except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
+            return {"error": f"{cmd}: {exc!r}"}
+        return {"error": f"unknown command {msg!r}"}

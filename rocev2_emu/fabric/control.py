@@ -1,0 +1,99 @@
+"""Steering a running fabric from outside: a request to one node's control port, links down
+and up (with the routes recomputed around them), link faults, and stopping one node.
+
+Works on any running fabric - ``rocev2-emu up``'s processes or the compose testbed's
+containers - since it needs only the topology file and each node's control port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from rocev2_emu.fabric.agent import CONTROL_PORT
+from rocev2_emu.fabric.topology import Link, Topology, TopologyError
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.verbs.oob import OobChannel
+
+
+async def control(address: str, msg: dict[str, Any], *, timeout: float = 10.0) -> Any:
+    """One request to the node at ``address`` and its reply."""
+    chan = await OobChannel.connect(address, CONTROL_PORT, timeout=timeout)
+    try:
+        await chan.send(msg)
+        return await chan.recv()
+    finally:
+        await chan.aclose()
+
+
+def _link(topo: Topology, a: str, b: str) -> Link:
+    link = next((lk for lk in topo.links if {lk.a, lk.b} == {a, b}), None)
+    if link is None:
+        raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
+    return link
+
+
+def _port_of(topo: Topology, switch: str, link: Link) -> int:
+    return next(i for i, (lk, _) in enumerate(topo.nodes[switch].ports) if lk is link)
+
+
+async def _set_link(topo: Topology, a: str, b: str, up: bool) -> str:
+    link = _link(topo, a, b)
+    down: set[int] = set()
+    for sw in topo.switches:  # the fabric's state lives in its switches
+        stats = await control(sw.address, {"cmd": "stats"})
+        down |= {vni - 1 for vni in stats.get("down_vnis", [])}
+    (down.discard if up else down.add)(link.index)
+    for end in (a, b):
+        if topo.nodes[end].kind == "switch":
+            msg = {"cmd": "set_link", "port": _port_of(topo, end, link), "up": up}
+            await control(topo.nodes[end].address, msg)
+    for sw in topo.switches:  # routing converges around the failure
+        routes = topo.routes_by_ip(sw.name, frozenset(down))
+        await control(sw.address, {"cmd": "set_routes", "routes": list(routes.items())})
+    state = "up" if up else "down"
+    return f"link {a} <-> {b} (VNI {link.vni}) is {state}; {len(down)} link(s) down in the fabric"
+
+
+def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
+    """``rocev2-emu link``: take a link of a running fabric down or up, and reroute."""
+    print(trio.run(_set_link, topo, a, b, up))
+    return 0
+
+
+async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
+    link = _link(topo, a, b)
+    settings: dict[str, Any] = {
+        "loss": link.loss,
+        "delay": link.delay,
+        "seed": topo.link_seed(link),
+    }
+    settings.update(faults)
+    LinkFaults(**settings)  # validate before touching the fabric
+    for end in (a, b):
+        msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
+        if topo.nodes[end].kind == "switch":
+            msg["port"] = _port_of(topo, end, link)
+        reply = await control(topo.nodes[end].address, msg)
+        if "error" in reply:
+            raise RuntimeError(f"{end}: {reply['error']}")
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
+    return f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions"
+
+
+def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
+    """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
+    print(trio.run(_set_faults, topo, a, b, faults))
+    return 0
+
+
+def stop_node(topo: Topology, name: str) -> int:
+    """``rocev2-emu stop``: end one node of a running fabric (as a crash or docker stop)."""
+    if name not in topo.nodes:
+        raise TopologyError(f"{topo.path}: no node named {name!r}")
+    reply = trio.run(control, topo.nodes[name].address, {"cmd": "stop"})
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        raise RuntimeError(f"node {name}: {reply!r}")
+    print(f"node {name} (pid {reply['pid']}) is stopping")
+    return 0

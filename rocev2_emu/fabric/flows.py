@@ -1,0 +1,111 @@
+"""Flow jobs: a list of RDMA WRITE flows between hosts, as the HPCC simulator's flow files.
+
+Flow files are TOML (``[[flow]]`` with src, dst, size, and optionally start_us and dscp).
+:func:`run_flows` runs them on in-process host agents (virtual mode); :class:`FlowsJob` on a
+fabric of node processes, through each source host's control port.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rocev2_emu.fabric.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
+from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.verbs.oob import OobChannel
+
+
+def load_flows(path: str | Path, topo: Topology) -> list[FlowSpec]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TopologyError(f"{path}: cannot read flows: {exc}") from exc
+    flows = []
+    for i, item in enumerate(data.get("flow", [])):
+        where = f"{path}: [[flow]] #{i + 1}"
+        for end in ("src", "dst"):
+            node = topo.nodes.get(item.get(end, ""))
+            if node is None or node.kind != "host":
+                raise TopologyError(f"{where} {end} = {item.get(end)!r}: no such host")
+        size = item.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise TopologyError(f"{where} size = {size!r}: must be an integer >= 0")
+        flows.append(
+            FlowSpec(
+                i,
+                item["src"],
+                item["dst"],
+                size,
+                float(item.get("start_us", 0.0)) * 1e-6,
+                int(item.get("dscp", 26)),
+            )
+        )
+    if not flows:
+        raise TopologyError(f"{path}: no [[flow]] entries")
+    return flows
+
+
+async def run_flows(
+    agents: dict[str, HostAgent], flows: list[FlowSpec], t0: float
+) -> list[FlowResult]:
+    """Each source host runs its flows (concurrently), toward in-process peers."""
+    peers: dict[str, FlowPeer] = dict(agents)
+    results: list[FlowResult] = []
+
+    async def source(name: str, specs: list[FlowSpec]) -> None:
+        results.extend(await agents[name].run_flows(specs, peers, t0))
+
+    async with trio.open_nursery() as jobs:
+        for name in sorted({f.src for f in flows}):
+            jobs.start_soon(source, name, [f for f in flows if f.src == name])
+    return sorted(results, key=lambda r: r.id)
+
+
+class FlowsJob:
+    """The flows on a fabric of node processes: each source host's agent runs its own."""
+
+    def __init__(self, flows: list[FlowSpec]) -> None:
+        self.flows = flows
+
+    async def run(
+        self, topo: Topology, tdf: float, epoch: float
+    ) -> tuple[list[FlowResult], dict[str, Any]]:
+        clock = DilatedClock(tdf, epoch=epoch)
+        t0 = clock.now() + 0.5 / tdf  # half a real second from now, in emulated time
+        peers = {h.name: (h.address, CONTROL_PORT) for h in topo.hosts}
+        results: list[FlowResult] = []
+
+        async def source(name: str, specs: list[FlowSpec]) -> None:
+            chan = await OobChannel.connect(topo.nodes[name].address, CONTROL_PORT, timeout=30)
+            chan.timeout = 3600.0
+            try:
+                await chan.send(
+                    {
+                        "cmd": "run_flows",
+                        "flows": [asdict(s) for s in specs],
+                        "peers": peers,
+                        "t0": t0,
+                    }
+                )
+                reply = await chan.recv()
+            finally:
+                await chan.aclose()
+            if "error" in reply:
+                raise RuntimeError(f"host {name}: {reply['error']}")
+            results.extend(FlowResult(**r) for r in reply["results"])
+
+        async with trio.open_nursery() as jobs:
+            for name in sorted({f.src for f in self.flows}):
+                jobs.start_soon(source, name, [f for f in self.flows if f.src == name])
+        stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
+        return sorted(results, key=lambda r: r.id), merge_stats(stats)
+
+    async def node_died(self, name: str, code: int) -> bool:
+        return False

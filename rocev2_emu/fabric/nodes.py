@@ -1,0 +1,159 @@
+"""One node of a fabric - a switch or a host - built from the topology file, on real UDP.
+
+``rocev2-emu node TOPOLOGY NAME`` is what the supervisor (``rocev2-emu up``) starts once per
+node in local mode, and what a container runs in compose mode.  Every node listens on its own
+address (from the topology): VXLAN links on UDP 4789, Prometheus metrics on TCP 9100 and a
+control port on TCP 18515 (a host's agent runs flows there, and the commands of the services
+registered in :mod:`rocev2_emu.fabric.services`; a switch takes link up/down and route updates
+and reports its counters, :mod:`switch.node`).  When it is ready it prints one line::
+
+    READY <name> metrics=http://<addr>:9100/metrics control=<addr>:18515
+
+This module also turns the topology into what the cores and drivers take (:func:`host_config`,
+:func:`switch_driver`), for the virtual fabric as much as for processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent
+from rocev2_emu.fabric.services import HOST_SERVICES
+from rocev2_emu.fabric.topology import Link, Topology, dcqcn_params
+from rocev2_emu.nic.ingress import IngressConfig
+from rocev2_emu.nic.metrics import nic_registry
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.control import stop_soon
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.metrics import serve
+from rocev2_emu.runtime.ports import DatagramPort
+from rocev2_emu.verbs.api import Context, DeviceConfig
+from rocev2_emu.wire.ethernet import VXLAN_UDP_PORT
+from switch.driver import SwitchDriver
+from switch.node import run_switch
+from switch.pipeline import SwitchCore
+
+METRICS_PORT: Final = 9100
+
+
+@dataclass(slots=True)
+class NodeOptions:
+    tdf: float
+    epoch: float | None = None
+    metrics: bool = True
+    parent_pid: int = 0  # exit when this process is gone (0: never)
+    metrics_addr: str | None = None  # where /metrics listens (default: the node's address)
+
+
+def link_faults(topo: Topology, link: Link) -> LinkFaults:
+    """A link's configured faults, seeded per link from the topology's seed."""
+    return LinkFaults(loss=link.loss, delay=link.delay, seed=topo.link_seed(link))
+
+
+def switch_ports(topo: Topology, name: str) -> tuple[list[tuple[str, int]], list[LinkFaults]]:
+    """Each port's peer address and link faults, in port order."""
+    node = topo.nodes[name]
+    peers = [(topo.nodes[peer].address, VXLAN_UDP_PORT) for _, peer in node.ports]
+    faults = [link_faults(topo, link) for link, _ in node.ports]
+    return peers, faults
+
+
+def switch_driver(
+    topo: Topology, name: str, port: DatagramPort, clock: DilatedClock
+) -> SwitchDriver:
+    peers, faults = switch_ports(topo, name)
+    return SwitchDriver(SwitchCore(topo.switch_config(name)), port, clock, peers, faults)
+
+
+def host_config(
+    topo: Topology, name: str, tdf: float, epoch: float | None, *, seeded: bool = False
+) -> DeviceConfig:
+    """A host's NIC as the topology says; ``seeded`` draws QPNs and PSNs from the topology's
+    seed (virtual mode, where runs must repeat) instead of a CSPRNG."""
+    node = topo.nodes[name]
+    link, peer = topo.host_link(name)
+    return DeviceConfig(
+        bind=node.address,
+        port=VXLAN_UDP_PORT,
+        gid=node.ip,
+        link_peer=(peer.address, VXLAN_UDP_PORT),
+        link_gbps=link.rate_bps / 1e9,
+        tdf=tdf,
+        faults=link_faults(topo, link),
+        next_hop_mac=topo.mac_of(peer.name, link),
+        vni=link.vni,
+        epoch=epoch,
+        seed=topo.seed * 1000 + node.index if seeded else None,
+        dcqcn=dcqcn_params(topo),
+        max_inflight=topo.transport["max_inflight"],
+        pacing_gbps=float(topo.transport["pacing_gbps"]),
+        ingress=IngressConfig(
+            rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
+        )
+        if node.rx_gbps and topo.pfc["enabled"]
+        else None,
+    )
+
+
+def host_agent(topo: Topology, ctx: Context, name: str) -> HostAgent:
+    return HostAgent(
+        ctx,
+        name,
+        mtu=topo.mtu,
+        qp_timeout=topo.transport["qp_timeout"],
+        retry_cnt=topo.transport["retry_cnt"],
+    )
+
+
+async def _orphan_guard(parent: int) -> None:
+    """A node started by a supervisor dies with it, instead of holding its addresses forever."""
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event tells of a parent's death
+        await trio.sleep(0.5)
+    raise SystemExit(f"the launcher (pid {parent}) is gone")
+
+
+async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
+    async with trio.open_nursery() as nursery:
+        if opts.parent_pid:
+            nursery.start_soon(_orphan_guard, opts.parent_pid)
+        await _run_node(topo, name, opts)
+        nursery.cancel_scope.cancel()
+
+
+async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
+    node = topo.nodes.get(name)
+    if node is None:
+        raise ValueError(f"{topo.path}: no node named {name!r}")
+    ready = (
+        f"READY {name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+        f"control={node.address}:{CONTROL_PORT}"
+    )
+    metrics_at = (opts.metrics_addr or node.address, METRICS_PORT) if opts.metrics else None
+    if node.kind == "switch":
+        peers, faults = switch_ports(topo, name)
+        await run_switch(
+            topo.switch_config(name),
+            node.address,
+            VXLAN_UDP_PORT,
+            peers,
+            faults,
+            DilatedClock(opts.tdf, epoch=opts.epoch),
+            control_port=CONTROL_PORT,
+            metrics=metrics_at,
+            ready=ready,
+        )
+        return
+    async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
+        registry = nic_registry(ctx.driver, name)
+        handlers = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
+        handlers["stop"] = stop_soon
+        if metrics_at is not None:
+            serve(registry, metrics_at[1], addr=metrics_at[0])
+        agent = host_agent(topo, ctx, name)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(AgentServer(agent, handlers).serve, node.address, CONTROL_PORT)
+            print(ready, flush=True)

@@ -1,0 +1,96 @@
+"""The fabric's numbers: every node's counters merged into one summary, and the flow report
+``rocev2-emu up`` prints (completion times, then pauses, marks, drops and retransmissions).
+
+Every figure is emulated; the report names the TDF it ran at and warns when the run was not
+faithful (late wake-ups, datagrams the kernel dropped).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any
+
+from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.stats import percentile
+from switch.driver import SwitchDriver
+from switch.node import switch_stats
+
+
+def merge_stats(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Fabric totals of every node's counters (``stats`` by node name), plus ``pfc_senders``:
+    the nodes that sent PFC pause frames (how far a pause spread), and ``switch_tx_bytes``."""
+    total: dict[str, Any] = {"drops": {}}
+    total["pfc_senders"] = sorted(name for name, s in stats.items() if s.get("pfc_tx"))
+    total["switch_tx_bytes"] = {name: s["tx_bytes"] for name, s in stats.items() if "tx_bytes" in s}
+    for s in stats.values():
+        for key, value in s.items():
+            if key in ("down_vnis", "switch_tx_bytes"):
+                continue
+            if key == "drops":
+                for reason, n in value.items():
+                    total["drops"][reason] = total["drops"].get(reason, 0) + n
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def fabric_stats(drivers: dict[str, SwitchDriver], agents: dict[str, HostAgent]) -> dict[str, Any]:
+    """The summary of an in-process fabric (virtual mode)."""
+    return merge_stats(
+        {name: switch_stats(d) for name, d in drivers.items()}
+        | {name: host_stats(a.ctx) for name, a in agents.items()}
+    )
+
+
+def report(
+    topo: Topology, tdf: float, mode: str, results: list[FlowResult], fabric: dict[str, Any]
+) -> int:
+    """Print the flows' completion times and the fabric's counters; the exit code."""
+    print(
+        f"# {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches, {mode}, "
+        f"TDF {tdf:g}; times are emulated"
+    )
+    print(
+        f"{'flow':>5} {'src':>8} {'dst':>8} {'bytes':>10} {'start(us)':>10} {'FCT(us)':>10} "
+        f"{'Gbit/s':>8}  status"
+    )
+    for r in results:
+        gbps = r.size * 8 / r.fct / 1e9 if r.fct else 0.0
+        ok = "ok, verified" if r.verified else r.status
+        print(
+            f"{r.id:>5} {r.src:>8} {r.dst:>8} {r.size:>10} {r.start * 1e6:>10.1f} "
+            f"{r.fct * 1e6:>10.1f} {gbps:>8.2f}  {ok}"
+        )
+    fcts = sorted(r.fct for r in results if r.verified)
+    if fcts:
+        print(
+            f"# FCT p50 {statistics.median(fcts) * 1e6:.1f} us, p99 "
+            f"{percentile(fcts, 0.99) * 1e6:.1f} us, max {fcts[-1] * 1e6:.1f} us"
+        )
+    drops = fabric.get("drops", {})
+    print(
+        f"# fabric: PFC frames sent {fabric.get('pfc_tx', 0)}, paused "
+        f"{fabric.get('paused_seconds', 0.0) * 1e6:.1f} us (port-priority total), ECN marks "
+        f"{fabric.get('ecn_marked', 0)}, drops {sum(drops.values())} {dict(drops) or ''}, "
+        f"watchdog storms {fabric.get('storms', 0)}, late wake-ups "
+        f"{fabric.get('late_wakeups', 0)}, socket drops {fabric.get('socket_drops', 0)}"
+    )
+    print(
+        f"# hosts: PFC pauses honoured {fabric.get('nic_pauses', 0)}, CNPs sent "
+        f"{fabric.get('cnps_sent', 0)} and handled {fabric.get('cnps_handled', 0)}, "
+        f"retransmitted packets "
+        f"{fabric.get('retransmitted', 0)}, ACK timeouts {fabric.get('timeouts', 0)}, "
+        f"frames dropped by NICs {fabric.get('nic_drops', 0)}"
+    )
+    if fabric.get("late_wakeups") or fabric.get("socket_drops"):
+        print(
+            f"# warning: switches fell behind at TDF {tdf:g} (late wake-ups, or frames the "
+            "kernel dropped): this run was not faithful; raise the TDF",
+            file=sys.stderr,
+        )
+    failed = [r for r in results if not r.verified]
+    if failed:
+        print(f"# {len(failed)} flow(s) failed", file=sys.stderr)
+    return 1 if failed else 0

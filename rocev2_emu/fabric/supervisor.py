@@ -1,0 +1,225 @@
+"""The local supervisor: one ``rocev2-emu node`` process per switch and host, each on its own
+127.10.x.y address, and a job run on them.
+
+It starts every node, waits until each prints READY (with a deadline), prints where each
+serves metrics, then runs a :class:`FabricJob` (or waits for Ctrl-C), and stops every node on
+the way out.  If a node dies it asks the job whether it can go on (a collective job can: its
+other ranks raise); otherwise it says which node died and why (its last stderr lines) and
+stops the rest.  ``rocev2-emu up`` is :func:`up`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import trio
+import trio.abc
+
+from rocev2_emu.fabric.agent import FlowResult, FlowSpec
+from rocev2_emu.fabric.flows import FlowsJob, load_flows
+from rocev2_emu.fabric.report import report
+from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.fabric.virtual import run_virtual
+
+READY_TIMEOUT = 60.0
+
+
+class FabricJob(Protocol):
+    """What runs on a fabric of node processes once every node is ready."""
+
+    async def run(self, topo: Topology, tdf: float, epoch: float) -> Any: ...
+
+    async def node_died(self, name: str, code: int) -> bool:
+        """Told that a node died; True if the job copes (else the fabric stops)."""
+        ...
+
+
+async def _read_ready(name: str, proc: trio.Process, ready: dict[str, str]) -> None:
+    assert proc.stdout is not None
+    buf = b""
+    while b"\n" not in buf:
+        chunk = await proc.stdout.receive_some(4096)
+        if not chunk:
+            raise RuntimeError(f"node {name} exited before it was ready (code {proc.poll()})")
+        buf += chunk
+    line = buf.split(b"\n", 1)[0].decode()
+    if not line.startswith("READY "):
+        raise RuntimeError(f"node {name} said {line!r} instead of READY")
+    ready[name] = line
+
+
+async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> None:
+    """Keep a node's pipe flowing (a full pipe would stall it) and remember its last lines."""
+    if stream is None:
+        return
+    while chunk := await stream.receive_some(65536):
+        tail.extend(chunk.decode(errors="replace").splitlines())
+
+
+async def _watch(
+    name: str,
+    proc: trio.Process,
+    tail: deque[str],
+    stopping: trio.Event,
+    scope: trio.CancelScope,
+    job: FabricJob | None,
+) -> None:
+    code = await proc.wait()
+    if not stopping.is_set():
+        await trio.sleep(0.2)  # let the drain task collect the last words
+        why = "\n".join(tail)
+        if job is not None and await job.node_died(name, code):
+            print(f"rocev2-emu: node {name} died with code {code}", file=sys.stderr)
+            return
+        print(
+            f"rocev2-emu up: node {name} died with code {code}; stopping the fabric"
+            + (f"\n{why}" if why else ""),
+            file=sys.stderr,
+        )
+        scope.cancel()
+
+
+def _node_command(topo_path: str, name: str, tdf: float, epoch: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rocev2_emu",
+        "node",
+        topo_path,
+        name,
+        "--tdf",
+        str(tdf),
+        "--epoch",
+        repr(epoch),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+
+
+async def _wait_ready(
+    procs: dict[str, trio.Process], tails: dict[str, deque[str]]
+) -> dict[str, str]:
+    ready: dict[str, str] = {}
+    try:
+        with trio.fail_after(READY_TIMEOUT):
+            async with trio.open_nursery() as waiting:
+                for name, proc in procs.items():
+                    waiting.start_soon(_read_ready, name, proc, ready)
+    except (trio.TooSlowError, BaseExceptionGroup) as exc:
+        await trio.sleep(0.3)
+        missing = sorted(set(procs) - set(ready))
+        for name in missing:
+            print(
+                f"rocev2-emu up: node {name} not ready: " + " | ".join(tails[name]),
+                file=sys.stderr,
+            )
+        raise RuntimeError(f"nodes not ready within {READY_TIMEOUT:g} s: {missing}") from exc
+    return ready
+
+
+async def _supervise(
+    topo: Topology, topo_path: str, tdf: float, job: FabricJob | None, quiet: bool = False
+) -> Any:
+    """Start every node, run ``job`` (or wait for Ctrl-C), stop; the job's outcome (None when
+    a node died and the job could not go on)."""
+    epoch = time.monotonic()
+    procs: dict[str, trio.Process] = {}
+    stopping = trio.Event()
+    outcome: Any = None
+    try:
+        async with trio.open_nursery() as nursery:
+            tails: dict[str, deque[str]] = {}
+            for name in topo.nodes:
+                procs[name] = await trio.lowlevel.open_process(
+                    _node_command(topo_path, name, tdf, epoch),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                tails[name] = deque(maxlen=8)
+                nursery.start_soon(_drain, procs[name].stderr, tails[name])
+            ready = await _wait_ready(procs, tails)
+            for name, proc in procs.items():
+                nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
+                nursery.start_soon(
+                    _watch, name, proc, tails[name], stopping, nursery.cancel_scope, job
+                )
+            if not quiet:
+                print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
+                for name in topo.nodes:
+                    print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
+            if job is None:
+                print("# Ctrl-C stops the fabric", flush=True)
+                await trio.sleep_forever()
+            else:
+                outcome = await job.run(topo, tdf, epoch)
+            stopping.set()
+            nursery.cancel_scope.cancel()
+    finally:
+        stopping.set()
+        await _stop(procs)
+    return outcome
+
+
+async def _stop(procs: dict[str, trio.Process]) -> None:
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.terminate()
+    with trio.move_on_after(10):
+        for proc in procs.values():
+            await proc.wait()
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.kill()
+
+
+def run_processes(
+    topo: Topology, topo_path: str, tdf: float, job: FabricJob, *, quiet: bool = True
+) -> Any:
+    """One process per node, ``job``, then stop; what the job returned (None: a node died and
+    the job could not go on)."""
+    return trio.run(_supervise, topo, topo_path, tdf, job, quiet)
+
+
+def run_flow_job(
+    topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
+    """One process per node, the flows, then stop: their results and the fabric's counters."""
+    outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True)
+    if outcome is None:
+        raise RuntimeError("a node died during the job")
+    assert isinstance(outcome, tuple)
+    return outcome
+
+
+def up(
+    topo: Topology,
+    topo_path: str,
+    *,
+    tdf: float | None = None,
+    flows_path: str | None = None,
+    virtual: bool = False,
+) -> int:
+    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time)."""
+    flows = load_flows(flows_path, topo) if flows_path else None
+    if virtual:
+        if flows is None:
+            raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
+        return run_virtual(topo, flows)
+    tdf = tdf or topo.tdf
+    try:
+        outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows) if flows else None)
+    except KeyboardInterrupt:
+        return 130
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            print("rocev2-emu up: stopped", file=sys.stderr)
+            return 130  # Ctrl-C: every node has been stopped on the way out
+        raise
+    if outcome is None:
+        return 1  # a node died; _watch said which
+    return report(topo, tdf, "local processes", *outcome)

@@ -1,0 +1,389 @@
+"""The software NIC core (sans-IO): resources, frame dispatch, and a PFC-aware paced egress.
+
+Owns the NIC's protection domains, memory regions, completion queues and queue pairs; decodes
+every received VXLAN datagram (malformed frames, bad ICRC, bad IPv4 checksum, frames for
+unknown or wrong-state QPs are counted by reason and dropped); and schedules transmission:
+priorities highest first, a priority stops while an 802.1Qbb pause for it is in force, QPs of a
+priority are served round-robin, and frames leave at the link's line rate - each frame's
+departure time is computed (frame + preamble, SFD, FCS and inter-frame gap), never slept for.
+
+Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clock (TDF).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from rocev2_emu.cc import PROFILES, DcqcnParams
+from rocev2_emu.cc import create as create_rate_control
+from rocev2_emu.nic.ingress import IngressConfig, IngressQueue
+from rocev2_emu.transport.counters import NicCounters
+from rocev2_emu.transport.errors import LocalVerbsError
+from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
+from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
+from rocev2_emu.transport.qp_state import QPAttr, QPState
+from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR
+from rocev2_emu.wire.bth import CNP_PAD_LEN, Opcode
+from rocev2_emu.wire.errors import MalformedFrame
+from rocev2_emu.wire.ethernet import (
+    ECN_CE,
+    ECN_ECT0,
+    VXLAN_FLAG_I,
+    VXLAN_LEN,
+    encode_vxlan,
+    ip_to_int,
+    mac_for_ip,
+)
+from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
+from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame, encode_pfc
+from rocev2_emu.wire.roce import (
+    DSCP_CNP,
+    DSCP_ROCE,
+    FrameTemplate,
+    decode_frame_untrusted,
+    rxe_udp_sport,
+)
+
+# DSCP -> 802.1p priority: RoCE data on 3, CNPs on 6 (the usual lossless-fabric convention);
+# any other DSCP maps to its class selector (DSCP >> 3).
+DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
+CNP_PAD: Final = bytes(CNP_PAD_LEN)
+
+
+@dataclass(slots=True)
+class NicConfig:
+    """What a NIC needs to know about itself and its link."""
+
+    ip: str  # emulated IPv4 address (the RoCEv2 GID)
+    mac: bytes | None = None  # default 02:00:<ip>
+    next_hop_mac: bytes | None = None  # a switch port's MAC; None: the peer NIC's (direct link)
+    vni: int = 1
+    link_bps: float = 100e9  # emulated line rate; 0 = unpaced
+    dscp: int = DSCP_ROCE  # DSCP of QPs that set no traffic class of their own
+    dscp_map: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_DSCP_MAP))
+    ecn: int = ECN_ECT0
+    catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
+    ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
+    rate_control: str = "none"  # per QP: "dcqcn", "static" (pacing at pacing_bps) or "none"
+    pacing_bps: float = 0.0  # "static": every QP's fixed rate
+    dcqcn: DcqcnParams = field(default_factory=lambda: PROFILES["paper"])
+    send_cnps: bool = False  # notification point: answer CE marks with CNPs
+    cnp_dscp: int = DSCP_CNP
+    max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
+
+
+class NicCore:
+    """A RoCEv2 NIC with one Ethernet port."""
+
+    def __init__(self, config: NicConfig, rng: random.Random | None = None) -> None:
+        """``rng`` draws QPNs, PSNs and keys: a CSPRNG unless a test injects a seeded one."""
+        self.config = config
+        self.rng = rng or random.SystemRandom()
+        self.ip = ip_to_int(config.ip)
+        self.mac = config.mac or mac_for_ip(self.ip)
+        self.counters = NicCounters()
+        self.mrs = MemoryTable(self.rng)
+        self.qps: dict[int, QueuePair] = {}
+        self.cqs: list[CompletionQueue] = []
+        self.paused_until = [0.0] * PRIORITIES
+        self.pause_frames_received = [0] * PRIORITIES
+        self.pacer = LinePacer(config.link_bps, config.catchup)  # the link's transmitter
+        self.ingress = (
+            IngressQueue(config.ingress, config.link_bps or NOMINAL_BPS)
+            if config.ingress is not None and config.ingress.rx_bps
+            else None
+        )
+        # QPs with something to send, per priority, in round-robin order
+        self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
+        self._prio_order: list[int] = []  # the priorities QPs use, highest first
+        self._templates: dict[int, FrameTemplate] = {}
+        self._cnp_templates: dict[int, FrameTemplate] = {}
+        self._control: deque[bytes | bytearray] = deque()
+
+    # -- resources (called by the verbs layer) ---------------------------------------------
+    def alloc_pd(self) -> ProtectionDomain:
+        return self.mrs.alloc_pd()
+
+    def reg_mr(self, pd: ProtectionDomain, buffer: Any, access: Access) -> MemoryRegion:
+        return self.mrs.register(pd, buffer, Access(access))
+
+    def dereg_mr(self, mr: MemoryRegion) -> None:
+        self.mrs.deregister(mr)
+
+    def create_cq(self, depth: int = 4096) -> CompletionQueue:
+        cq = CompletionQueue(len(self.cqs) + 1, depth)
+        self.cqs.append(cq)
+        return cq
+
+    def create_qp(
+        self,
+        pd: ProtectionDomain,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        *,
+        max_send_wr: int = 1024,
+        max_recv_wr: int = 1024,
+        sq_sig_all: bool = False,
+    ) -> QueuePair:
+        while True:
+            qpn = self.rng.getrandbits(24)
+            if qpn > 1 and qpn not in self.qps:  # QP0 and QP1 are reserved (SMI, GSI)
+                break
+        qp = QueuePair(
+            qpn=qpn,
+            pd=pd,
+            send_cq=send_cq,
+            recv_cq=recv_cq,
+            mrs=self.mrs,
+            counters=self.counters,
+            max_send_wr=max_send_wr,
+            max_recv_wr=max_recv_wr,
+            sq_sig_all=sq_sig_all,
+        )
+        qp.max_inflight = self.config.max_inflight
+        self.qps[qpn] = qp
+        return qp
+
+    def destroy_qp(self, qp: QueuePair) -> None:
+        if self.qps.get(qp.qpn) is not qp:
+            raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
+        del self.qps[qp.qpn]
+        self._active[qp.priority].pop(qp.qpn, None)
+        self._templates.pop(qp.qpn, None)
+
+    def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
+        self._active[qp.priority].pop(qp.qpn, None)
+        qp.modify(attr)
+        self._templates.pop(qp.qpn, None)
+        qp.priority = self.priority_of(self.dscp_of(qp))
+        self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
+        if qp.state is QPState.RTS and qp.rc is None:
+            kwargs: dict[str, object] = {}
+            if self.config.rate_control == "dcqcn":
+                kwargs["params"] = self.config.dcqcn
+            elif self.config.rate_control == "static":
+                kwargs["rate"] = self.config.pacing_bps
+            qp.rc = create_rate_control(
+                self.config.rate_control,
+                line_rate=self.config.link_bps or NOMINAL_BPS,
+                now=0.0,
+                **kwargs,
+            )
+            qp.rc.catchup = self.config.catchup
+        if qp.state in (QPState.RTS, QPState.ERR):
+            self._active[qp.priority][qp.qpn] = qp
+
+    def dscp_of(self, qp: QueuePair) -> int:
+        return self.config.dscp if qp.traffic_class is None else qp.traffic_class
+
+    def priority_of(self, dscp: int) -> int:
+        """The 802.1p priority of a DSCP: the configured map, else its class selector."""
+        return self.config.dscp_map.get(dscp, dscp >> 3)
+
+    def post_send(self, qp: QueuePair, wr: SendWR) -> None:
+        qp.post_send(wr)
+        self._active[qp.priority][qp.qpn] = qp
+
+    def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
+        qp.post_recv(wr)
+
+    def random_psn(self) -> int:
+        return self.rng.getrandbits(24)
+
+    # -- receive ---------------------------------------------------------------------------
+    def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Handle one VXLAN datagram from the link.  Never raises for bad input: counts it."""
+        if self.ingress is not None:  # a slow host: the frame waits in the receive buffer
+            if not self.ingress.arrive(bytes(data), now):
+                self.counters.rx_drops["rx_buffer_full"] += 1
+            self._edge_pfc(now)
+            return
+        self._receive(data, now)
+
+    def _edge_pfc(self, now: float) -> None:
+        assert self.ingress is not None
+        quanta = self.ingress.pfc_decision(now)
+        if quanta is not None:
+            pause = encode_pfc(self.mac, dict.fromkeys(self.ingress.config.priorities, quanta))
+            self.queue_control(encode_vxlan(self.config.vni, pause))
+
+    def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        c = self.counters
+        c.rx_packets += 1
+        c.rx_bytes += len(data) - VXLAN_LEN
+        try:
+            if len(data) < VXLAN_LEN or not data[0] & VXLAN_FLAG_I:
+                raise MalformedFrame("vxlan", "not a VXLAN datagram (short, or no I flag)")
+            frame = decode_frame_untrusted(memoryview(data)[VXLAN_LEN:])
+        except MalformedFrame as exc:
+            c.rx_drops[exc.reason] += 1
+            return
+        if isinstance(frame, PfcFrame):
+            self._on_pfc(frame, now)
+            return
+        if frame.dst_ip != self.ip:
+            c.rx_drops["wrong_dst_ip"] += 1
+            return
+        if frame.opcode == Opcode.CNP:
+            c.cnp_received += 1
+            target = self.qps.get(frame.dqpn)
+            if target is not None and target.rc is not None:
+                c.rp_cnp_handled += 1
+                target.rc.on_cnp(now=now)
+            return
+        if frame.ecn == ECN_CE:
+            c.ecn_marked_roce_packets += 1
+            if self.config.send_cnps:
+                self._notify(frame.dqpn, now)
+        if frame.opcode >= 0x20:
+            c.rx_drops["unsupported_transport"] += 1
+            return
+        qp = self.qps.get(frame.dqpn)
+        if qp is None:
+            c.rx_drops["unknown_qp"] += 1
+            return
+        if not qp.receive(frame, now):
+            c.rx_drops["qp_state"] += 1
+            return
+        self._active[qp.priority][qp.qpn] = qp
+
+    def _notify(self, qpn: int, now: float) -> None:
+        """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
+        per QP per ``cnp_interval`` (sent on the CNP priority, ahead of data)."""
+        qp = self.qps.get(qpn)
+        if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.dcqcn.cnp_interval:
+            return
+        qp.last_cnp = now
+        tpl = self._cnp_templates.get(qpn)
+        if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests
+            tpl = self._cnp_templates[qpn] = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
+        self.queue_control(tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True))
+        self.counters.np_cnp_sent += 1
+
+    def _on_pfc(self, frame: PfcFrame, now: float) -> None:
+        rate = self.config.link_bps or NOMINAL_BPS
+        self.counters.pfc_pause_received += 1
+        for prio in range(PRIORITIES):
+            if frame.class_enable >> prio & 1:
+                self.pause_frames_received[prio] += 1
+                self.paused_until[prio] = now + frame.quanta[prio] * PFC_QUANTUM_BITS / rate
+
+    # -- transmit --------------------------------------------------------------------------
+    def queue_control(self, datagram: bytes | bytearray) -> None:
+        """Queue a control frame (PFC, CNP) that is not subject to PFC pause or QP order."""
+        self._control.append(datagram)
+
+    def next_datagram(self, now: float) -> bytes | bytearray | None:
+        """The next VXLAN datagram to put on the link at ``now``, or None (see get_timer)."""
+        pacer = self.pacer
+        if not pacer.ready(now):
+            return None
+        datagram = self._control.popleft() if self._control else self._next_qp_datagram(now)
+        if datagram is None:
+            pacer.idle = True  # the next frame starts a new busy period at its own time
+            return None
+        size = len(datagram) - VXLAN_LEN
+        c = self.counters
+        c.tx_packets += 1
+        c.tx_bytes += size
+        pacer.depart(size, now)
+        return datagram
+
+    def _next_qp_datagram(self, now: float) -> bytes | None:
+        """Highest priority first; within a priority, QPs take turns (round-robin)."""
+        paused_until = self.paused_until
+        for prio in self._prio_order:
+            active = self._active[prio]
+            if not active or paused_until[prio] > now:
+                continue
+            for _ in range(len(active)):
+                qpn = next(iter(active))
+                qp = active[qpn]
+                rc = qp.rc
+                if rc is not None and rc.next_send_time > now and not qp.responder.out:
+                    if len(active) > 1:  # paced by its rate: let the others go first
+                        del active[qpn]
+                        active[qpn] = qp
+                    continue
+                pkt = qp.next_packet(now)
+                if pkt is None:
+                    del active[qpn]
+                    continue
+                if len(active) > 1:  # to the back of the line
+                    del active[qpn]
+                    active[qpn] = qp
+                tpl = self._templates.get(qpn) or self._template_for(qp)
+                datagram = tpl.build(
+                    pkt.opcode,
+                    qp.dest_qpn,
+                    pkt.psn,
+                    pkt.ackreq,
+                    pkt.solicited,
+                    pkt.ext,
+                    pkt.payload,
+                )
+                if rc is not None and rc.rate < rc.line_rate and pkt.payload:
+                    rc.on_sent(size=len(datagram) - VXLAN_LEN, now=now)  # below line rate
+                return datagram
+        return None
+
+    def _template_for(self, qp: QueuePair) -> FrameTemplate:
+        tpl = self._new_template(qp, self.dscp_of(qp), self.config.ecn)
+        self._templates[qp.qpn] = tpl
+        return tpl
+
+    def _new_template(self, qp: QueuePair, dscp: int, ecn: int) -> FrameTemplate:
+        """Headers of frames from ``qp`` to its peer, through the link's next hop."""
+        if qp.dest_ip is None:
+            raise LocalVerbsError(f"{qp!r} has no destination address")
+        dst = ip_to_int(qp.dest_ip)
+        cfg = self.config
+        return FrameTemplate(
+            vni=cfg.vni,
+            src_mac=self.mac,
+            dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
+            src_ip=self.ip,
+            dst_ip=dst,
+            sport=rxe_udp_sport(qp.qpn),
+            dscp=dscp,
+            ecn=ecn,
+        )
+
+    # -- timers ----------------------------------------------------------------------------
+    @property
+    def tx_behind_schedule(self) -> int:
+        """Frames that left later than their line-rate slot and the catch-up allowance."""
+        return self.pacer.behind_schedule
+
+    def get_timer(self) -> float | None:
+        """Emulated time at which handle_timer / next_datagram next have work, or None."""
+        times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
+        if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
+            times.append(t)
+        waiting = [self._earliest(p) for p in self._prio_order if self._active[p]]
+        if self._control or waiting:
+            t = self.pacer.free_at if self.config.link_bps else 0.0
+            if not self._control:
+                t = max(t, min(waiting))  # the earliest priority that may send
+            times.append(t)
+        return min(times) if times else None
+
+    def _earliest(self, prio: int) -> float:
+        """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
+        paced = [qp.rc.next_send_time for qp in self._active[prio].values() if qp.rc is not None]
+        first = min(paced) if len(paced) == len(self._active[prio]) else 0.0
+        return max(first, self.paused_until[prio])
+
+    def handle_timer(self, now: float) -> None:
+        if self.ingress is not None:
+            for datagram in self.ingress.due(now):
+                self._receive(datagram, now)
+            self._edge_pfc(now)
+        for qp in self.qps.values():
+            t = qp.get_timer()
+            if t is not None and t <= now:
+                qp.handle_timer(now)
+                self._active[qp.priority][qp.qpn] = qp

@@ -1,0 +1,124 @@
+"""Prometheus metrics of a NIC, named after the mlx5 / rxe counters users already know.
+
+A custom collector reads the sans-IO core's plain counters at scrape time, so the data path
+pays nothing for metrics.  Names follow Prometheus conventions (base units, ``_total``
+counters, labels for node, reason and priority); the pump's own health and the TDF come from
+:func:`rocev2_emu.runtime.metrics.pump_metrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rocev2_emu.cc import Dcqcn
+from rocev2_emu.runtime.metrics import pump_metrics
+
+if TYPE_CHECKING:
+    from rocev2_emu.nic.driver import NicDriver
+
+HELP = {
+    "tx_packets": "Ethernet frames sent by the NIC port",
+    "tx_bytes": "Ethernet frame bytes sent (no FCS)",
+    "rx_packets": "Datagrams received by the NIC port",
+    "rx_bytes": "Ethernet frame bytes received (no FCS)",
+    "packet_seq_err": "NAK-sequence-error packets received by requesters (mlx5 packet_seq_err)",
+    "implied_nak_seq_err": "Implied NAKs: missing READ/atomic responses (mlx5)",
+    "local_ack_timeout_err": "Local ACK timer expirations (mlx5 local_ack_timeout_err)",
+    "retransmitted_packets": "Packets sent again by go-back-N recovery",
+    "rnr_nak_received": "RNR NAKs received by requesters",
+    "rnr_nak_retry_err": "RNR retries exhausted (mlx5 rnr_nak_retry_err)",
+    "retry_exceeded_err": "Transport retries exhausted",
+    "req_remote_access_errors": "Remote access error NAKs received (mlx5)",
+    "req_remote_invalid_request": "Invalid request NAKs received (mlx5)",
+    "duplicate_response": "Responses for already acknowledged PSNs",
+    "ghost_response": "Responses for PSNs never sent",
+    "out_of_sequence": "Request packets ahead of the expected PSN (mlx5 out_of_sequence)",
+    "duplicate_request": "Request packets behind the expected PSN (mlx5 duplicate_request)",
+    "out_of_buffer": "RNR NAKs sent for lack of a posted receive (mlx5 out_of_buffer)",
+    "resp_remote_access_errors": "Remote access errors detected as responder (mlx5)",
+    "resp_invalid_request": "Invalid requests detected as responder",
+    "resp_local_length_error": "SENDs longer than the posted receive (mlx5)",
+    "rx_write_requests": "RDMA WRITE messages received (mlx5 rx_write_requests)",
+    "rx_read_requests": "RDMA READ requests received (mlx5 rx_read_requests)",
+    "rx_atomic_requests": "Atomic requests received (mlx5 rx_atomic_requests)",
+    "ecn_marked_roce_packets": "RoCE packets received with CE (mlx5 np_ecn_marked_roce_packets)",
+    "cnp_received": "CNPs received",
+    "pfc_pause_received": "PFC frames received",
+}
+
+
+class NicCollector(Collector):
+    def __init__(self, driver: NicDriver, node: str) -> None:
+        self.driver = driver
+        self.node = node
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        core = self.driver.core
+        node = self.node
+        for name, value in core.counters.as_dict().items():
+            fam = CounterMetricFamily(f"rocev2_nic_{name}", HELP.get(name, name), labels=["node"])
+            fam.add_metric([node], value)
+            yield fam
+        drops = CounterMetricFamily(
+            "rocev2_nic_rx_dropped_packets",
+            "Received frames dropped, by reason",
+            labels=["node", "reason"],
+        )
+        for reason, value in sorted(core.counters.rx_drops.items()):
+            drops.add_metric([node, reason], value)
+        yield drops
+        pause = CounterMetricFamily(
+            "rocev2_nic_rx_pause_frames",
+            "PFC frames received per priority",
+            labels=["node", "priority"],
+        )
+        for prio, value in enumerate(core.pause_frames_received):
+            pause.add_metric([node, str(prio)], value)
+        yield pause
+        rate = GaugeMetricFamily(
+            "rocev2_nic_qp_rate_bps", "DCQCN current rate per QP (bit/s)", labels=["node", "qp"]
+        )
+        target = GaugeMetricFamily(
+            "rocev2_nic_qp_target_rate_bps",
+            "DCQCN target rate per QP (bit/s)",
+            labels=["node", "qp"],
+        )
+        alpha = GaugeMetricFamily(
+            "rocev2_nic_qp_alpha", "DCQCN alpha per QP", labels=["node", "qp"]
+        )
+        for qp in list(core.qps.values()):
+            rc = qp.rc
+            if isinstance(rc, Dcqcn):
+                label = [node, f"0x{qp.qpn:06x}"]
+                rate.add_metric(label, rc.rate)
+                target.add_metric(label, rc.target)
+                alpha.add_metric(label, rc.alpha)
+        yield from (rate, target, alpha)
+        behind = CounterMetricFamily(
+            "rocev2_nic_tx_behind_schedule",
+            "Frames sent after their line-rate slot",
+            labels=["node"],
+        )
+        behind.add_metric([node], core.tx_behind_schedule)
+        yield behind
+        yield from pump_metrics(self.driver, node)
+        qps = GaugeMetricFamily(
+            "rocev2_nic_queue_pairs", "Queue pairs by state", labels=["node", "state"]
+        )
+        states: dict[str, int] = {}
+        for qp in list(core.qps.values()):
+            states[qp.state.name] = states.get(qp.state.name, 0) + 1
+        for state, count in sorted(states.items()):
+            qps.add_metric([node, state], count)
+        yield qps
+
+
+def nic_registry(driver: NicDriver, node: str) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(NicCollector(driver, node))
+    return registry

@@ -1,0 +1,124 @@
+"""Control-plane framing: length-prefixed msgpack maps over TCP, and the request loop of every
+control server (host agents, switch control, the rendezvous store).
+
+A message is a 4-byte big-endian length and a msgpack body (at most :data:`MAX_MESSAGE`
+bytes).  Every send and receive has a deadline; a framing fault, a closed peer or a passed
+deadline is a :class:`ControlError` naming what happened, never a hang.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Final
+
+import msgpack
+import trio
+
+_LEN: Final = struct.Struct("!I")  # message length, network order
+MAX_MESSAGE: Final = 1 << 20
+
+
+class ControlError(Exception):
+    """A control connection failed: framing, a closed peer, or a deadline."""
+
+
+class MessageChannel:
+    """A TCP stream carrying length-prefixed msgpack messages."""
+
+    error: ClassVar[type[Exception]] = ControlError  # what this channel raises
+    what: ClassVar[str] = "control"  # how its messages are named in errors
+
+    def __init__(self, stream: trio.SocketStream, timeout: float) -> None:
+        self.stream = stream
+        self.timeout = timeout
+        self._buf = bytearray()
+
+    async def send(self, obj: Any) -> None:
+        data = msgpack.packb(obj, use_bin_type=True)
+        with trio.move_on_after(self.timeout) as scope:
+            await self.stream.send_all(_LEN.pack(len(data)) + data)
+        if scope.cancelled_caught:
+            raise self.error(f"{self.what} send blocked for {self.timeout:g} s")
+
+    async def recv(self) -> Any:
+        with trio.move_on_after(self.timeout):
+            while True:
+                if len(self._buf) >= _LEN.size:
+                    (n,) = _LEN.unpack_from(self._buf)
+                    if n > MAX_MESSAGE:
+                        raise self.error(f"{self.what} message of {n} bytes > {MAX_MESSAGE}")
+                    if len(self._buf) >= _LEN.size + n:
+                        body = bytes(self._buf[_LEN.size : _LEN.size + n])
+                        del self._buf[: _LEN.size + n]
+                        try:
+                            return msgpack.unpackb(body, raw=False)
+                        except Exception as exc:  # msgpack raises several types
+                            raise self.error(f"malformed {self.what} message: {exc}") from exc
+                chunk = await self.stream.receive_some(65536)
+                if not chunk:
+                    raise self.error(f"{self.what} peer closed the connection")
+                self._buf += chunk
+        raise self.error(f"no {self.what} message within {self.timeout:g} s")
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def serve_requests(
+    stream: trio.SocketStream,
+    reply: Callable[[Any], Awaitable[Any]],
+    timeout: float = math.inf,
+) -> None:
+    """Answer each message on ``stream`` with ``await reply(message)`` until the client goes:
+    the loop of every control server."""
+    chan = MessageChannel(stream, timeout=timeout)
+    try:
+        while True:
+            try:
+                msg = await chan.recv()
+            except ControlError:
+                return  # the client is done (or gone)
+            await chan.send(await reply(msg))
+    finally:
+        await chan.aclose()
+
+
+async def open_channel(
+    host: str, port: int, *, timeout: float, channel: type[MessageChannel] = MessageChannel
+) -> MessageChannel:
+    """Connect to a listening server, retrying until ``timeout`` (wall seconds)."""
+    with trio.move_on_after(timeout):
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError:
+                await trio.sleep(0.05)
+                continue
+            return channel(stream, timeout)
+    raise channel.error(f"no {channel.what} peer listening on {host}:{port} within {timeout:g} s")
+
+
+async def request(host: str, port: int, msg: Any, *, timeout: float = 10.0) -> Any:
+    """One request to a control server and its reply."""
+    chan = await open_channel(host, port, timeout=timeout)
+    try:
+        await chan.send(msg)
+        return await chan.recv()
+    finally:
+        await chan.aclose()
+
+
+async def stop_soon(msg: object = None) -> dict[str, object]:
+    """The ``stop`` command of every node: end this process as ``docker stop`` or a crash would
+    (SIGTERM, a moment after the reply leaves), so users can watch the fabric react."""
+
+    async def later() -> None:
+        await trio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    trio.lowlevel.spawn_system_task(later)
+    return {"ok": True, "pid": os.getpid()}

@@ -1,0 +1,97 @@
+"""Per-link fault injection and propagation delay (sans-IO), applied where a frame leaves.
+
+Seeded and reproducible: a ``random.Random(seed)`` decides, frame by frame, whether it is lost,
+duplicated, corrupted (one bit flipped inside the Ethernet frame, so the receiver's IPv4 checksum
+or ICRC check catches it), held back so later frames overtake it (reordering), or delayed.  All
+times are emulated seconds.  Every decision is counted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, fields
+
+from rocev2_emu.wire.ethernet import VXLAN_LEN
+
+
+@dataclass(slots=True)
+class LinkFaults:
+    """What can go wrong on a link; probabilities per frame, delays in emulated seconds."""
+
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    corrupt: float = 0.0
+    delay: float = 0.0  # propagation + extra delay for every frame
+    jitter: float = 0.0  # uniform extra delay in [0, jitter)
+    reorder_hold: float = 5e-6  # how long a reordered frame is held back
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "seed" and (not isinstance(value, int | float) or value < 0):
+                raise ValueError(f"link fault {f.name}={value!r} must be a number >= 0")
+        for name in ("loss", "duplicate", "reorder", "corrupt"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"link fault {name}={getattr(self, name)} is not a probability")
+
+    @property
+    def active(self) -> bool:
+        return any(
+            getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay", "jitter")
+        )
+
+
+class FaultyLink:
+    """Decides the fate of each datagram sent into a link."""
+
+    def __init__(self, faults: LinkFaults) -> None:
+        self.faults = faults
+        self._rng = random.Random(faults.seed)
+        self._held: list[tuple[float, int, bytes]] = []
+        self._seq = 0
+        self.lost = self.duplicated = self.reordered = self.corrupted = 0
+
+    def update(self, faults: LinkFaults) -> None:
+        """New fault settings at run time; frames already held keep their release times."""
+        self.faults = faults
+
+    def submit(self, datagram: bytes | bytearray, now: float) -> list[bytes | bytearray]:
+        """Datagrams to send right away; the rest are held until :meth:`due`."""
+        f = self.faults
+        rng = self._rng
+        if f.loss and rng.random() < f.loss:
+            self.lost += 1
+            return []
+        copies = 1
+        if f.duplicate and rng.random() < f.duplicate:
+            self.duplicated += 1
+            copies = 2
+        if f.corrupt and rng.random() < f.corrupt:
+            self.corrupted += 1
+            datagram = bytearray(datagram)
+            bit = rng.randrange((len(datagram) - VXLAN_LEN) * 8)
+            datagram[VXLAN_LEN + bit // 8] ^= 1 << (bit % 8)
+        out: list[bytes | bytearray] = []
+        for _ in range(copies):
+            delay = f.delay + (rng.random() * f.jitter if f.jitter else 0.0)
+            if f.reorder and rng.random() < f.reorder:
+                self.reordered += 1
+                delay += f.reorder_hold
+            if delay > 0:
+                self._seq += 1
+                heapq.heappush(self._held, (now + delay, self._seq, bytes(datagram)))
+            else:
+                out.append(datagram)
+        return out
+
+    def due(self, now: float) -> list[bytes]:
+        out = []
+        while self._held and self._held[0][0] <= now:
+            out.append(heapq.heappop(self._held)[2])
+        return out
+
+    def get_timer(self) -> float | None:
+        return self._held[0][0] if self._held else None

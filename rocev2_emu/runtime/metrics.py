@@ -1,0 +1,45 @@
+"""What every node process exports besides its own counters: the health of its pump, and the
+``/metrics`` server.
+
+:func:`pump_metrics` yields, for one pump, the kernel's drops at its UDP socket, its late
+wake-ups and the TDF the process runs at (``rocev2_emulation_tdf``, so every dashboard can say
+which time scale it shows).  The NIC's and the switch's collectors add these to their own
+families; both read plain counters at scrape time, so the data path pays nothing for metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rocev2_emu.runtime.pump import Pump
+
+
+def pump_metrics(pump: Pump, node: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The per-process families of one node (label ``node``)."""
+    late = CounterMetricFamily(
+        "rocev2_emulation_late_wakeups",
+        "Driver wake-ups later than their deadline (run unfaithful)",
+        labels=["node"],
+    )
+    late.add_metric([node], pump.late_wakeups)
+    yield late
+    sock = CounterMetricFamily(
+        "rocev2_socket_rx_dropped_packets",
+        "Datagrams the kernel dropped at this node's UDP socket",
+        labels=["node"],
+    )
+    sock.add_metric([node], pump.port.kernel_drops())
+    yield sock
+    tdf = GaugeMetricFamily(
+        "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
+    )
+    tdf.add_metric([node], pump.clock.tdf)
+    yield tdf
+
+
+def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``addr:port`` from a background thread (prometheus-client)."""
+    start_http_server(port, addr=addr, registry=registry)

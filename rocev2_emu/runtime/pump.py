@@ -1,0 +1,180 @@
+"""The one pump loop: a trio task moving datagrams between a port and a sans-IO core.
+
+The NIC driver and the switch driver are this loop with their own hooks (DESIGN.md, "Facts of
+this machine"): wait once for readability or the core's next deadline, drain a bounded batch
+without blocking, let the core handle its timers, send everything it has due (awaiting
+writability only on EAGAIN), and re-arm one deadline.  No per-packet task, channel or sleep.
+Frames leave through each link's faults and propagation delay (:mod:`rocev2_emu.runtime.link`);
+an optional pcap records both directions with emulated timestamps.  Wake-ups later than their
+deadline are counted: past that point the emulation is no longer faithful.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Final
+
+import trio
+
+from rocev2_emu.runtime.clock import DilatedClock, LatenessMonitor
+from rocev2_emu.runtime.link import FaultyLink, LinkFaults
+from rocev2_emu.runtime.ports import DatagramPort
+from rocev2_emu.wire.ethernet import VXLAN_LEN
+from rocev2_emu.wire.pcap import PcapWriter
+
+RX_BATCH: Final = 256  # datagrams drained per wake-up before the loop yields to other tasks
+# A late pump may send this far (real seconds) "in the past" to keep a link's average rate; the
+# cores get it in emulated seconds (divided by the TDF) through their line-rate pacers.
+CATCHUP_WALL_SECONDS: Final = 0.002
+
+Datagram = bytes | bytearray
+Receive = Callable[[bytes | memoryview, float], None]
+Transmit = Callable[[float], Iterable[tuple[int, Datagram]]]
+
+
+class Pump:
+    """Pumps ``port`` for one core.
+
+    ``receive(data, now)`` takes each datagram; ``transmit(now)`` yields ``(link, datagram)``
+    pairs due by ``now``, lazily, so what a blocked socket cannot take stays in the core's own
+    queues; ``get_timer()`` / ``handle_timer(now)`` are the core's deadline.  ``peers`` names
+    each link's far end (None: one link through the port's connected peer).
+    """
+
+    def __init__(
+        self,
+        port: DatagramPort,
+        clock: DilatedClock,
+        *,
+        name: str,
+        receive: Receive,
+        transmit: Transmit,
+        get_timer: Callable[[], float | None],
+        handle_timer: Callable[[float], None],
+        faults: list[LinkFaults | None],
+        peers: list[tuple[str, int]] | None = None,
+        pcap: PcapWriter | None = None,
+    ) -> None:
+        self.port = port
+        self.clock = clock
+        self.pcap = pcap
+        self._receive = receive
+        self._transmit_due = transmit
+        self._core_timer = get_timer
+        self._handle_timer = handle_timer
+        self._send: list[Callable[[Datagram], bool]] = (
+            [port.send] if peers is None else [partial(port.send_to, peer=p) for p in peers]
+        )
+        self.links: list[FaultyLink | None] = [
+            FaultyLink(f) if f is not None and f.active else None for f in faults
+        ]
+        self._faulty = [i for i, link in enumerate(self.links) if link is not None]
+        self._backlog: deque[tuple[int, Datagram]] = deque()
+        self._scope: trio.CancelScope | None = None
+        self._kicked = False
+        self.wakeups = 0
+        self.lateness = LatenessMonitor(clock, name)
+
+    @property
+    def late_wakeups(self) -> int:
+        return self.lateness.late_wakeups
+
+    def set_link_faults(self, index: int, faults: LinkFaults) -> None:
+        """Change a link's faults (loss, corruption, delay) while running."""
+        link = self.links[index]
+        if link is None:
+            self.links[index] = FaultyLink(faults)
+        else:
+            link.update(faults)
+        self._faulty = [i for i, lk in enumerate(self.links) if lk is not None]
+
+    def kick(self) -> None:
+        """Something changed outside the loop (a post, a modify): run it now."""
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            self._kicked = True
+
+    def after_round(self, received: int) -> None:
+        """Called after each round that sent everything due; drivers wake their waiters."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        port, clock, receive, pcap = self.port, self.clock, self._receive, self.pcap
+        deadline: float | None = None
+        while True:
+            now = clock.now()
+            self.wakeups += 1
+            self.lateness.woke(now, deadline)
+            got = 0
+            while got < RX_BATCH:
+                data = port.recv()
+                if data is None:
+                    break
+                got += 1
+                if pcap is not None:
+                    pcap.write(now, memoryview(data)[VXLAN_LEN:])
+                receive(data, now)
+            self._handle_timer(now)
+            if not self._transmit(now):
+                await port.wait_writable()
+                continue
+            self.after_round(got)
+            deadline = self._next_deadline()
+            if got == RX_BATCH or self._kicked or (deadline is not None and deadline <= now):
+                self._kicked = False
+                await trio.lowlevel.checkpoint()
+                continue
+            at = math.inf if deadline is None else clock.to_trio(deadline)
+            with trio.move_on_at(at) as scope:
+                self._scope = scope
+                await port.wait_readable()
+            self._scope = None
+
+    def _next_deadline(self) -> float | None:
+        t = self._core_timer()
+        for index in self._faulty:
+            link = self.links[index]
+            assert link is not None
+            lt = link.get_timer()
+            if lt is not None and (t is None or lt < t):
+                t = lt
+        return t
+
+    def _transmit(self, now: float) -> bool:
+        """Send what is due; False when the socket would block (the rest waits, in order)."""
+        if not self._flush():
+            return False
+        backlog, links = self._backlog, self.links
+        for index in self._faulty:
+            link = links[index]
+            assert link is not None
+            backlog.extend((index, d) for d in link.due(now))
+        if not self._flush():
+            return False
+        send, pcap = self._send, self.pcap
+        due: Iterator[tuple[int, Datagram]] = iter(self._transmit_due(now))
+        for index, datagram in due:
+            if pcap is not None:
+                pcap.write(now, memoryview(datagram)[VXLAN_LEN:])
+            link = links[index]
+            if link is not None:
+                backlog.extend((index, d) for d in link.submit(datagram, now))
+                if not self._flush():
+                    return False
+            elif not send[index](datagram):
+                backlog.append((index, datagram))
+                return False
+        return True
+
+    def _flush(self) -> bool:
+        backlog, send = self._backlog, self._send
+        while backlog:
+            index, pending = backlog[0]
+            if not send[index](pending):
+                return False
+            backlog.popleft()
+        return True

@@ -1,0 +1,54 @@
+"""What the requester and the responder share and what they see of their queue pair.
+
+:class:`OutPacket` is a transport packet for the NIC to frame.  :class:`QPEndpoint` is the part
+of a :class:`~rocev2_emu.transport.qp.QueuePair` its two halves read and call (attributes set by
+``ibv_modify_qp``, its memory, counters and completion queues, and ``fail``): a structural type,
+so the halves never import the QP that owns them and the package has no import circle.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from rocev2_emu.transport.counters import NicCounters
+from rocev2_emu.transport.memory import Access, MemoryTable, ProtectionDomain
+from rocev2_emu.transport.work import CompletionQueue, WcStatus
+
+
+class OutPacket(NamedTuple):
+    """A transport packet for the NIC to frame: BTH fields, extension headers, payload."""
+
+    opcode: int
+    psn: int
+    ackreq: bool
+    solicited: bool
+    ext: bytes
+    payload: bytes | memoryview
+
+
+class QPEndpoint(Protocol):
+    """The queue pair as its requester and responder see it."""
+
+    qpn: int
+    pd: ProtectionDomain
+    mrs: MemoryTable
+    counters: NicCounters
+    send_cq: CompletionQueue
+    recv_cq: CompletionQueue
+    sq_sig_all: bool
+    access: Access
+    mtu: int
+    timeout: int
+    retry_cnt: int
+    rnr_retry: int
+    max_rd_atomic: int
+    max_dest_rd_atomic: int
+    min_rnr_timer: int
+    max_inflight: int
+    last_error: str
+
+    def fail(self, head_status: WcStatus | None) -> None: ...
+
+    def in_error(self) -> bool: ...
+
+    def may_start_new_requests(self) -> bool: ...

@@ -1,0 +1,118 @@
+"""Out-of-band connection set-up: msgpack over TCP, as perftest and rdma_cm exchange QP data.
+
+Before two RC QPs can talk, each side must learn the other's QPN, starting PSN, GID (the
+emulated IPv4), the UDP address of its NIC, and - for RDMA - an rkey, address and length.  An
+:class:`OobChannel` carries :mod:`rocev2_emu.runtime.control`'s length-prefixed msgpack maps
+over one TCP connection and raises :class:`OobError`, a :class:`RemoteVerbsError`.
+:meth:`OobChannel.exchange` swaps two :class:`QPInfo` lists; :func:`connect_qp` does that for one
+QP and brings it to RTS; :func:`serve_requests` answers requests on such a connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import trio
+
+from rocev2_emu.runtime.control import ControlError, MessageChannel, open_channel, serve_requests
+from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.verbs.api import MR, QP, RemoteQP
+
+DEFAULT_OOB_PORT: Final = 18515  # perftest's default
+
+__all__ = ["DEFAULT_OOB_PORT", "OobChannel", "OobError", "QPInfo", "connect_qp", "serve_requests"]
+
+
+@dataclass(slots=True, frozen=True)
+class QPInfo:
+    """One QP's connection data, as perftest prints it (QPN, PSN, RKey, VAddr, GID)."""
+
+    qpn: int
+    psn: int
+    gid: str
+    udp_host: str
+    udp_port: int
+    rkey: int = 0
+    vaddr: int = 0
+    length: int = 0
+
+    @classmethod
+    def of(cls, qp: QP, mr: MR | None = None) -> QPInfo:
+        """What a peer needs of ``qp`` (and of ``mr``: rkey, address, length)."""
+        ctx = qp.ctx
+        host, port = ctx.udp_address
+        if mr is None:
+            return cls(qp.qp_num, qp.psn, ctx.gid, host, port)
+        return cls(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
+
+    def remote(self) -> RemoteQP:
+        return RemoteQP(self.qpn, self.psn, self.gid, (self.udp_host, self.udp_port))
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> QPInfo:
+        try:
+            return cls(**obj)
+        except TypeError as exc:
+            raise RemoteVerbsError(f"out-of-band peer sent a bad QP description {obj!r}") from exc
+
+
+class OobError(RemoteVerbsError, ControlError):
+    """An out-of-band exchange failed: a verbs-level remote error and a control error."""
+
+
+class OobChannel(MessageChannel):
+    """A TCP stream carrying length-prefixed msgpack messages between two verbs users."""
+
+    error = OobError
+    what = "out-of-band"
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 10.0
+    ) -> OobChannel:
+        """Connect to a listening peer, retrying until ``timeout`` (wall seconds)."""
+        chan = await open_channel(host, port, timeout=timeout, channel=cls)
+        assert isinstance(chan, OobChannel)
+        return chan
+
+    @classmethod
+    async def accept(
+        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 60.0
+    ) -> OobChannel:
+        """Listen on ``host:port`` and accept exactly one peer within ``timeout`` seconds."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            with trio.move_on_after(timeout):
+                stream = await listeners[0].accept()
+                return cls(stream, timeout)
+        finally:
+            for listener in listeners:
+                await listener.aclose()
+        raise OobError(f"no out-of-band peer connected to {host}:{port} within {timeout:g} s")
+
+    async def exchange(
+        self, local: list[QPInfo], extra: dict[str, Any] | None = None
+    ) -> tuple[list[QPInfo], dict[str, Any]]:
+        """Swap QP descriptions (and free-form parameters) with the peer."""
+        await self.send({"qps": [asdict(q) for q in local], "extra": extra or {}})
+        msg = await self.recv()
+        if not isinstance(msg, dict) or not isinstance(msg.get("qps"), list):
+            raise RemoteVerbsError(f"out-of-band peer sent {msg!r}, not a QP exchange")
+        return [QPInfo.from_wire(q) for q in msg["qps"]], dict(msg.get("extra") or {})
+
+    async def barrier(self, tag: str) -> None:
+        await self.send({"barrier": tag})
+        msg = await self.recv()
+        if msg != {"barrier": tag}:
+            raise RemoteVerbsError(f"out-of-band barrier {tag!r}: peer sent {msg!r}")
+
+
+async def connect_qp(chan: OobChannel, qp: QP, mr: MR | None = None, **attrs: Any) -> QPInfo:
+    """Swap QP data (and ``mr``'s rkey, address and length) with the peer over ``chan`` and
+    bring ``qp`` to RTS towards it; ``attrs`` go to :meth:`QP.connect`.  Returns the peer's."""
+    remote, _ = await chan.exchange([QPInfo.of(qp, mr)])
+    if len(remote) != 1:
+        raise RemoteVerbsError(f"out-of-band peer described {len(remote)} QPs, expected 1")
+    qp.connect(remote[0].remote(), **attrs)
+    return remote[0]

@@ -1,0 +1,102 @@
+"""A switch process: the pipeline and its driver on one UDP socket, its metrics, and its
+control server.
+
+The fabric (:mod:`rocev2_emu.fabric.nodes`) works out from the topology what this module needs
+- the pipeline's configuration, each port's peer address and link faults - so the switch knows
+nothing of topology files.  The control server answers ``stats`` (the switch's share of the
+fabric summary), ``set_link`` (a port down or up), ``set_faults`` (a port's link faults),
+``set_routes`` (after links changed elsewhere) and ``stop``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.control import serve_requests, stop_soon
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.metrics import serve
+from rocev2_emu.runtime.ports import UdpPort
+from switch.config import SwitchConfig
+from switch.driver import SwitchDriver
+from switch.metrics import SwitchCollector
+from switch.mmu import PRIORITIES
+from switch.pipeline import SwitchCore
+
+
+def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
+    """Totals over the switch's ports: what the fabric summary reports."""
+    ports = driver.core.ports
+    drops: dict[str, int] = {}
+    for ps in ports:
+        for reason, count in ps.drops.items():
+            drops[reason] = drops.get(reason, 0) + count
+    return {
+        "drops": drops,
+        "pfc_tx": sum(sum(ps.pfc_tx) for ps in ports),
+        "pfc_rx": sum(sum(ps.pfc_rx) for ps in ports),
+        "ecn_marked": sum(sum(ps.ecn_marked) for ps in ports),
+        "tx_packets": sum(ps.tx_packets for ps in ports),
+        "tx_bytes": sum(ps.tx_bytes for ps in ports),
+        "paused_seconds": sum(
+            ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(PRIORITIES)
+        ),
+        "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
+        "late_wakeups": driver.late_wakeups,
+        "socket_drops": driver.port.kernel_drops(),
+        "down_vnis": [
+            cfg.vni for cfg, ps in zip(driver.core.config.ports, ports, strict=True) if not ps.up
+        ],
+    }
+
+
+async def serve_control(stream: trio.SocketStream, driver: SwitchDriver) -> None:
+    """One control connection to the switch."""
+
+    async def reply(msg: Any) -> Any:
+        cmd = msg.get("cmd") if isinstance(msg, dict) else None
+        now = driver.clock.now()
+        if cmd == "stats":
+            return switch_stats(driver)
+        if cmd == "set_link":
+            driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
+        elif cmd == "set_faults":
+            driver.set_faults(int(msg["port"]), LinkFaults(**msg["faults"]))
+        elif cmd == "set_routes":
+            driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
+        elif cmd == "stop":
+            return await stop_soon()
+        else:
+            return {"error": f"unknown command {msg!r}"}
+        return {"ok": True}
+
+    await serve_requests(stream, reply, timeout=3600.0)
+
+
+async def run_switch(
+    config: SwitchConfig,
+    address: str,
+    vxlan_port: int,
+    peers: list[tuple[str, int]],
+    faults: list[LinkFaults],
+    clock: DilatedClock,
+    *,
+    control_port: int,
+    metrics: tuple[str, int] | None,
+    ready: str,
+) -> None:
+    """Run the switch on ``address`` until cancelled; print ``ready`` once it is serving."""
+    driver = SwitchDriver(SwitchCore(config), UdpPort((address, vxlan_port)), clock, peers, faults)
+    if metrics is not None:
+        registry = CollectorRegistry()
+        registry.register(SwitchCollector(driver))
+        serve(registry, metrics[1], addr=metrics[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        listeners = await trio.open_tcp_listeners(control_port, host=address)
+        print(ready, flush=True)
+        await trio.serve_listeners(partial(serve_control, driver=driver), listeners)
