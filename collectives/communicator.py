@@ -46,9 +46,7 @@ from collectives.links import (
 )
 from collectives.metrics import RankMetrics
 from collectives.store import Store, StoreTimeout
-from rocev2_emu.transport.memory import Access
-from rocev2_emu.verbs.api import CQ, MR, PD, Context
-from rocev2_emu.verbs.oob import QPInfo
+from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
 
 log = logging.getLogger("collectives")
 T = TypeVar("T")

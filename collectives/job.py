@@ -34,7 +34,7 @@ from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
-from rocev2_emu.verbs.api import Context
+from rocev2_emu.verbs import Context
 
 
 def places_for(topo: Topology) -> list[RankPlace]:

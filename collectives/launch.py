@@ -25,7 +25,7 @@ from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_processes
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.verbs.oob import OobChannel
+from rocev2_emu.verbs import OobChannel
 
 
 class CollectiveJob:

@@ -23,11 +23,21 @@ from typing import Final
 import numpy as np
 import trio
 
-from rocev2_emu.transport.errors import RemoteVerbsError
-from rocev2_emu.transport.memory import Access
-from rocev2_emu.transport.work import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
-from rocev2_emu.verbs.api import CQ, MR, PD, QP
-from rocev2_emu.verbs.oob import QPInfo
+from rocev2_emu.verbs import (
+    CQ,
+    MR,
+    PD,
+    QP,
+    Access,
+    QPInfo,
+    RecvWR,
+    RemoteVerbsError,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
 
 IMM_BITS: Final = 32
 

@@ -34,7 +34,7 @@ import trio
 
 from collectives import ops
 from collectives.links import Rx, Tx
-from rocev2_emu.verbs.api import MR
+from rocev2_emu.verbs import MR
 
 MAX_STEPS: Final = 255
 MAX_CHUNKS: Final = 0xFFFF

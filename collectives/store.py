@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
-from rocev2_emu.transport.errors import RemoteVerbsError
-from rocev2_emu.verbs.oob import OobChannel, serve_requests
+from rocev2_emu.verbs import OobChannel, RemoteVerbsError, serve_requests
 
 
 class StoreTimeout(Exception):

@@ -35,11 +35,11 @@ class NetSim:
         for sw in topo.switches:
             self.switches[sw.name] = SwitchCore(topo.switch_config(sw.name))
         for h in topo.hosts:
-            link, peer = topo.host_link(h.name)
+            link, leaf = topo.host_link(h.name)
             self.nics[h.name] = NicCore(
                 NicConfig(
                     ip=h.ip,
-                    next_hop_mac=topo.mac_of(peer.name, link),
+                    next_hop_mac=topo.mac_of(leaf.name, link),
                     vni=link.vni,
                     link_bps=link.rate_bps,
                     ingress=IngressConfig(rx_bps=h.rx_gbps * 1e9) if h.rx_gbps else None,

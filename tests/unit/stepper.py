@@ -8,7 +8,7 @@ the datagrams to deliver instead (drop: ``[]``, duplicate: ``[d, d]``, corrupt: 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rocev2_emu.nic.core import NicConfig, NicCore
@@ -21,7 +21,13 @@ from rocev2_emu.wire.roce import RoceFrame, decode_datagram_untrusted
 Tamper = Callable[[int, bytes, float], list[bytes]]
 
 
-def decode(datagram: bytes) -> RoceFrame:
+def gather(into: list[WorkCompletion], new: Iterable[WorkCompletion]) -> int:
+    """Add ``new`` completions to ``into``; how many there are now (for ``run``'s predicates)."""
+    into.extend(new)
+    return len(into)
+
+
+def decode(datagram: bytes | bytearray) -> RoceFrame:
     frame = decode_datagram_untrusted(datagram)[1]
     assert isinstance(frame, RoceFrame)
     return frame

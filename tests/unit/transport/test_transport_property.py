@@ -11,7 +11,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from rocev2_emu.transport.work import RecvWR, SendWR, Sge, WcStatus, WrOpcode
-from tests.unit.stepper import Stepper
+from tests.unit.stepper import Stepper, gather
 
 
 @settings(max_examples=200, deadline=None)
@@ -75,7 +75,7 @@ def test_messages_arrive_exactly_or_fail_cleanly(
         )
         off += n
     got: list = []  # type: ignore[type-arg]
-    s.run(lambda: bool(got.extend(s.a.completions())) or len(got) >= len(sizes), max_time=60.0)
+    s.run(lambda: gather(got, s.a.completions()) >= len(sizes), max_time=60.0)
     statuses = [w.status for w in got]
     event("all delivered" if all(x is WcStatus.SUCCESS for x in statuses) else "retries ran out")
     event("retransmitted" if s.a.nic.counters.retransmitted_packets else "clean")

@@ -40,7 +40,7 @@ def simulate(n: int, count: int, op: str) -> list[np.ndarray]:
     steps = [ring.all_reduce_steps(segs, r) for r in range(n)]
     for s in range(len(steps[0])):
         sent = [
-            work[r][slice(*steps[r][s].send)].copy() if steps[r][s].send else None for r in range(n)
+            work[r][slice(*send)].copy() if (send := steps[r][s].send) else None for r in range(n)
         ]
         for r in range(n):
             step, incoming = steps[r][s], sent[(r - 1) % n]
@@ -199,9 +199,11 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
 
 
 def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) -> None:
-    from collectives.straggler import main as straggler_main
+    from collectives.plugin import register
+    from rocev2_emu.experiments import harness
 
-    assert straggler_main(1, str(tmp_path)) == 0
+    register()  # what the CLI does through the rocev2_emu.plugins entry point
+    assert harness.main("straggler", seed=1, out=str(tmp_path), virtual=True) == 0
     data = json.loads((tmp_path / "straggler.json").read_text())
     quiet, pfc, both = data["runs"]
     assert len(quiet["times"]) == 40 and pfc["fabric"]["pfc_tx"] > 0

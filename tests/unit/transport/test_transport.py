@@ -14,8 +14,8 @@ from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.timers import local_ack_timeout, rnr_delay
 from rocev2_emu.transport.work import RecvWR, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
 from rocev2_emu.wire.bth import Opcode, psn_add
-from rocev2_emu.wire.roce import FrameTemplate, pack_reth
-from tests.unit.stepper import Stepper, decode
+from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, pack_reth
+from tests.unit.stepper import Stepper, decode, gather
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
@@ -24,9 +24,11 @@ def pattern(n: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
-def drop_once(pred: Callable[[int, object], bool]) -> Callable[[int, bytes, float], list[bytes]]:
+def drop_once(
+    pred: Callable[[int, RoceFrame], bool],
+) -> Callable[[int, bytes, float], list[bytes]]:
     """A tamper that drops the first datagram for which ``pred(side, frame)`` holds."""
-    done = []
+    done: list[float] = []
 
     def tamper(side: int, data: bytes, now: float) -> list[bytes]:
         if not done and pred(side, decode(data)):
@@ -55,7 +57,7 @@ def write(s: Stepper, n: int, *, wr_id: int = 1, seed: int = 1) -> tuple[np.ndar
 
 def run_until_completions(s: Stepper, n: int = 1, max_time: float = 10.0) -> list:  # type: ignore[type-arg]
     got: list = []  # type: ignore[type-arg]
-    s.run(lambda: bool(got.extend(s.a.completions())) or len(got) >= n, max_time=max_time)
+    s.run(lambda: gather(got, s.a.completions()) >= n, max_time=max_time)
     return got
 
 
@@ -413,7 +415,7 @@ def test_retry_exhaustion_completes_with_retry_exceeded_and_flushes_the_rest() -
     t = local_ack_timeout(5)
     assert t == pytest.approx(4.096e-6 * 32)
     # first transmission near 0, then timeouts at T, 2T, 3T; the third finds no retry left
-    assert s.now == pytest.approx(3 * t, abs=1e-6)
+    assert t is not None and s.now == pytest.approx(3 * t, abs=1e-6)
     assert s.a.nic.counters.local_ack_timeout_err == 3
     assert s.a.nic.counters.retransmitted_packets == 2 * 3
     # a post on the ERR QP completes at once with a flush error
@@ -700,7 +702,7 @@ def test_egress_paces_frames_at_line_rate() -> None:
     s = Stepper(link_bps=10e9, mtu=1024)
     write(s, 1024 * 8)
     nic = s.a.nic
-    t, departures = 0.0, []
+    t, departures = 0.0, list[tuple[float, int]]()
     while len(departures) < 8:
         d = nic.next_datagram(t)
         if d is None:
@@ -787,7 +789,7 @@ def test_priorities_strict_order_and_pause_per_priority() -> None:
                 rkey=mb.rkey,
             ),
         )
-    t, order = 0.0, []
+    t, order = 0.0, list[int]()
     while len(order) < 8:  # strict priority: all of priority 5 leaves before priority 3
         d = nic_a.next_datagram(t)
         if d is None:

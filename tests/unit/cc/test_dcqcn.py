@@ -10,7 +10,7 @@ from rocev2_emu.cc import PROFILES, Dcqcn, DcqcnParams, create
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology import parse
 from tests.unit.netsim import NetSim
-from tests.unit.test_switch import connect, finish, start
+from tests.unit.switch.test_switch import connect, finish, start
 
 G = 1e9
 
@@ -45,7 +45,7 @@ def test_recovery_stages_fast_recovery_then_additive_then_back_to_line_rate() ->
     p = PROFILES["paper"]
     rp = Dcqcn(line_rate=100 * G, now=0.0, params=p)
     rp.on_cnp(now=0.0)  # Rt = 100, Rc = 50
-    rates = []
+    rates: list[tuple[int, float, float]] = []
     t = rp.get_timer()
     while t is not None and len(rates) < 200:
         rp.handle_timer(now=t)

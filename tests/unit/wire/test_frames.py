@@ -93,7 +93,7 @@ def test_scapy_uc_send_vector_decodes_with_its_icrc() -> None:
 
 def test_connectx4_cnp_vector() -> None:
     f = _roce(CX4_CNP)
-    assert f.opcode == Opcode.CNP == 0x81
+    assert f.opcode == Opcode.CNP and int(f.opcode) == 0x81
     assert f.becn and not f.fecn
     assert (f.dqpn, f.psn, f.dscp, f.pkey) == (0x118, 0, DSCP_CNP, 0xFFFF)
     assert CX4_CNP[-4:] == bytes.fromhex("82fd002a")

@@ -7,15 +7,26 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu.experiments import scenarios
+from rocev2_emu.experiments import (
+    fairness,
+    fluid_model,
+    harness,
+    incast,
+    pfc_unfairness,
+    victim_flow,
+)
+from rocev2_emu.experiments.catalog import SCENARIOS
 
 
 def test_incast_scenario_checks_pass_and_results_are_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    small = lambda seed, mode: scenarios.incast(seed, n=4, size=2 << 20, mode=mode)  # noqa: E731
-    monkeypatch.setitem(scenarios.SCENARIOS, "incast", small)
-    assert scenarios.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
+    def small(seed: int, mode: harness.Mode) -> harness.Outcome:
+        runs, lines, ok = incast.incast(seed, n=4, size=2 << 20, mode=mode)
+        return harness.Outcome(harness.runs_json(runs), lines, ok)
+
+    monkeypatch.setitem(SCENARIOS, "incast", harness.Scenario("incast", small))
+    assert harness.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
     out = capsys.readouterr().out
     assert out.count(": pass") == 4
     data = json.loads((tmp_path / "incast.json").read_text())
@@ -30,20 +41,20 @@ def test_incast_scenario_checks_pass_and_results_are_written(
 
 
 def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert scenarios.main("nope", seed=1, out=None, virtual=True) == 2
+    assert harness.main("nope", seed=1, out=None, virtual=True) == 2
     assert "unknown scenario" in capsys.readouterr().err
 
 
 def test_pfc_unfairness_checks_pass() -> None:
-    runs, lines, ok = scenarios.pfc_unfairness(1, size=12 << 20)
+    runs, lines, ok = pfc_unfairness.pfc_unfairness(1, size=12 << 20)
     assert ok, lines
-    pfc_shares = scenarios._steady_shares(runs[0])
+    pfc_shares = harness.steady_shares(runs[0])
     assert pfc_shares[0] == pytest.approx(50, rel=0.1)  # C/2 for the lone sender
     assert all(x == pytest.approx(100 / 6, rel=0.15) for x in pfc_shares[1:])  # C/6 each
 
 
 def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim() -> None:
-    runs, lines, ok = scenarios.victim_flow(1)
+    runs, lines, ok = victim_flow.victim_flow(1)
     assert ok, lines
     pfc, both = runs
     assert {"spine", "leaf1", "leaf2"} <= set(pfc.fabric["pfc_senders"])  # three switches
@@ -53,7 +64,7 @@ def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim() -> None:
 
 
 def test_fairness_flows_converge_to_fair_shares_and_recover() -> None:
-    runs, lines, ok = scenarios.fairness(1)
+    runs, lines, ok = fairness.fairness(1)
     assert ok, lines
     (run,) = runs
     assert [r.start for r in run.results] == pytest.approx([0.0, 5e-3, 10e-3, 15e-3])
@@ -62,7 +73,7 @@ def test_fairness_flows_converge_to_fair_shares_and_recover() -> None:
 
 
 def test_fluid_model_queue_matches_the_fixed_point(tmp_path: Path) -> None:
-    runs, lines, ok = scenarios.fluid_model(1, ns=(2, 8))
+    runs, lines, ok = fluid_model.fluid_model(1, ns=(2, 8))
     assert ok, lines
     assert all(run.queue_reference for run in runs)
     assert sum("check: queue within 20 %" in line for line in lines) == 2
