@@ -52,7 +52,7 @@ def emulator(n: int, nbytes: int, iters: int) -> float:
     from collectives.bench import params
     from collectives.launch import run_local
     from rocev2_emu.fabric.topogen import single_switch, to_toml
-    from rocev2_emu.fabric.topology import parse
+    from rocev2_emu.fabric.topology_file import parse
 
     data = tomllib.loads(single_switch(n, rate_gbps=0.0, tdf=1.0))
     # unpaced senders overrun the kernel's socket buffers; a window per QP keeps go-back-N

@@ -22,7 +22,8 @@ from collectives.launch import run_attached, run_local
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology, load, parse, resolve_names
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import load, parse, resolve_names
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -25,159 +25,33 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
 
 import numpy as np
 import trio
 
 from collectives import ops, ring
-from collectives.links import (
-    Completions,
-    LinkError,
-    LocalRx,
-    LocalTx,
-    RdmaRx,
-    RdmaTx,
-    Rx,
-    Tx,
-)
+from collectives.links import RdmaRx, RdmaTx
 from collectives.metrics import RankMetrics
-from collectives.store import Store, StoreTimeout
-from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
+from collectives.placement import CommOptions, HostGroup, RankPlace, ring_order
+from collectives.session import BUS_FACTOR, CollectiveError, RankSession
+from collectives.store import Store
+from rocev2_emu.verbs import Context
 
 log = logging.getLogger("collectives")
-T = TypeVar("T")
 
-BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    # nccl-tests' busBw = algBw x factor (doc/PERFORMANCE.md)
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
-
-
-class CollectiveError(Exception):
-    """A collective failed on this rank: the message names rank, operation, sequence, peer."""
+__all__ = [
+    "BUS_FACTOR",
+    "CollectiveError",
+    "CommOptions",
+    "Communicator",
+    "HostGroup",
+    "RankPlace",
+    "ring_order",
+]
 
 
-@dataclass(slots=True, frozen=True)
-class RankPlace:
-    """Where a rank runs: its host, the host's leaf switch, its index on the host."""
-
-    rank: int
-    host: str
-    leaf: str
-    local_rank: int
-
-
-@dataclass(slots=True)
-class HostGroup:
-    """The ranks of one host: shared memory between them, and a barrier."""
-
-    size: int
-    buffers: dict[int, np.ndarray] = field(default_factory=dict)  # local rank -> its shard
-    links: dict[tuple[int, int, str], LocalRx] = field(default_factory=dict)
-    _arrived: int = 0
-    _generation: int = 0
-    _lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
-
-    def local_link(
-        self, src: int, dst: int, ring_name: str, slots: int, slot_bytes: int
-    ) -> LocalRx:
-        key = (src, dst, ring_name)
-        if key not in self.links:
-            self.links[key] = LocalRx(slots, slot_bytes)
-        return self.links[key]
-
-    async def barrier(self) -> None:
-        generation = self._generation
-        self._arrived += 1
-        if self._arrived == self.size:
-            self._arrived = 0
-            self._generation += 1
-            self._lot.unpark_all()
-            return
-        while self._generation == generation:
-            await self._lot.park()
-
-
-@dataclass(slots=True)
-class _Ring:
-    name: str
-    members: list[int]  # global ranks in ring order
-    pos: int
-    tx: Tx | None
-    rx: Rx | None
-
-
-def ring_order(places: list[RankPlace], order: str) -> list[int]:
-    if order == "rank":
-        return [p.rank for p in places]
-    if order != "topology":
-        raise ValueError(f"ring order {order!r}: use 'topology' or 'rank'")
-    leaves: dict[str, int] = {}
-    hosts: dict[str, int] = {}
-    for p in places:  # first appearance fixes the order of leaves and hosts
-        leaves.setdefault(p.leaf, len(leaves))
-        hosts.setdefault(p.host, len(hosts))
-    return [
-        p.rank for p in sorted(places, key=lambda p: (leaves[p.leaf], hosts[p.host], p.local_rank))
-    ]
-
-
-class Communicator:
-    def __init__(
-        self,
-        ctx: Context,
-        store: Store,
-        places: list[RankPlace],
-        rank: int,
-        group: HostGroup,
-        *,
-        job: str,
-        slots: int,
-        slot_bytes: int,
-        timeout: float,
-        link_gbps: float,
-        mtu: int,
-        qp_timeout: int,
-        retry_cnt: int,
-        metrics: RankMetrics | None,
-        abort_store: Store | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.store = store
-        self.abort_store = abort_store or store  # a blocking watch needs its own connection
-        self.places = places
-        self.rank = rank
-        self.size = len(places)
-        self.place = places[rank]
-        self.group = group
-        self.job = job
-        self.slots = slots
-        self.slot_bytes = slot_bytes
-        self.timeout = timeout
-        self.link_gbps = link_gbps
-        self.mtu = mtu
-        self.qp_timeout = qp_timeout
-        self.retry_cnt = retry_cnt
-        self.metrics = metrics
-        self.pd = PD(ctx)
-        self.cq = CQ(ctx, 1 << 16)
-        self.completions = Completions(self.cq)
-        self.rings: dict[str, _Ring] = {}
-        self.local_ring: str | None = None  # this rank's ring across hosts (hierarchical)
-        self.seq = 0
-        self.aborted: str | None = None
-        self.last: dict[str, Any] = {}
-        self._nursery: trio.Nursery | None = None
-        self._registered: tuple[np.ndarray, MR] | None = None
-        self._store_waits: set[trio.CancelScope] = set()
+class Communicator(RankSession):
+    """One rank of a job: the collective operations, over its :class:`RankSession`."""
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -189,38 +63,17 @@ class Communicator:
         rank: int,
         group: HostGroup,
         nursery: trio.Nursery,
+        options: CommOptions | None = None,
         *,
-        job: str = "job",
-        order: str = "topology",
-        slots: int = 4,
-        slot_bytes: int = 256 << 10,
-        timeout: float = 0.05,
-        link_gbps: float = 100.0,
-        mtu: int = 4096,
-        qp_timeout: int = 10,
-        retry_cnt: int = 7,
         metrics: RankMetrics | None = None,
         abort_store: Store | None = None,
     ) -> Communicator:
-        """Connect rank ``rank`` of ``places`` (every rank calls this at once); ``timeout`` is
-        the base deadline of an operation in emulated seconds (more for larger messages)."""
+        """Connect rank ``rank`` of ``places`` (every rank calls this at once)."""
+        options = options or CommOptions()
         comm = cls(
-            ctx,
-            store,
-            places,
-            rank,
-            group,
-            job=job,
-            slots=slots,
-            slot_bytes=slot_bytes,
-            timeout=timeout,
-            link_gbps=link_gbps,
-            mtu=mtu,
-            qp_timeout=qp_timeout,
-            retry_cnt=retry_cnt,
-            metrics=metrics,
-            abort_store=abort_store,
+            ctx, store, places, rank, group, options, metrics=metrics, abort_store=abort_store
         )
+        order = options.order
         comm._nursery = nursery
         nursery.start_soon(comm.completions.run, 1.0)
         members = ring_order(places, order)
@@ -239,170 +92,6 @@ class Communicator:
         nursery.start_soon(comm._watch_abort)
         return comm
 
-    def _wall(self, emulated: float) -> float:
-        return self.ctx.clock.wall_duration(emulated)
-
-    def _store_wait(self) -> float:
-        """How long a rendezvous or barrier waits for the other ranks: the operation deadline,
-        but at least 60 s of wall time (processes start at their own pace)."""
-        return max(self._wall(self.timeout), 60.0)
-
-    async def _connect(self, rings: dict[str, list[int]]) -> None:
-        pending: list[tuple[_Ring, str]] = []
-        for name, members in rings.items():
-            if self.rank not in members:
-                continue
-            pos = members.index(self.rank)
-            n = len(members)
-            ring_ = _Ring(name, members, pos, None, None)
-            self.rings[name] = ring_
-            if n == 1:
-                continue
-            nxt, prv = members[(pos + 1) % n], members[(pos - 1) % n]
-            me = self.place
-            if self.places[prv].host == me.host:  # shared memory from the predecessor
-                ring_.rx = self.group.local_link(prv, self.rank, name, self.slots, self.slot_bytes)
-            else:
-                rx = RdmaRx(self.pd, self.cq, self.slots, self.slot_bytes, f"rank {prv}")
-                self.completions.by_qpn[rx.qp.qp_num] = rx
-                ring_.rx = rx
-                await self.store.set(
-                    f"{self.job}/{name}/rx/{self.rank}", asdict(QPInfo.of(rx.qp, rx.mr))
-                )
-                pending.append((ring_, "rx"))
-            if self.places[nxt].host == me.host:
-                shared = self.group.local_link(self.rank, nxt, name, self.slots, self.slot_bytes)
-                ring_.tx = shared.tx or LocalTx(shared)
-            else:
-                tx = RdmaTx(self.pd, self.cq, self.slots, self.slot_bytes, f"rank {nxt}")
-                self.completions.by_qpn[tx.qp.qp_num] = tx
-                ring_.tx = tx
-                await self.store.set(f"{self.job}/{name}/tx/{self.rank}", asdict(QPInfo.of(tx.qp)))
-                pending.append((ring_, "tx"))
-        wait = self._store_wait()
-        for ring_, end in pending:
-            n = len(ring_.members)
-            if end == "rx":
-                prv = ring_.members[(ring_.pos - 1) % n]
-                peer = QPInfo(**await self._get(f"{self.job}/{ring_.name}/tx/{prv}", wait))
-                assert isinstance(ring_.rx, RdmaRx)
-                self._connect_qp(ring_.rx, peer)
-            else:
-                nxt = ring_.members[(ring_.pos + 1) % n]
-                peer = QPInfo(**await self._get(f"{self.job}/{ring_.name}/rx/{nxt}", wait))
-                assert isinstance(ring_.tx, RdmaTx)
-                self._connect_qp(ring_.tx, peer)
-                ring_.tx.remote_addr, ring_.tx.rkey = peer.vaddr, peer.rkey
-        await self.barrier()
-
-    def _connect_qp(self, end: RdmaRx | RdmaTx, peer: QPInfo) -> None:
-        end.connect(peer, path_mtu=self.mtu, timeout=self.qp_timeout, retry_cnt=self.retry_cnt)
-
-    async def _get(self, key: str, wall_timeout: float) -> Any:
-        """A store wait that an abort cuts short."""
-        if self.aborted:
-            raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
-        with trio.CancelScope() as scope:
-            self._store_waits.add(scope)
-            try:
-                return await self.store.get(key, wall_timeout)
-            except StoreTimeout as exc:
-                raise CollectiveError(f"rank {self.rank}: rendezvous failed: {exc}") from exc
-            finally:
-                self._store_waits.discard(scope)
-        raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
-
-    # -- errors -------------------------------------------------------------------------
-    async def _watch_abort(self) -> None:
-        while True:
-            try:
-                why = await self.abort_store.get(f"{self.job}/abort", self._wall(3600.0))
-            except StoreTimeout:
-                continue
-            self.aborted = str(why)
-            for scope in list(self._store_waits):
-                scope.cancel()
-            for r in self.rings.values():
-                for end in (r.tx, r.rx):
-                    if end is not None:
-                        end.fail(f"aborted: {why}")
-            return
-
-    async def _guard(self, name: str, nbytes: int, body: Callable[[list[str]], Awaitable[T]]) -> T:
-        self.seq += 1
-        seq = self.seq
-        if self.aborted:
-            raise CollectiveError(f"rank {self.rank}: {name} #{seq}: job aborted: {self.aborted}")
-        # deadline: the base, plus ten times what the bytes need at the link rate
-        deadline = self.timeout + 10 * 2 * nbytes * 8 / (self.link_gbps * 1e9)
-        progress = ["the start"]
-        start = self.ctx.now()
-        wall0 = time.monotonic()
-        try:
-            with trio.fail_after(self._wall(deadline)):
-                result = await body(progress)
-        except (trio.TooSlowError, LinkError, ring.ProtocolError) as exc:
-            what = (
-                f"deadline of {deadline * 1e3:.1f} ms (emulated) passed waiting for {progress[0]}"
-                if isinstance(exc, trio.TooSlowError)
-                else str(exc)
-            )
-            message = f"rank {self.rank}: {name} #{seq} failed: {what}"
-            if self.metrics:
-                self.metrics.errors.labels(op=name).inc()
-            if not self.aborted:
-                await self._post_abort(message)
-            raise CollectiveError(message) from exc
-        elapsed = self.ctx.now() - start
-        self.last = {
-            "op": name,
-            "seq": seq,
-            "seconds": elapsed,
-            "bytes": nbytes,
-            "wall": time.monotonic() - wall0,
-        }
-        if self.metrics:
-            self.metrics.observe(name, nbytes, elapsed, BUS_FACTOR[name](self.size))
-        return result
-
-    async def _post_abort(self, message: str) -> None:
-        self.aborted = message
-        with trio.move_on_after(self._wall(1.0)):
-            await self.store.set(f"{self.job}/abort", message)
-
-    # -- helpers --------------------------------------------------------------------------
-    def _register(self, work: np.ndarray) -> MR:
-        """Register ``work`` for RDMA sends (the last buffer is kept registered)."""
-        if self._registered is not None and self._registered[0] is work:
-            return self._registered[1]
-        if self._registered is not None:
-            self._registered[1].close()
-        raw = work.view(np.uint8) if work.size else np.zeros(1, np.uint8)
-        mr = MR(self.pd, raw, Access.LOCAL_WRITE)
-        self._registered = (work, mr)
-        return mr
-
-    async def _ring(
-        self, name: str, steps: list[ring.Step], work: np.ndarray, op: str, progress: list[str]
-    ) -> None:
-        r = self.rings[name]
-        if not any(s.send or s.recv for s in steps):
-            return
-        mr = self._register(work) if isinstance(r.tx, RdmaTx) else None
-        n, pos = len(r.members), r.pos
-        await ring.run(
-            steps,
-            work,
-            mr,
-            r.tx,
-            r.rx,
-            op=op,
-            seq=self.seq,
-            progress=progress,
-            pred=f"rank {r.members[(pos - 1) % n]}",
-            succ=f"rank {r.members[(pos + 1) % n]}",
-        )
-
     @staticmethod
     def _check(x: np.ndarray, op: str = "sum") -> np.ndarray:
         x = np.asarray(x)
@@ -416,7 +105,9 @@ class Communicator:
         """Reduce ``x`` over all ranks into ``out`` (a new array; ``out=x`` works in place)."""
         flat = self._check(x, op)
         if algo == "auto":
-            hier = self.local_ring is not None and flat.nbytes >= self.slot_bytes * self.size
+            hier = (
+                self.local_ring is not None and flat.nbytes >= self.options.slot_bytes * self.size
+            )
             algo = "hierarchical" if hier else "ring"
         if algo not in ("ring", "hierarchical"):
             raise ValueError(f"algorithm {algo!r}: use ring, hierarchical or auto")
@@ -542,7 +233,7 @@ class Communicator:
     async def barrier(self) -> None:
         """Every rank has reached this call (through the store, like NCCL's bootstrap)."""
         self.seq += 1
-        key = f"{self.job}/barrier/{self.seq}"
+        key = f"{self.options.job}/barrier/{self.seq}"
         if await self.store.add(key, 1) == self.size:
             await self.store.set(f"{key}/done", 1)
         await self._get(f"{key}/done", self._store_wait())

@@ -24,7 +24,13 @@ from prometheus_client import CollectorRegistry
 
 import collectives.bench
 import collectives.checks  # noqa: F401  (registers its jobs)
-from collectives.communicator import CollectiveError, Communicator, HostGroup, RankPlace
+from collectives.communicator import (
+    CollectiveError,
+    CommOptions,
+    Communicator,
+    HostGroup,
+    RankPlace,
+)
 from collectives.metrics import HostCollectiveMetrics
 from collectives.registry import JOBS
 from collectives.ring import first_error
@@ -46,19 +52,12 @@ def places_for(topo: Topology) -> list[RankPlace]:
     return places
 
 
-def comm_options(topo: Topology, params: dict[str, Any]) -> dict[str, Any]:
+def comm_options(topo: Topology, params: dict[str, Any]) -> CommOptions:
     """Communicator settings from the topology (link rate, MTU, transport) and the job."""
     link, _ = topo.host_link(topo.hosts[0].name)
-    return {
-        "link_gbps": link.rate_bps / 1e9 or 100.0,
-        "mtu": topo.mtu,
-        "qp_timeout": int(params.get("qp_timeout", 10)),
-        "retry_cnt": int(topo.transport.get("retry_cnt", 7)),
-        "order": str(params.get("order", "topology")),
-        "slots": int(params.get("slots", 4)),
-        "slot_bytes": int(params.get("slot_bytes", 256 << 10)),
-        "timeout": float(params.get("timeout", 0.05)),
-    }
+    return CommOptions.for_job(
+        link.rate_bps / 1e9 or 100.0, topo.mtu, int(topo.transport.get("retry_cnt", 7)), params
+    )
 
 
 async def run_rank(
@@ -70,7 +69,7 @@ async def run_rank(
     group: HostGroup,
     name: str,
     params: dict[str, Any],
-    options: dict[str, Any],
+    options: CommOptions,
     metrics: HostCollectiveMetrics | None,
     results: dict[int, Any],
 ) -> None:
@@ -85,10 +84,9 @@ async def run_rank(
                 rank,
                 group,
                 nursery,
-                job=str(params.get("job_id", "job")),
+                options,
                 metrics=metrics.rank(rank) if metrics else None,
                 abort_store=abort_store,
-                **options,
             )
             try:
                 results[rank] = await JOBS[name](comm, params)

@@ -36,7 +36,8 @@ from rocev2_emu.experiments.harness import Mode, Outcome, Scenario, check_lines
 from rocev2_emu.experiments.plots import pyplot
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.stats import percentile
 
 

@@ -1,6 +1,8 @@
 """The userspace switch: a sans-IO pipeline (forwarding with ECMP, an HPCC-style MMU with PFC
-headroom, egress queues per port and priority, ECN, PFC, the PFC watchdog) and its trio driver.
+headroom, egress queues per port and priority, ECN, PFC, the PFC watchdog), its driver on the
+one pump loop, its metrics, and its process (:mod:`switch.node`).
 
-It shares only the frame codecs (:mod:`rocev2_emu.wire.ethernet`, :mod:`rocev2_emu.wire.pfc`,
-:mod:`rocev2_emu.wire.crc`) with the host side.
+It shares only the wire (:mod:`rocev2_emu.wire`: frame codecs, CRC, line-rate timing) and the
+runtime (:mod:`rocev2_emu.runtime`: clock, ports, link faults, the pump, control framing,
+node metrics) with the host side; ``lint-imports`` checks it.
 """

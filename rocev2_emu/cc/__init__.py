@@ -2,7 +2,8 @@
 
 :class:`RateControl` is what the NIC's egress asks (``rate``, ``next_send_time``) and tells
 (``on_sent``, ``on_cnp``, ``handle_timer``); :data:`REGISTRY` maps the names a topology file
-uses (``"dcqcn"``, ``"none"``) to implementations, as aioquic's congestion package does.
+uses (``"dcqcn"``, ``"static"``, ``"none"``) to implementations, as aioquic's congestion
+package does.
 """
 
 from __future__ import annotations

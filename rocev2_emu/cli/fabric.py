@@ -7,8 +7,14 @@ import argparse
 import trio
 
 from rocev2_emu.cli.commands import Command, register
-from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology
+from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
 from rocev2_emu.fabric.compose import generate
+from rocev2_emu.fabric.topology import Topology
+
+
+def _load(path: str) -> Topology:
+    """The topology file, with node names resolved where it names nodes by DNS (swarm)."""
+    return topology_file.resolve_names(topology_file.load(path))
 
 
 def _up_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +29,7 @@ def _up_args(p: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    topo = topology.resolve_names(topology.load(args.topology))  # names: docker swarm
+    topo = _load(args.topology)
     return supervisor.up(
         topo, args.topology, tdf=args.tdf, flows_path=args.flows, virtual=args.virtual
     )
@@ -47,7 +53,7 @@ def _node_args(p: argparse.ArgumentParser) -> None:
 
 
 def _node(args: argparse.Namespace) -> int:
-    topo = topology.resolve_names(topology.load(args.topology))
+    topo = _load(args.topology)
     opts = nodes.NodeOptions(
         args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
     )
@@ -68,7 +74,7 @@ def _link_args(p: argparse.ArgumentParser) -> None:
 
 
 def _link(args: argparse.Namespace) -> int:
-    topo = topology.resolve_names(topology.load(args.topology))
+    topo = _load(args.topology)
     faults = {
         k: v
         for k, v in (
@@ -94,7 +100,7 @@ def _stop_args(p: argparse.ArgumentParser) -> None:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    return control.stop_node(topology.resolve_names(topology.load(args.topology)), args.name)
+    return control.stop_node(_load(args.topology), args.name)
 
 
 def _topology_args(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,8 @@ from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.supervisor import run_flow_job
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
 
 G = 1e9

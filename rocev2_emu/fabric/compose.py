@@ -30,7 +30,8 @@ from typing import Any
 
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 
 DEFAULT_SUBNET = "172.30.0.0/24"
 IMAGE = "rocev2-emu:latest"

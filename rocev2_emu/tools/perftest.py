@@ -22,6 +22,7 @@ import trio
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
+from rocev2_emu.stats import percentile
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.timers import local_ack_timeout
@@ -426,8 +427,7 @@ async def _latency(side: _Side, chan: OobChannel, opts: PerftestOptions) -> None
         if not rtts:
             rtts = [0.0]
         rtts.sort()
-        p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))]
-        p999 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.999))]
+        p99, p999 = percentile(rtts, 0.99), percentile(rtts, 0.999)
         stdev = statistics.pstdev(rtts)
         print(
             f" {size:<7d}{iters:<10d}     {rtts[0]:<10.2f}     {rtts[-1]:<10.2f}   "

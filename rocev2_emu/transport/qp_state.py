@@ -154,11 +154,3 @@ def can_post_send(state: QPState) -> bool:
 
 def can_post_recv(state: QPState) -> bool:
     return state is not S.RESET
-
-
-def receives(state: QPState) -> bool:
-    return state in (S.RTR, S.RTS, S.SQD, S.SQE)
-
-
-def sends(state: QPState) -> bool:
-    return state in (S.RTS, S.SQD)

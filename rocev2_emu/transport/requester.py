@@ -34,6 +34,7 @@ from rocev2_emu.transport.work import (
     WorkCompletion,
     WrOpcode,
 )
+from rocev2_emu.transport.wqe import NAK_STATUS, READ_OR_ATOMIC, READ_RESP_POSITION, SendWqe
 from rocev2_emu.wire.bth import (
     AETH_ACK,
     AETH_KIND_MASK,
@@ -46,96 +47,10 @@ from rocev2_emu.wire.bth import (
     psn_diff,
 )
 from rocev2_emu.wire.bth import Opcode as Op
-from rocev2_emu.wire.roce import RoceFrame, pack_atomic_eth, pack_imm, pack_reth
+from rocev2_emu.wire.roce import RoceFrame, pack_atomic_eth, pack_reth
 
 ACKREQ_INTERVAL: Final = 16
-_READ_OR_ATOMIC: Final = frozenset(
-    {WrOpcode.RDMA_READ, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD}
-)
-_NAK_STATUS: Final = {
-    NakCode.INVALID_REQUEST: WcStatus.REM_INV_REQ_ERR,
-    NakCode.REMOTE_ACCESS_ERROR: WcStatus.REM_ACCESS_ERR,
-    NakCode.REMOTE_OPERATIONAL_ERROR: WcStatus.REM_OP_ERR,
-    NakCode.INVALID_RD_REQUEST: WcStatus.REM_INV_RD_REQ_ERR,
-}
-# (is SEND, with immediate) -> opcodes of the (only, first, middle, last) packet of a message
-_DATA_OPS: Final = {
-    (True, False): (Op.RC_SEND_ONLY, Op.RC_SEND_FIRST, Op.RC_SEND_MIDDLE, Op.RC_SEND_LAST),
-    (True, True): (
-        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
-        Op.RC_SEND_FIRST,
-        Op.RC_SEND_MIDDLE,
-        Op.RC_SEND_LAST_WITH_IMMEDIATE,
-    ),
-    (False, False): (
-        Op.RC_RDMA_WRITE_ONLY,
-        Op.RC_RDMA_WRITE_FIRST,
-        Op.RC_RDMA_WRITE_MIDDLE,
-        Op.RC_RDMA_WRITE_LAST,
-    ),
-    (False, True): (
-        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-        Op.RC_RDMA_WRITE_FIRST,
-        Op.RC_RDMA_WRITE_MIDDLE,
-        Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-    ),
-}
-_READ_RESP_POSITION: Final = {
-    Op.RC_RDMA_READ_RESPONSE_ONLY: (True, True),
-    Op.RC_RDMA_READ_RESPONSE_FIRST: (True, False),
-    Op.RC_RDMA_READ_RESPONSE_MIDDLE: (False, False),
-    Op.RC_RDMA_READ_RESPONSE_LAST: (False, True),
-}
-
-
 _new_tuple = tuple.__new__
-
-
-class SendWqe:
-    """A posted send work request and its progress.
-
-    For SEND and WRITE the four opcodes and the extension headers of the message are worked
-    out once here, so cutting a packet is a few comparisons."""
-
-    __slots__ = (
-        "first_ext",
-        "first_psn",
-        "kind",
-        "last_ext",
-        "length",
-        "npkts",
-        "ops",
-        "rerequest_psn",
-        "resp_pkts",
-        "sges",
-        "solicited",
-        "started",
-        "wr",
-    )
-
-    def __init__(self, wr: SendWR, sges: SgeList, first_psn: int, mtu: int) -> None:
-        self.wr = wr
-        kind = self.kind = wr.opcode
-        self.sges = sges
-        self.length = sges.length
-        self.first_psn = first_psn
-        if kind in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
-            self.npkts = 1
-        else:
-            self.npkts = max(1, -(-self.length // mtu))
-        self.resp_pkts = 0  # READ: response packets received in order
-        self.rerequest_psn = -1
-        self.started = False
-        with_imm = kind in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
-        self.ops = _DATA_OPS[kind in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM), with_imm]
-        is_write = kind in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
-        self.first_ext = pack_reth(wr.remote_addr, wr.rkey, self.length) if is_write else b""
-        self.last_ext = pack_imm(wr.imm_data or 0) if with_imm else b""
-        self.solicited = bool(wr.send_flags & SendFlags.SOLICITED)
-
-    @property
-    def last_psn(self) -> int:
-        return psn_add(self.first_psn, self.npkts - 1)
 
 
 class Requester:
@@ -188,7 +103,7 @@ class Requester:
             return None  # window full: only retransmissions may go
         if not w.started and not self._may_start(w):
             return None
-        if kind in _READ_OR_ATOMIC:
+        if kind in READ_OR_ATOMIC:
             pkt, npsn = self._read_or_atomic(w)
             self.tx_idx += 1
         else:
@@ -233,9 +148,9 @@ class Requester:
         if not self.qp.may_start_new_requests():
             return False
         kind = w.kind
-        if kind in _READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
-            inflight = sum(1 for i in range(self.tx_idx) if self.wqes[i].kind in _READ_OR_ATOMIC)
-            if kind in _READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
+        if kind in READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
+            inflight = sum(1 for i in range(self.tx_idx) if self.wqes[i].kind in READ_OR_ATOMIC)
+            if kind in READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
                 return False
             if w.wr.send_flags & SendFlags.FENCE and inflight:
                 return False
@@ -316,7 +231,7 @@ class Requester:
             elif code == NakCode.INVALID_REQUEST:
                 self.qp.counters.req_remote_invalid_request += 1
             self.qp.fail(
-                _NAK_STATUS.get(
+                NAK_STATUS.get(
                     NakCode(code) if code <= 4 else NakCode.INVALID_REQUEST, WcStatus.REM_OP_ERR
                 )
             )
@@ -330,13 +245,13 @@ class Requester:
         while self.wqes:
             w = self.wqes[0]
             if psn_diff(w.last_psn, psn) > 0:
-                if w.kind not in _READ_OR_ATOMIC and psn_diff(psn, self.una) >= 0:
+                if w.kind not in READ_OR_ATOMIC and psn_diff(psn, self.una) >= 0:
                     self.una = psn_add(psn, 1)  # partial ACK inside a multi-packet message
                     progressed = True
-                elif w.kind in _READ_OR_ATOMIC and psn_diff(psn, w.first_psn) >= 0:
+                elif w.kind in READ_OR_ATOMIC and psn_diff(psn, w.first_psn) >= 0:
                     self._implied_nak(w)
                 break
-            if w.kind in _READ_OR_ATOMIC:
+            if w.kind in READ_OR_ATOMIC:
                 self._implied_nak(w)
                 break
             self._complete_head(WcStatus.SUCCESS)
@@ -384,7 +299,7 @@ class Requester:
         want = min(mtu, w.length - k * mtu)
         # A re-issued READ is answered FIRST..LAST from its own start, so only the "last"
         # position is checked; a response that does not fit is stale and dropped.
-        if _READ_RESP_POSITION[Op(f.opcode)][1] != (k == w.npkts - 1) or len(f.payload) != want:
+        if READ_RESP_POSITION[Op(f.opcode)][1] != (k == w.npkts - 1) or len(f.payload) != want:
             self.qp.counters.duplicate_response += 1
             return
         w.sges.scatter(k * mtu, f.payload)
@@ -396,7 +311,7 @@ class Requester:
 
     def _on_atomic_ack(self, f: RoceFrame, now: float) -> None:
         w = self._wqe_of(f.psn)
-        if w is None or w.kind not in _READ_OR_ATOMIC or w.kind is WrOpcode.RDMA_READ:
+        if w is None or w.kind not in READ_OR_ATOMIC or w.kind is WrOpcode.RDMA_READ:
             self.qp.counters.duplicate_response += 1
             return
         self._ack_through(psn_add(w.first_psn, -1), now)
@@ -428,7 +343,7 @@ class Requester:
             return
         self.retry_left -= 1
         w = self.wqes[0]
-        if w.kind in _READ_OR_ATOMIC:
+        if w.kind in READ_OR_ATOMIC:
             w.rerequest_psn = psn_add(w.first_psn, w.resp_pkts)
         self._seek(self.una)
 
@@ -454,7 +369,7 @@ class Requester:
             d = psn_diff(psn, w.first_psn)
             if 0 <= d < w.npkts:
                 self.tx_idx = i
-                self.tx_pkt = d if w.kind not in _READ_OR_ATOMIC else 0
+                self.tx_pkt = d if w.kind not in READ_OR_ATOMIC else 0
                 self.since_ackreq = 0
                 return
         self.tx_idx = len(self.wqes)

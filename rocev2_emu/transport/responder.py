@@ -17,10 +17,24 @@ Follows IBTA vol. 1 §9.7.4-9.7.5 (responder side):
 from __future__ import annotations
 
 from collections import deque
-from typing import Final, NamedTuple
 
 from rocev2_emu.transport.endpoint import OutPacket, QPEndpoint
 from rocev2_emu.transport.memory import Access, MemoryRegion
+from rocev2_emu.transport.responses import (
+    ATOMIC_OPS,
+    LAST_OPS,
+    SEND_FIRST_OPS,
+    SEND_MORE_OPS,
+    U64,
+    WRITE_FIRST_OPS,
+    WRITE_MORE_OPS,
+    AccessDenied,
+    Ack,
+    AtomicAck,
+    ReadResponse,
+    Resource,
+    ResponseItem,
+)
 from rocev2_emu.transport.work import RecvWR, SgeList, WcOpcode, WcStatus, WorkCompletion
 from rocev2_emu.wire.bth import (
     AETH_ACK,
@@ -34,82 +48,6 @@ from rocev2_emu.wire.bth import (
 )
 from rocev2_emu.wire.bth import Opcode as Op
 from rocev2_emu.wire.roce import RoceFrame, pack_aeth, pack_atomic_ack
-
-_SEND_FIRST: Final = frozenset({Op.RC_SEND_FIRST, Op.RC_SEND_ONLY, Op.RC_SEND_ONLY_WITH_IMMEDIATE})
-_SEND_MORE: Final = frozenset({Op.RC_SEND_MIDDLE, Op.RC_SEND_LAST, Op.RC_SEND_LAST_WITH_IMMEDIATE})
-_WRITE_FIRST: Final = frozenset(
-    {Op.RC_RDMA_WRITE_FIRST, Op.RC_RDMA_WRITE_ONLY, Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE}
-)
-_WRITE_MORE: Final = frozenset(
-    {Op.RC_RDMA_WRITE_MIDDLE, Op.RC_RDMA_WRITE_LAST, Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE}
-)
-_LAST: Final = frozenset(
-    {
-        Op.RC_SEND_LAST,
-        Op.RC_SEND_LAST_WITH_IMMEDIATE,
-        Op.RC_SEND_ONLY,
-        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
-        Op.RC_RDMA_WRITE_LAST,
-        Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-        Op.RC_RDMA_WRITE_ONLY,
-        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-    }
-)
-_FIRST: Final = frozenset(
-    {
-        Op.RC_SEND_FIRST,
-        Op.RC_SEND_ONLY,
-        Op.RC_SEND_ONLY_WITH_IMMEDIATE,
-        Op.RC_RDMA_WRITE_FIRST,
-        Op.RC_RDMA_WRITE_ONLY,
-        Op.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-    }
-)
-_ATOMICS: Final = frozenset({Op.RC_COMPARE_SWAP, Op.RC_FETCH_ADD})
-_U64: Final = (1 << 64) - 1
-
-
-class _ReadResponse:
-    """A READ being answered: packets are cut from memory as the NIC asks for them."""
-
-    __slots__ = ("first_psn", "length", "mr", "next_pkt", "npkts", "va")
-
-    def __init__(
-        self, mr: MemoryRegion | None, va: int, length: int, first_psn: int, mtu: int
-    ) -> None:
-        self.mr, self.va, self.length, self.first_psn = mr, va, length, first_psn
-        self.npkts = max(1, -(-length // mtu))
-        self.next_pkt = 0
-
-
-class _Resource:
-    """A remembered READ (PSN range) or atomic (PSN and original value)."""
-
-    __slots__ = ("first_psn", "npkts", "orig")
-
-    def __init__(self, first_psn: int, npkts: int, orig: int | None) -> None:
-        self.first_psn, self.npkts, self.orig = first_psn, npkts, orig
-
-
-class _Ack(NamedTuple):
-    """An ACK or NAK waiting in the response FIFO."""
-
-    first_psn: int
-    syndrome: int
-    msn: int
-
-
-class _AtomicAck(NamedTuple):
-    first_psn: int
-    orig: int
-    msn: int
-
-
-class _AccessDenied(Exception):
-    """Raised inside the responder after a remote-access NAK has been queued."""
-
-
-_Item = _Ack | _AtomicAck | _ReadResponse
 
 
 class Responder:
@@ -126,8 +64,8 @@ class Responder:
         self.write_view: memoryview | None = None
         self.write_len = 0
         self.in_nak_episode = False
-        self.resources: deque[_Resource] = deque()
-        self.out: deque[_Item] = deque()
+        self.resources: deque[Resource] = deque()
+        self.out: deque[ResponseItem] = deque()
         self.rx_bytes = 0  # payload bytes taken in order: goodput, for measurements
 
     def start(self, rq_psn: int) -> None:
@@ -163,25 +101,25 @@ class Responder:
             return
         op = f.opcode
         if (
-            (self.in_send is not None and op not in _SEND_MORE)
-            or (self.in_write and op not in _WRITE_MORE)
-            or (self.in_send is None and not self.in_write and op in _SEND_MORE | _WRITE_MORE)
+            (self.in_send is not None and op not in SEND_MORE_OPS)
+            or (self.in_write and op not in WRITE_MORE_OPS)
+            or (self.in_send is None and not self.in_write and op in SEND_MORE_OPS | WRITE_MORE_OPS)
         ):
             self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} out of sequence")
             return
         try:
-            if op in _SEND_FIRST or op in _SEND_MORE:
+            if op in SEND_FIRST_OPS or op in SEND_MORE_OPS:
                 done = self._send(f)
-            elif op in _WRITE_FIRST or op in _WRITE_MORE:
+            elif op in WRITE_FIRST_OPS or op in WRITE_MORE_OPS:
                 done = self._write(f)
             elif op == Op.RC_RDMA_READ_REQUEST:
                 done = self._read(f)
-            elif op in _ATOMICS:
+            elif op in ATOMIC_OPS:
                 done = self._atomic(f)
             else:
                 self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} not valid on an RC QP")
                 return
-        except _AccessDenied:
+        except AccessDenied:
             return
         if done:
             self.in_nak_episode = False
@@ -189,13 +127,13 @@ class Responder:
     def _payload_ok(self, f: RoceFrame) -> bool:
         n = len(f.payload)
         mtu = self.qp.mtu
-        if f.opcode in _LAST:
+        if f.opcode in LAST_OPS:
             return n <= mtu
         return n == mtu
 
     def _send(self, f: RoceFrame) -> bool:
         op = f.opcode
-        if op in _SEND_FIRST:
+        if op in SEND_FIRST_OPS:
             if not self.recvs:
                 self._rnr(f.psn)
                 return False
@@ -219,7 +157,7 @@ class Responder:
         self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
-        if op in _LAST:
+        if op in LAST_OPS:
             self.in_send = None
             self.msn += 1
             self.qp.recv_cq.push(
@@ -234,7 +172,7 @@ class Responder:
 
     def _write(self, f: RoceFrame) -> bool:
         op = f.opcode
-        if op in _WRITE_FIRST:
+        if op in WRITE_FIRST_OPS:
             reth = f.reth
             assert reth is not None
             mr = self._check_remote(reth, Access.REMOTE_WRITE, reth.dma_len)
@@ -247,7 +185,7 @@ class Responder:
         if (
             not self._payload_ok(f)
             or self.offset + n > self.write_len
-            or (op in _LAST and self.offset + n != self.write_len)
+            or (op in LAST_OPS and self.offset + n != self.write_len)
         ):
             self._fatal(
                 NakCode.INVALID_REQUEST,
@@ -266,7 +204,7 @@ class Responder:
             self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
-        if op in _LAST:
+        if op in LAST_OPS:
             self.in_write = False
             self.write_view = None
             self.msn += 1
@@ -291,8 +229,8 @@ class Responder:
         assert reth is not None
         mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len)
         self.qp.counters.rx_read_requests += 1
-        resp = _ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu)
-        self._remember(_Resource(f.psn, resp.npkts, None))
+        resp = ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu)
+        self._remember(Resource(f.psn, resp.npkts, None))
         self.out.append(resp)
         self.msn += 1
         self.epsn = psn_add(self.epsn, resp.npkts)
@@ -311,11 +249,11 @@ class Responder:
         if f.opcode == Op.RC_COMPARE_SWAP:
             new = a.swap_add if orig == a.compare else orig
         else:
-            new = (orig + a.swap_add) & _U64
+            new = (orig + a.swap_add) & U64
         cell[:] = new.to_bytes(8, "little")
-        self._remember(_Resource(f.psn, 1, orig))
+        self._remember(Resource(f.psn, 1, orig))
         self.msn += 1
-        self.out.append(_AtomicAck(f.psn, orig, self.msn))
+        self.out.append(AtomicAck(f.psn, orig, self.msn))
         self._advance(f, 1)
         return True
 
@@ -329,18 +267,18 @@ class Responder:
                 return
             try:
                 mr = self._check_remote(reth, Access.REMOTE_READ, reth.dma_len, fatal=False)
-            except _AccessDenied:
+            except AccessDenied:
                 return
             # The requester has gone back to this PSN and will resend everything after it,
             # so answer from here in PSN order: drop what is still queued for this READ and
             # for later requests (as rxe reuses the resource), then replay.
             self._truncate_from(res.first_psn)
-            self.out.append(_ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu))
-        elif op in _ATOMICS:
+            self.out.append(ReadResponse(mr, reth.va, reth.dma_len, f.psn, self.qp.mtu))
+        elif op in ATOMIC_OPS:
             res = self._resource_of(f.psn)
             if res is not None and res.orig is not None and res.first_psn == f.psn:
-                self.out.append(_AtomicAck(f.psn, res.orig, self.msn))
-        elif f.ackreq or op in _LAST:
+                self.out.append(AtomicAck(f.psn, res.orig, self.msn))
+        elif f.ackreq or op in LAST_OPS:
             self._ack(psn_add(self.epsn, -1), AETH_ACK)
 
     # -- checks and helpers ----------------------------------------------------------------
@@ -349,7 +287,7 @@ class Responder:
     ) -> MemoryRegion | None:
         """The MR for a remote access, None for a zero-length one (IBTA C9-88: no checks).
 
-        Raises _AccessDenied, after queueing the NAK when ``fatal``."""
+        Raises AccessDenied, after queueing the NAK when ``fatal``."""
         if length == 0:
             return None
         mr = self.qp.mrs.by_rkey(reth.rkey)
@@ -366,7 +304,7 @@ class Responder:
         if fatal:
             self.qp.counters.resp_remote_access_errors += 1
             self._fatal(NakCode.REMOTE_ACCESS_ERROR, why)
-        raise _AccessDenied(why)
+        raise AccessDenied(why)
 
     def _advance(self, f: RoceFrame, n: int) -> None:
         self.epsn = psn_add(f.psn, n)
@@ -379,10 +317,10 @@ class Responder:
     def _ack(self, psn: int, syndrome: int) -> None:
         if syndrome == AETH_ACK and self.out:
             tail = self.out[-1]
-            if isinstance(tail, _Ack) and tail.syndrome == AETH_ACK:
-                self.out[-1] = _Ack(psn, syndrome, self.msn)
+            if isinstance(tail, Ack) and tail.syndrome == AETH_ACK:
+                self.out[-1] = Ack(psn, syndrome, self.msn)
                 return
-        self.out.append(_Ack(psn, syndrome, self.msn))
+        self.out.append(Ack(psn, syndrome, self.msn))
 
     def _rnr(self, psn: int) -> None:
         self.qp.counters.out_of_buffer += 1
@@ -394,23 +332,23 @@ class Responder:
             self.qp.counters.resp_invalid_request += 1
         self.qp.last_error = f"responder: {code.name}: {why}"
         self.out.clear()
-        self.out.append(_Ack(self.epsn, AETH_NAK | code, self.msn))
+        self.out.append(Ack(self.epsn, AETH_NAK | code, self.msn))
         self.qp.fail(None)
 
     def _truncate_from(self, psn: int) -> None:
-        kept: deque[_Item] = deque()
+        kept: deque[ResponseItem] = deque()
         for item in self.out:
             if psn_diff(item.first_psn, psn) >= 0:
                 break
             kept.append(item)
         self.out = kept
 
-    def _remember(self, res: _Resource) -> None:
+    def _remember(self, res: Resource) -> None:
         self.resources.append(res)
         while len(self.resources) > max(1, self.qp.max_dest_rd_atomic):
             self.resources.popleft()
 
-    def _resource_of(self, psn: int) -> _Resource | None:
+    def _resource_of(self, psn: int) -> Resource | None:
         for res in self.resources:
             if 0 <= psn_diff(psn, res.first_psn) < res.npkts:
                 return res
@@ -421,16 +359,16 @@ class Responder:
         if not self.out:
             return None
         item = self.out[0]
-        if isinstance(item, _ReadResponse):
+        if isinstance(item, ReadResponse):
             return self._read_packet(item)
         self.out.popleft()
-        if isinstance(item, _Ack):
+        if isinstance(item, Ack):
             ext = pack_aeth(item.syndrome, item.msn)
             return OutPacket(Op.RC_ACKNOWLEDGE, item.first_psn, False, False, ext, b"")
         ext = pack_aeth(AETH_ACK, item.msn) + pack_atomic_ack(item.orig)
         return OutPacket(Op.RC_ATOMIC_ACKNOWLEDGE, item.first_psn, False, False, ext, b"")
 
-    def _read_packet(self, r: _ReadResponse) -> OutPacket:
+    def _read_packet(self, r: ReadResponse) -> OutPacket:
         k = r.next_pkt
         r.next_pkt += 1
         if r.next_pkt == r.npkts:

@@ -16,7 +16,8 @@ import pytest
 
 from collectives.launch import run_local
 from rocev2_emu.fabric.topogen import leaf_spine, to_toml
-from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 
 pytestmark = pytest.mark.integration
 BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]

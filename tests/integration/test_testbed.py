@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from rocev2_emu.fabric import dashboards
-from rocev2_emu.fabric.topology import load
+from rocev2_emu.fabric.topology_file import load
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 
 from rocev2_emu.cc import PROFILES, Dcqcn, DcqcnParams, create
 from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology import parse
+from rocev2_emu.fabric.topology_file import parse
 from tests.unit.netsim import NetSim
 from tests.unit.switch.test_switch import connect, finish, start
 

@@ -20,7 +20,8 @@ from collectives.job import places_for, run_virtual
 from collectives.metrics import HostCollectiveMetrics
 from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology, parse
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 
 
 def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:

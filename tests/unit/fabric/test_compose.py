@@ -10,7 +10,8 @@ import pytest
 
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.compose import generate
-from rocev2_emu.fabric.topology import TopologyError, load, parse
+from rocev2_emu.fabric.topology import TopologyError
+from rocev2_emu.fabric.topology_file import load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = "examples/topologies/leaf-spine.toml"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine, single_switch
-from rocev2_emu.fabric.topology import TopologyError, load, parse
+from rocev2_emu.fabric.topology import TopologyError
+from rocev2_emu.fabric.topology_file import load, parse
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
 

@@ -1,0 +1,261 @@
+"""A rank's session: connecting its rings through the store, deadlines, and aborts.
+
+:class:`RankSession` is the part of a :class:`~collectives.communicator.Communicator` that is
+not an operation: it brings up one RC QP pair (or a shared-memory link) per hop of every ring
+the rank is in, swapping QPNs, PSNs and rkeys through the rendezvous store; runs each operation
+under its deadline (emulated seconds, scaled with its size); and on a failure posts an abort to
+the store, so that every other rank raises :class:`CollectiveError` too instead of waiting for
+its own deadline (NCCL's async error handling, torch's watchdog).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import numpy as np
+import trio
+
+from collectives import ring
+from collectives.links import Completions, LinkError, LocalTx, RdmaRx, RdmaTx
+from collectives.metrics import RankMetrics
+from collectives.placement import CommOptions, HostGroup, RankPlace, Ring
+from collectives.store import Store, StoreTimeout
+from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
+
+T = TypeVar("T")
+
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    # nccl-tests' busBw = algBw x factor (doc/PERFORMANCE.md)
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+class CollectiveError(Exception):
+    """A collective failed on this rank: the message names rank, operation, sequence, peer."""
+
+
+class RankSession(abc.ABC):
+    def __init__(
+        self,
+        ctx: Context,
+        store: Store,
+        places: list[RankPlace],
+        rank: int,
+        group: HostGroup,
+        options: CommOptions,
+        *,
+        metrics: RankMetrics | None = None,
+        abort_store: Store | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.abort_store = abort_store or store  # a blocking watch needs its own connection
+        self.places = places
+        self.rank = rank
+        self.size = len(places)
+        self.place = places[rank]
+        self.group = group
+        self.options = options
+        self.metrics = metrics
+        self.pd = PD(ctx)
+        self.cq = CQ(ctx, 1 << 16)
+        self.completions = Completions(self.cq)
+        self.rings: dict[str, Ring] = {}
+        self.local_ring: str | None = None  # this rank's ring across hosts (hierarchical)
+        self.seq = 0
+        self.aborted: str | None = None
+        self.last: dict[str, Any] = {}
+        self._nursery: trio.Nursery | None = None
+        self._registered: tuple[np.ndarray, MR] | None = None
+        self._store_waits: set[trio.CancelScope] = set()
+
+    def _wall(self, emulated: float) -> float:
+        return self.ctx.clock.wall_duration(emulated)
+
+    def _store_wait(self) -> float:
+        """How long a rendezvous or barrier waits for the other ranks: the operation deadline,
+        but at least 60 s of wall time (processes start at their own pace)."""
+        return max(self._wall(self.options.timeout), 60.0)
+
+    async def _connect(self, rings: dict[str, list[int]]) -> None:
+        pending: list[tuple[Ring, str]] = []
+        for name, members in rings.items():
+            if self.rank not in members:
+                continue
+            pos = members.index(self.rank)
+            n = len(members)
+            ring_ = Ring(name, members, pos, None, None)
+            self.rings[name] = ring_
+            if n == 1:
+                continue
+            nxt, prv = members[(pos + 1) % n], members[(pos - 1) % n]
+            me = self.place
+            if self.places[prv].host == me.host:  # shared memory from the predecessor
+                ring_.rx = self.group.local_link(
+                    prv, self.rank, name, self.options.slots, self.options.slot_bytes
+                )
+            else:
+                rx = RdmaRx(
+                    self.pd, self.cq, self.options.slots, self.options.slot_bytes, f"rank {prv}"
+                )
+                self.completions.by_qpn[rx.qp.qp_num] = rx
+                ring_.rx = rx
+                await self.store.set(
+                    f"{self.options.job}/{name}/rx/{self.rank}", asdict(QPInfo.of(rx.qp, rx.mr))
+                )
+                pending.append((ring_, "rx"))
+            if self.places[nxt].host == me.host:
+                shared = self.group.local_link(
+                    self.rank, nxt, name, self.options.slots, self.options.slot_bytes
+                )
+                ring_.tx = shared.tx or LocalTx(shared)
+            else:
+                tx = RdmaTx(
+                    self.pd, self.cq, self.options.slots, self.options.slot_bytes, f"rank {nxt}"
+                )
+                self.completions.by_qpn[tx.qp.qp_num] = tx
+                ring_.tx = tx
+                await self.store.set(
+                    f"{self.options.job}/{name}/tx/{self.rank}", asdict(QPInfo.of(tx.qp))
+                )
+                pending.append((ring_, "tx"))
+        wait = self._store_wait()
+        for ring_, end in pending:
+            n = len(ring_.members)
+            if end == "rx":
+                prv = ring_.members[(ring_.pos - 1) % n]
+                peer = QPInfo(**await self._get(f"{self.options.job}/{ring_.name}/tx/{prv}", wait))
+                assert isinstance(ring_.rx, RdmaRx)
+                self._connect_qp(ring_.rx, peer)
+            else:
+                nxt = ring_.members[(ring_.pos + 1) % n]
+                peer = QPInfo(**await self._get(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait))
+                assert isinstance(ring_.tx, RdmaTx)
+                self._connect_qp(ring_.tx, peer)
+                ring_.tx.remote_addr, ring_.tx.rkey = peer.vaddr, peer.rkey
+        await self.barrier()
+
+    def _connect_qp(self, end: RdmaRx | RdmaTx, peer: QPInfo) -> None:
+        end.connect(
+            peer,
+            path_mtu=self.options.mtu,
+            timeout=self.options.qp_timeout,
+            retry_cnt=self.options.retry_cnt,
+        )
+
+    async def _get(self, key: str, wall_timeout: float) -> Any:
+        """A store wait that an abort cuts short."""
+        if self.aborted:
+            raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
+        with trio.CancelScope() as scope:
+            self._store_waits.add(scope)
+            try:
+                return await self.store.get(key, wall_timeout)
+            except StoreTimeout as exc:
+                raise CollectiveError(f"rank {self.rank}: rendezvous failed: {exc}") from exc
+            finally:
+                self._store_waits.discard(scope)
+        raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
+
+    # -- errors -------------------------------------------------------------------------
+    async def _watch_abort(self) -> None:
+        while True:
+            try:
+                why = await self.abort_store.get(f"{self.options.job}/abort", self._wall(3600.0))
+            except StoreTimeout:
+                continue
+            self.aborted = str(why)
+            for scope in list(self._store_waits):
+                scope.cancel()
+            for r in self.rings.values():
+                for end in (r.tx, r.rx):
+                    if end is not None:
+                        end.fail(f"aborted: {why}")
+            return
+
+    async def _guard(self, name: str, nbytes: int, body: Callable[[list[str]], Awaitable[T]]) -> T:
+        self.seq += 1
+        seq = self.seq
+        if self.aborted:
+            raise CollectiveError(f"rank {self.rank}: {name} #{seq}: job aborted: {self.aborted}")
+        # deadline: the base, plus ten times what the bytes need at the link rate
+        deadline = self.options.timeout + 10 * 2 * nbytes * 8 / (self.options.link_gbps * 1e9)
+        progress = ["the start"]
+        start = self.ctx.now()
+        wall0 = time.monotonic()
+        try:
+            with trio.fail_after(self._wall(deadline)):
+                result = await body(progress)
+        except (trio.TooSlowError, LinkError, ring.ProtocolError) as exc:
+            what = (
+                f"deadline of {deadline * 1e3:.1f} ms (emulated) passed waiting for {progress[0]}"
+                if isinstance(exc, trio.TooSlowError)
+                else str(exc)
+            )
+            message = f"rank {self.rank}: {name} #{seq} failed: {what}"
+            if self.metrics:
+                self.metrics.errors.labels(op=name).inc()
+            if not self.aborted:
+                await self._post_abort(message)
+            raise CollectiveError(message) from exc
+        elapsed = self.ctx.now() - start
+        self.last = {
+            "op": name,
+            "seq": seq,
+            "seconds": elapsed,
+            "bytes": nbytes,
+            "wall": time.monotonic() - wall0,
+        }
+        if self.metrics:
+            self.metrics.observe(name, nbytes, elapsed, BUS_FACTOR[name](self.size))
+        return result
+
+    async def _post_abort(self, message: str) -> None:
+        self.aborted = message
+        with trio.move_on_after(self._wall(1.0)):
+            await self.store.set(f"{self.options.job}/abort", message)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _register(self, work: np.ndarray) -> MR:
+        """Register ``work`` for RDMA sends (the last buffer is kept registered)."""
+        if self._registered is not None and self._registered[0] is work:
+            return self._registered[1]
+        if self._registered is not None:
+            self._registered[1].close()
+        raw = work.view(np.uint8) if work.size else np.zeros(1, np.uint8)
+        mr = MR(self.pd, raw, Access.LOCAL_WRITE)
+        self._registered = (work, mr)
+        return mr
+
+    async def _ring(
+        self, name: str, steps: list[ring.Step], work: np.ndarray, op: str, progress: list[str]
+    ) -> None:
+        r = self.rings[name]
+        if not any(s.send or s.recv for s in steps):
+            return
+        mr = self._register(work) if isinstance(r.tx, RdmaTx) else None
+        n, pos = len(r.members), r.pos
+        await ring.run(
+            steps,
+            work,
+            mr,
+            r.tx,
+            r.rx,
+            op=op,
+            seq=self.seq,
+            progress=progress,
+            pred=f"rank {r.members[(pos - 1) % n]}",
+            succ=f"rank {r.members[(pos + 1) % n]}",
+        )
+
+    @abc.abstractmethod
+    async def barrier(self) -> None:
+        """Every rank of the job has reached this point (the last step of connecting)."""

@@ -1,0 +1,320 @@
+"""One TOML topology file drives everything: hosts, switches, links, buffer, PFC, ECN, DCQCN, TDF.
+
+Parsed with the standard library's ``tomllib``; every error names the file, the key and the bad
+value.  :func:`load` returns a :class:`Topology` with addresses assigned and shortest-path ECMP
+routes computed (:mod:`rocev2_emu.fabric.topology`), from which the switch pipeline's and the NICs'
+configurations are built.  Layout of the file::
+
+    [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y)
+    [link_defaults] rate_gbps, delay_us, loss
+    [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes
+    [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
+                    watchdog_restore_ms, watchdog_action
+    [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
+    [dcqcn]         enabled, profile ("paper", "nvidia", "hpcc"), and any DcqcnParams field to
+                    override (g, rate_ai, cnp_interval, ...)
+    [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight,
+                    pacing_gbps (every QP paced at this rate when DCQCN is off; 0: off)
+                    (unacknowledged packets per QP; default 4096: paced NICs need no window)
+    [[switch]]      name
+    [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
+    [[link]]        a, b, and optionally rate_gbps, delay_us, loss
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+import tomllib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rocev2_emu.cc import PROFILES, DcqcnParams
+from rocev2_emu.fabric.topology import (
+    Link,
+    Node,
+    Topology,
+    TopologyError,
+    dcqcn_overrides,
+    shortest_path_routes,
+)
+from switch.mmu import MmuConfig
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fabric": {"name": "fabric", "tdf": 200.0, "seed": 1, "mtu": 4096, "subnet": ""},
+    "link_defaults": {"rate_gbps": 100.0, "delay_us": 1.0, "loss": 0.0},
+    "buffer": {
+        "size_bytes": 12 * 2**20,
+        "reserve_bytes": 4096,
+        "headroom_bytes": 96 * 1024,
+        "alpha": 0.125,
+        "xoff_bytes": 0,
+        "xon_offset_bytes": 8400,
+    },
+    "pfc": {
+        "enabled": True,
+        "lossless_priorities": [3],
+        "quanta": 0xFFFF,
+        "watchdog_detect_ms": 200.0,
+        "watchdog_restore_ms": 200.0,
+        "watchdog_action": "drop",
+    },
+    "ecn": {"enabled": True, "priorities": [3]},
+    "dcqcn": {"enabled": True, "profile": "paper"},
+    "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096, "pacing_gbps": 0.0},
+}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "subnet": str,
+    "tdf": (int, float),
+    "seed": int,
+    "mtu": int,
+    "rate_gbps": (int, float),
+    "delay_us": (int, float),
+    "loss": (int, float),
+    "size_bytes": int,
+    "reserve_bytes": int,
+    "headroom_bytes": int,
+    "alpha": (int, float),
+    "xoff_bytes": int,
+    "xon_offset_bytes": int,
+    "enabled": bool,
+    "lossless_priorities": list,
+    "quanta": int,
+    "watchdog_detect_ms": (int, float),
+    "watchdog_restore_ms": (int, float),
+    "watchdog_action": str,
+    "priorities": list,
+    "profile": str,
+    "kmin_kb": (int, float),
+    "kmax_kb": (int, float),
+    "pmax": (int, float),
+    "qp_timeout": int,
+    "retry_cnt": int,
+    "max_inflight": int,
+    "pacing_gbps": (int, float),
+}
+
+
+def resolve_names(topo: Topology, timeout: float = 120.0) -> Topology:
+    """With ``subnet = "dns"`` (docker swarm), replace every node's name by the address it
+    resolves to, waiting for names that do not resolve yet (their tasks are still starting).
+    Everything downstream then works with addresses, as in the other modes."""
+    if topo.subnet != "dns":
+        return topo
+    deadline = time.monotonic() + timeout
+    for node in topo.nodes.values():
+        while True:
+            try:
+                node.address = socket.gethostbyname(node.name)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise TopologyError(
+                        f"{topo.path}: node {node.name!r} did not resolve within {timeout:g} s"
+                    ) from exc
+                time.sleep(0.5)
+    topo.subnet = "resolved"
+    return topo
+
+
+def load(path: str | Path) -> Topology:
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise TopologyError(f"{path}: not valid TOML: {exc}") from exc
+    return parse(data, path)
+
+
+def _fail(path: str, key: str, value: Any, why: str) -> TopologyError:
+    return TopologyError(f"{path}: {key} = {value!r}: {why}")
+
+
+def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
+    """Every section with its defaults filled in, each key and value checked."""
+    fail = partial(_fail, path)
+    known = set(_DEFAULTS) | {"switch", "host", "link"}
+    for key in data:
+        if key not in known:
+            raise fail(key, "...", f"unknown section (expected one of {sorted(known)})")
+    sec: dict[str, dict[str, Any]] = {}
+    for section, defaults in _DEFAULTS.items():
+        given = data.get(section, {})
+        if not isinstance(given, dict):
+            raise fail(section, given, "must be a table")
+        for key, value in given.items():
+            full = f"[{section}].{key}"
+            if section == "dcqcn" and key in DcqcnParams.__dataclass_fields__:
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    raise fail(full, value, "must be a number")
+                continue
+            if key not in _TYPES or (key not in defaults and section != "ecn"):
+                raise fail(full, value, "unknown key")
+            if not isinstance(value, _TYPES[key]) or (
+                isinstance(value, bool) and _TYPES[key] is not bool
+            ):
+                raise fail(full, value, f"wrong type {type(value).__name__}")
+        sec[section] = {**defaults, **given}
+    fab, ld, pfc, ecn = sec["fabric"], sec["link_defaults"], sec["pfc"], sec["ecn"]
+    if not fab["tdf"] > 0:
+        raise fail("[fabric].tdf", fab["tdf"], "must be > 0")
+    if fab["mtu"] not in (256, 512, 1024, 2048, 4096):
+        raise fail("[fabric].mtu", fab["mtu"], "must be one of 256, 512, 1024, 2048, 4096")
+    for key in ("rate_gbps", "delay_us"):
+        if ld[key] < 0:
+            raise fail(f"[link_defaults].{key}", ld[key], "must be >= 0")
+    if not 0 <= ld["loss"] <= 1:
+        raise fail("[link_defaults].loss", ld["loss"], "must be a probability")
+    for key in ("lossless_priorities",):
+        if any(not isinstance(p, int) or not 0 <= p < 8 for p in pfc[key]):
+            raise fail(f"[pfc].{key}", pfc[key], "priorities are integers 0..7")
+    tr = sec["transport"]
+    if not 1 <= tr["qp_timeout"] <= 31:
+        raise fail("[transport].qp_timeout", tr["qp_timeout"], "must be 1..31")
+    if not 0 <= tr["retry_cnt"] <= 7:
+        raise fail("[transport].retry_cnt", tr["retry_cnt"], "must be 0..7")
+    if tr["pacing_gbps"] < 0:
+        raise fail("[transport].pacing_gbps", tr["pacing_gbps"], "must be >= 0 (0: off)")
+    if pfc["watchdog_action"] not in ("drop", "forward"):
+        raise fail("[pfc].watchdog_action", pfc["watchdog_action"], "must be drop or forward")
+    if not 0 <= pfc["quanta"] <= 0xFFFF:
+        raise fail("[pfc].quanta", pfc["quanta"], "must be 0..65535")
+    dq = sec["dcqcn"]
+    if dq["profile"] not in PROFILES:
+        raise fail("[dcqcn].profile", dq["profile"], f"must be one of {sorted(PROFILES)}")
+    try:
+        PROFILES[dq["profile"]].with_overrides(**dcqcn_overrides(dq))
+    except (TypeError, ValueError) as exc:
+        raise fail("[dcqcn]", dcqcn_overrides(dq), str(exc)) from exc
+    if ("kmin_kb" in ecn) != ("kmax_kb" in ecn) or ecn.get("kmin_kb", 0) > ecn.get("kmax_kb", 1):
+        raise fail("[ecn].kmin_kb", ecn.get("kmin_kb"), "needs kmax_kb, and kmin_kb <= kmax_kb")
+    return sec
+
+
+def _nodes(
+    data: dict[str, Any], fab: dict[str, Any], path: str
+) -> tuple[dict[str, Node], list[Node]]:
+    """The ``[[switch]]`` and ``[[host]]`` tables: every node with its address; and the hosts."""
+    fail = partial(_fail, path)
+    subnet = None
+    if fab["subnet"] and fab["subnet"] != "dns":  # containers: node i at address 10 + i
+        try:
+            subnet = ipaddress.IPv4Network(fab["subnet"])
+        except ValueError as exc:
+            raise fail("[fabric].subnet", fab["subnet"], f"not an IPv4 network: {exc}") from exc
+    nodes: dict[str, Node] = {}
+    for kind in ("switch", "host"):
+        items = data.get(kind, [])
+        if not isinstance(items, list):
+            raise fail(f"[[{kind}]]", items, "must be an array of tables")
+        for i, item in enumerate(items):
+            name = item.get("name") if isinstance(item, dict) else None
+            if not isinstance(name, str) or not name:
+                raise fail(f"[[{kind}]] #{i + 1} name", name, "every node needs a name")
+            if name in nodes:
+                raise fail(f"[[{kind}]] #{i + 1} name", name, "duplicate node name")
+            extra = set(item) - {"name", "ranks", "rx_gbps"}
+            if extra:
+                raise fail(f"[[{kind}]] {name}", sorted(extra), "unknown keys")
+            index = len(nodes)
+            address = f"127.10.{index // 200}.{index % 200 + 10}"
+            if subnet is not None:
+                if index + 10 >= subnet.num_addresses - 1:
+                    raise fail("[fabric].subnet", fab["subnet"], "too small for every node")
+                address = str(subnet.network_address + 10 + index)
+            if fab["subnet"] == "dns":  # docker swarm: a node is found by its name
+                address = name
+            ranks = item.get("ranks", 1 if kind == "host" else 0)
+            if kind == "host" and (
+                not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0
+            ):
+                raise fail(f"[[host]] {name}.ranks", ranks, "must be an integer >= 0")
+            rx = item.get("rx_gbps", 0.0)
+            if not isinstance(rx, int | float) or isinstance(rx, bool) or rx < 0:
+                raise fail(f"[[{kind}]] {name}.rx_gbps", rx, "must be a number >= 0")
+            nodes[name] = Node(name, kind, index, address, ranks, float(rx))
+    hosts = [n for n in nodes.values() if n.kind == "host"]
+    if not hosts:
+        raise fail("[[host]]", [], "a fabric needs at least one host")
+    for h, node in enumerate(hosts):
+        node.ip = f"10.0.{h // 250}.{h % 250 + 1}"
+    return nodes, hosts
+
+
+def _links(
+    data: dict[str, Any], ld: dict[str, Any], nodes: dict[str, Node], path: str
+) -> list[Link]:
+    """The ``[[link]]`` tables, each link on its two nodes' ports."""
+    fail = partial(_fail, path)
+    links: list[Link] = []
+    for i, item in enumerate(data.get("link", [])):
+        where = f"[[link]] #{i + 1}"
+        if not isinstance(item, dict):
+            raise fail(where, item, "must be a table")
+        for end in ("a", "b"):
+            if item.get(end) not in nodes:
+                raise fail(f"{where} {end}", item.get(end), "no such node")
+        extra = set(item) - {"a", "b", "rate_gbps", "delay_us", "loss"}
+        if extra:
+            raise fail(where, sorted(extra), "unknown keys")
+        if item["a"] == item["b"]:
+            raise fail(f"{where} b", item["b"], "a link needs two different nodes")
+        rate = item.get("rate_gbps", ld["rate_gbps"])
+        delay = item.get("delay_us", ld["delay_us"])
+        loss = item.get("loss", ld["loss"])
+        if not isinstance(rate, int | float) or rate < 0:
+            raise fail(f"{where} rate_gbps", rate, "must be a number >= 0")
+        if not isinstance(delay, int | float) or delay < 0:
+            raise fail(f"{where} delay_us", delay, "must be a number >= 0")
+        if not isinstance(loss, int | float) or not 0 <= loss <= 1:
+            raise fail(f"{where} loss", loss, "must be a probability")
+        link = Link(len(links), item["a"], item["b"], rate * 1e9, delay * 1e-6, float(loss))
+        links.append(link)
+        nodes[link.a].ports.append((link, link.b))
+        nodes[link.b].ports.append((link, link.a))
+    return links
+
+
+def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
+    """A topology from a parsed TOML document; every error names ``path``, key and value."""
+    sec = _sections(data, path)
+    fab, pfc, ecn = sec["fabric"], sec["pfc"], sec["ecn"]
+    nodes, hosts = _nodes(data, fab, path)
+    links = _links(data, sec["link_defaults"], nodes, path)
+    for node in hosts:
+        if len(node.ports) != 1:
+            raise _fail(
+                path, f"[[host]] {node.name}", len(node.ports), "a host needs exactly one link"
+            )
+
+    mmu = MmuConfig(
+        sec["buffer"]["size_bytes"],
+        sec["buffer"]["reserve_bytes"],
+        sec["buffer"]["headroom_bytes"],
+        float(sec["buffer"]["alpha"]),
+        sec["buffer"]["xoff_bytes"],
+        sec["buffer"]["xon_offset_bytes"],
+    )
+    routes = shortest_path_routes(nodes, path)
+    return Topology(
+        path,
+        fab["name"],
+        float(fab["tdf"]),
+        fab["seed"],
+        fab["mtu"],
+        nodes,
+        links,
+        mmu,
+        pfc,
+        ecn,
+        sec["dcqcn"],
+        sec["transport"],
+        routes,
+        fab["subnet"],
+    )
