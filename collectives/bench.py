@@ -35,7 +35,7 @@ def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
         out.append(size)
         if factor <= 1:
             break
-        size *= factor
+        size = size * factor if size else 1  # -b 0: then 1, 4, 16, ...
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from collectives import bench, ops
 from collectives.job import run_virtual
 from collectives.launch import run_attached, run_local
+from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric.topogen import leaf_spine
@@ -42,9 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-b", "--minbytes", type=size_arg, default=size_arg("8"), help="smallest size (8)"
     )
     g.add_argument("-e", "--maxbytes", type=size_arg, default=size_arg("1M"), help="largest (1M)")
-    g.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier (4)")
-    g.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (5)")
-    g.add_argument("-w", "--warmup_iters", type=int, default=1, help="warm-up iterations (1)")
+    g.add_argument("-f", "--stepfactor", type=positive_int, default=4, help="size multiplier (4)")
+    g.add_argument(
+        "-n", "--iters", type=positive_int, default=5, help="timed iterations per size (5)"
+    )
+    g.add_argument(
+        "-w", "--warmup_iters", type=nonnegative_int, default=1, help="warm-up iterations (1)"
+    )
     g.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
     g.add_argument("-o", "--op", default="sum", choices=list(ops.OPS), help="reduction (sum)")
     g.add_argument("-d", "--datatype", default="float", choices=list(ops.DTYPES), help="(float)")
@@ -58,7 +63,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run on a fabric already running (rocev2-emu up, the compose testbed)",
     )
-    g.add_argument("--tdf", type=float, help="TDF with processes (default: the topology's)")
+    g.add_argument(
+        "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
+    )
+    ignored = p.add_argument_group(
+        "nccl-tests flags accepted and ignored (ranks come from the topology)"
+    )
+    ignored.add_argument(
+        "-g", "--ngpus", type=int, help="GPUs per thread: one rank is one emulated rank"
+    )
+    ignored.add_argument("-t", "--nthreads", type=int, help="threads per process")
+    ignored.add_argument("-z", "--blocking", type=int, help="blocking collectives (always)")
 
 
 def default_topology() -> tuple[Topology, str]:
@@ -159,6 +174,14 @@ COLLECTIVE_BENCHES = ["all-reduce", "all-gather", "reduce-scatter", "broadcast"]
 
 
 def _run_bench(which: str, args: argparse.Namespace) -> int:
+    given = [f for f in ("ngpus", "nthreads", "blocking") if getattr(args, f, None) is not None]
+    if given:
+        flags = ", ".join("--" + f for f in given)
+        print(
+            f"# note: {flags} accepted and ignored: ranks come from the topology", file=sys.stderr
+        )
+    if args.minbytes > args.maxbytes:
+        raise ValueError(f"-b {args.minbytes} is larger than -e {args.maxbytes}: no size to run")
     return main(which, BenchOptions.from_args(args))
 
 

@@ -19,6 +19,7 @@ from rocev2_emu import __version__
 from rocev2_emu.cli import bench, demo, fabric, perftest, scenario
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.fabric.services import load_plugins
+from rocev2_emu.runtime.control import ControlError
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 
@@ -60,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+ERRORS = (PerftestError, VerbsError, ControlError, OSError, ValueError, RuntimeError)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -69,8 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except (PerftestError, VerbsError, OSError, ValueError, RuntimeError) as exc:
-        print(f"rocev2-emu {args.command}: error: {exc}", file=sys.stderr)
+    except (KeyboardInterrupt, *ERRORS, BaseExceptionGroup) as exc:
+        # trio wraps what a task raised in exception groups: report the first real cause, in
+        # one line, as a command-line tool should (tracebacks with -v)
+        leaves = _leaves(exc)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print(f"rocev2-emu {args.command}: interrupted", file=sys.stderr)
+            return 130
+        cause = next((e for e in leaves if isinstance(e, ERRORS)), None)
+        if cause is None or args.verbose:
+            raise
+        print(f"rocev2-emu {args.command}: error: {cause}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130

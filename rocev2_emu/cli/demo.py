@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 from rocev2_emu.cli.commands import Command, register
+from rocev2_emu.tools.perftest import wait_until_listening
 
 Demo = Callable[[float | None], int]  # takes the TDF (None: the topology's)
 _DEMO: list[Demo] = []
@@ -48,10 +48,11 @@ def perftest_demo(tdf: float, loss: float) -> int:
     for test, extra in runs:
         server = subprocess.Popen(
             [*me, test, *common, *extra, "--metrics-port", "9102", "--nic-addr", "127.0.0.2"],
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        time.sleep(0.3)
         try:
+            wait_until_listening(server)
             client = subprocess.run(
                 [
                     *me,
@@ -67,7 +68,7 @@ def perftest_demo(tdf: float, loss: float) -> int:
                 timeout=600,
             )
         finally:
-            server.wait(60)
+            server.communicate(timeout=60)  # its table is the client's, seen from the far end
         if client.returncode or server.returncode:
             print(
                 f"demo: {test} failed (client {client.returncode}, server {server.returncode})",

@@ -6,10 +6,19 @@ TDF, faults, pcap, metrics).  Without SERVER a command is the server; with it, t
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 
 import trio
 
+from rocev2_emu.cli.args import (
+    nonnegative_float,
+    nonnegative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    probability,
+)
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.tools.perftest import PerftestOptions
@@ -30,33 +39,33 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "-p",
         "--port",
-        type=int,
+        type=port_number,
         default=DEFAULT_OOB_PORT,
         help="out-of-band TCP port (default %(default)s)",
     )
     p.add_argument(
         "-s",
         "--size",
-        type=int,
+        type=positive_int,
         default=2 if lat else 65536,
         help="message size in bytes (default %(default)s)",
     )
     p.add_argument(
         "-n",
         "--iters",
-        type=int,
+        type=positive_int,
         default=1000 if lat else 5000,
         help="iterations (default %(default)s)",
     )
     p.add_argument(
         "-D",
         "--duration",
-        type=float,
+        type=nonnegative_float,
         default=0.0,
         help="run for this many emulated seconds instead of -n iterations",
     )
     p.add_argument("-a", "--all", action="store_true", help="all sizes from 2 B to 8 MiB")
-    p.add_argument("-q", "--qp", type=int, default=1, help="number of QPs (default 1)")
+    p.add_argument("-q", "--qp", type=positive_int, default=1, help="number of QPs (default 1)")
     p.add_argument(
         "-m",
         "--mtu",
@@ -68,7 +77,7 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "-t",
         "--tx-depth",
-        type=int,
+        type=positive_int,
         default=1 if lat else 128,
         help="work requests in flight per QP (default %(default)s)",
     )
@@ -79,7 +88,9 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         default=14,
         help="QP local ACK timeout code: 4.096 us * 2^N (default 14)",
     )
-    p.add_argument("--retry-cnt", type=int, default=7, help="transport retries (default 7)")
+    p.add_argument(
+        "--retry-cnt", type=nonnegative_int, default=7, help="transport retries (default 7)"
+    )
     p.add_argument(
         "--report_gbits",
         "--report-gbits",
@@ -96,41 +107,80 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         "--nic-addr",
         help="UDP address of this NIC (default 127.0.0.2 for the server, 127.0.0.3 for the client)",
     )
-    p.add_argument("--nic-port", type=int, default=4789, help="NIC UDP port (default 4789)")
+    p.add_argument("--nic-port", type=port_number, default=4789, help="NIC UDP port (default 4789)")
     p.add_argument(
         "--rate",
-        type=float,
+        type=nonnegative_float,
         default=100.0,
         help="emulated link rate in Gbit/s, 0 = unpaced (default 100)",
     )
     p.add_argument(
         "--tdf",
-        type=float,
+        type=positive_float,
         default=200.0,
         help="time-dilation factor: one emulated second lasts TDF real seconds (default 200)",
     )
-    p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
-    p.add_argument("--duplicate", type=float, default=0.0, help="link duplication probability")
-    p.add_argument("--reorder", type=float, default=0.0, help="link reordering probability")
-    p.add_argument("--corrupt", type=float, default=0.0, help="link bit-corruption probability")
+    p.add_argument("--loss", type=probability, default=0.0, help="link loss probability")
     p.add_argument(
-        "--delay-us", type=float, default=0.0, help="one-way link delay, emulated microseconds"
+        "--duplicate", type=probability, default=0.0, help="link duplication probability"
+    )
+    p.add_argument("--reorder", type=probability, default=0.0, help="link reordering probability")
+    p.add_argument(
+        "--corrupt", type=probability, default=0.0, help="link bit-corruption probability"
+    )
+    p.add_argument(
+        "--delay-us",
+        type=nonnegative_float,
+        default=0.0,
+        help="one-way link delay, emulated microseconds",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the link's fault injection")
     p.add_argument("--pcap", help="write this NIC's frames (both directions) to a pcap file")
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="serve Prometheus metrics on NIC-ADDR:PORT while running",
     )
     p.add_argument(
         "--connect-timeout",
-        type=float,
+        type=positive_float,
         default=60.0,
         help="wall seconds to wait for the peer (default 60)",
     )
+    _familiar_flags(p)
     p.set_defaults(test=PERFTESTS[name])
+
+
+def _familiar_flags(p: argparse.ArgumentParser) -> None:
+    """perftest's flags that name hardware or modes the emulator has no use for: accepted, so
+    a command line from a real cluster runs as it is, and named in a note when used."""
+    g = p.add_argument_group("perftest flags accepted and ignored (named in a note when given)")
+    g.add_argument("-d", "--ib-dev", metavar="DEV", help="the device: the emulated NIC is the one")
+    g.add_argument("-i", "--ib-port", type=int, metavar="N", help="the port: one per NIC")
+    g.add_argument("-x", "--gid-index", type=int, metavar="N", help="the GID: one per NIC")
+    g.add_argument("-F", "--CPU-freq", action="store_true", help="no CPU-frequency check here")
+    g.add_argument("-R", "--rdma_cm", action="store_true", help="QPs connect over msgpack/TCP")
+    g.add_argument("-b", "--bidirectional", action="store_true", help="not emulated")
+    g.add_argument("--run_infinitely", action="store_true", help="not emulated: use -D")
+
+
+IGNORED = (
+    "ib_dev",
+    "ib_port",
+    "gid_index",
+    "CPU_freq",
+    "rdma_cm",
+    "bidirectional",
+    "run_infinitely",
+)
+
+
+def _note_ignored(args: argparse.Namespace) -> None:
+    given = [name for name in IGNORED if getattr(args, name)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        print(f"# note: {flags} accepted and ignored by the emulator", file=sys.stderr)
 
 
 def _options(args: argparse.Namespace) -> PerftestOptions:
@@ -170,6 +220,7 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _note_ignored(args)
     return trio.run(run_perftest, _options(args))
 
 

@@ -229,9 +229,9 @@ def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1
     if scenario.virtual_only and not virtual:
         print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
         return 2
-    outcome = scenario.run(seed, Mode(virtual, tdf))
     where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
-    print(f"# scenario {name}, {where}, seed {seed}{scenario.units}")
+    print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
+    outcome = scenario.run(seed, Mode(virtual, tdf))
     for line in outcome.lines:
         print(line)
     out_dir = Path(out or ".")

@@ -21,32 +21,47 @@ from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.verbs.oob import OobChannel
 
+FLOW_KEYS = frozenset({"src", "dst", "size", "start_us", "dscp"})
+
 
 def load_flows(path: str | Path, topo: Topology) -> list[FlowSpec]:
+    """The ``[[flow]]`` tables of a flows file, each checked as strictly as a topology file:
+    unknown keys, missing or wrong values and a flow from a host to itself are errors naming
+    the file, the flow and the key."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TopologyError(f"{path}: cannot read flows: {exc}") from exc
+    unknown = sorted(set(data) - {"flow"})
+    if unknown:
+        raise TopologyError(f"{path}: unknown section(s) {unknown} (a flows file has [[flow]])")
+    items = data.get("flow", [])
+    if not isinstance(items, list):
+        raise TopologyError(f"{path}: flow must be an array of tables ([[flow]])")
     flows = []
-    for i, item in enumerate(data.get("flow", [])):
+    for i, item in enumerate(items):
         where = f"{path}: [[flow]] #{i + 1}"
+        if not isinstance(item, dict):
+            raise TopologyError(f"{where}: must be a table")
+        extra = sorted(set(item) - FLOW_KEYS)
+        if extra:
+            raise TopologyError(f"{where}: unknown key(s) {extra} (known: {sorted(FLOW_KEYS)})")
         for end in ("src", "dst"):
             node = topo.nodes.get(item.get(end, ""))
             if node is None or node.kind != "host":
                 raise TopologyError(f"{where} {end} = {item.get(end)!r}: no such host")
+        if item["src"] == item["dst"]:
+            raise TopologyError(f"{where} dst = {item['dst']!r}: a flow needs two different hosts")
         size = item.get("size")
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise TopologyError(f"{where} size = {size!r}: must be an integer >= 0")
-        flows.append(
-            FlowSpec(
-                i,
-                item["src"],
-                item["dst"],
-                size,
-                float(item.get("start_us", 0.0)) * 1e-6,
-                int(item.get("dscp", 26)),
-            )
-        )
+        start = item.get("start_us", 0.0)
+        if not isinstance(start, int | float) or isinstance(start, bool) or not 0 <= start < 1e12:
+            raise TopologyError(f"{where} start_us = {start!r}: must be a number >= 0")
+        dscp = item.get("dscp", 26)
+        if not isinstance(dscp, int) or isinstance(dscp, bool) or not 0 <= dscp < 64:
+            raise TopologyError(f"{where} dscp = {dscp!r}: must be an integer 0..63")
+        flows.append(FlowSpec(i, item["src"], item["dst"], size, float(start) * 1e-6, dscp))
     if not flows:
         raise TopologyError(f"{path}: no [[flow]] entries")
     return flows

@@ -5,12 +5,14 @@ It starts every node, waits until each prints READY (with a deadline), prints wh
 serves metrics, then runs a :class:`FabricJob` (or waits for Ctrl-C), and stops every node on
 the way out.  If a node dies it asks the job whether it can go on (a collective job can: its
 other ranks raise); otherwise it says which node died and why (its last stderr lines) and
-stops the rest.  ``rocev2-emu up`` is :func:`up`.
+stops the rest.  A fabric left running with no job keeps its other nodes when one stops or
+crashes (``rocev2-emu stop``), as a real fabric would.  ``rocev2-emu up`` is :func:`up`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,7 +75,16 @@ async def _watch(
     if not stopping.is_set():
         await trio.sleep(0.2)  # let the drain task collect the last words
         why = "\n".join(tail)
-        if job is not None and await job.node_died(name, code):
+        if job is None:  # a fabric left running: the others go on, as in a real fabric
+            how = "stopped" if code == -signal.SIGTERM else f"died with code {code}"
+            print(
+                f"rocev2-emu up: node {name} {how}; the rest of the fabric runs on"
+                + (f"\n{why}" if why and code != -signal.SIGTERM else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        if await job.node_died(name, code):
             print(f"rocev2-emu: node {name} died with code {code}", file=sys.stderr)
             return
         print(
@@ -110,7 +121,7 @@ async def _wait_ready(
             async with trio.open_nursery() as waiting:
                 for name, proc in procs.items():
                     waiting.start_soon(_read_ready, name, proc, ready)
-    except (trio.TooSlowError, BaseExceptionGroup) as exc:
+    except (trio.TooSlowError, ExceptionGroup) as exc:  # not Ctrl-C: that goes up as it is
         await trio.sleep(0.3)
         missing = sorted(set(procs) - set(ready))
         for name in missing:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final
@@ -50,7 +51,11 @@ class MessageChannel:
                 if len(self._buf) >= _LEN.size:
                     (n,) = _LEN.unpack_from(self._buf)
                     if n > MAX_MESSAGE:
-                        raise self.error(f"{self.what} message of {n} bytes > {MAX_MESSAGE}")
+                        head = bytes(self._buf[:16])
+                        raise self.error(
+                            f"the {self.what} peer is not a rocev2-emu peer (its first bytes "
+                            f"{head!r} announce a message of {n} bytes > {MAX_MESSAGE})"
+                        )
                     if len(self._buf) >= _LEN.size + n:
                         body = bytes(self._buf[_LEN.size : _LEN.size + n])
                         del self._buf[: _LEN.size + n]
@@ -87,15 +92,35 @@ async def serve_requests(
         await chan.aclose()
 
 
+def _refused(exc: OSError) -> bool:
+    """Whether every address trio tried refused the connection (nothing listens there)."""
+    causes = getattr(exc.__cause__, "exceptions", None) or [exc]
+    return all(isinstance(e, ConnectionRefusedError) for e in causes)
+
+
 async def open_channel(
-    host: str, port: int, *, timeout: float, channel: type[MessageChannel] = MessageChannel
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    channel: type[MessageChannel] = MessageChannel,
+    wait_for_listener: bool = True,
 ) -> MessageChannel:
-    """Connect to a listening server, retrying until ``timeout`` (wall seconds)."""
+    """Connect to a server, retrying until ``timeout`` (wall seconds) while nothing listens
+    yet; with ``wait_for_listener=False`` a refused connection is an error at once.  A name
+    that does not resolve is an error at once either way."""
     with trio.move_on_after(timeout):
         while True:
             try:
                 stream = await trio.open_tcp_stream(host, port)
-            except OSError:
+            except socket.gaierror as exc:
+                raise channel.error(f"cannot resolve {host!r}: {exc.strerror}") from exc
+            except OSError as exc:
+                if not wait_for_listener and _refused(exc):
+                    raise channel.error(
+                        f"connection refused by {host}:{port}: nothing listens there (is the "
+                        f"{channel.what} peer running?)"
+                    ) from exc
                 await trio.sleep(0.05)
                 continue
             return channel(stream, timeout)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.wire.bth import BTH_LEN, ICRC_LEN
 from rocev2_emu.wire.ethernet import ETH_LEN, IPV4_LEN, UDP_LEN, VXLAN_LEN
 
@@ -100,8 +101,11 @@ def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
         "-p",
         "18599",
     ]
-    server = subprocess.Popen([*base, "--nic-addr", "127.0.0.12"], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [*base, "--nic-addr", "127.0.0.12"], stdout=subprocess.PIPE, text=True
+    )
     try:
+        wait_until_listening(server)
         out = subprocess.run(
             [*base, "127.0.0.1", "--nic-addr", "127.0.0.13"],
             capture_output=True,
@@ -110,7 +114,7 @@ def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
             check=True,
         ).stdout
     finally:
-        server.wait(30)
+        server.communicate(timeout=30)
     m = re.search(r"^\s*\d+\s+\d+\s+([\d.]+)\s+([\d.]+)", out, re.M)
     if m is None:
         raise RuntimeError(f"could not read perftest output:\n{out}")

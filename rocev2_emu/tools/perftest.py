@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import subprocess
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -94,6 +95,40 @@ class _Side:
     max_size: int
     cq_timeout: float
     per_qp: int
+    receives_posted: bool = False  # send_bw's server: its receive queues are full
+
+
+def wait_until_listening(server: subprocess.Popen[str]) -> None:
+    """Until the server listens (its "Waiting for client" banner); the client fails at once
+    when nothing listens, as perftest's does."""
+    assert server.stdout is not None
+    for line in server.stdout:
+        if "Waiting for client to connect" in line:
+            return
+    raise RuntimeError(f"the perftest server exited with code {server.wait()} before it listened")
+
+
+def _waiting_for_client() -> None:
+    print(
+        "************************************\n"
+        "* Waiting for client to connect... *\n"
+        "************************************",
+        flush=True,
+    )
+
+
+def _mismatch(params: object, opts: PerftestOptions) -> str | None:
+    """Why the client's parameters cannot run against this server, or None."""
+    if not isinstance(params, dict) or params.get("test") != opts.test:
+        return f"client runs {params!r}, this server runs {opts.test}"
+    for key, what in (("tdf", "TDF"), ("rate_gbps", "link rate (Gbit/s)")):
+        theirs, ours = params.get(key), getattr(opts, key)
+        if theirs != ours:
+            return (
+                f"the client's {what} is {theirs}, this server's {ours}: start both sides "
+                "with the same --tdf and --rate (emulated time would not agree)"
+            )
+    return None
 
 
 def _sizes(opts: PerftestOptions) -> list[int]:
@@ -117,21 +152,28 @@ async def run(opts: PerftestOptions) -> int:
             serve(nic_registry(ctx.driver, opts.nic_addr), opts.metrics_port)
         if opts.is_server:
             chan = await OobChannel.accept(
-                opts.oob_addr, opts.oob_port, timeout=opts.connect_timeout
+                opts.oob_addr,
+                opts.oob_port,
+                timeout=opts.connect_timeout,
+                listening=_waiting_for_client,
             )
             params = await chan.recv()
-            if not isinstance(params, dict) or params.get("test") != opts.test:
-                raise PerftestError(f"client runs {params!r}, this server runs {opts.test}")
+            problem = _mismatch(params, opts)
+            if problem:
+                await chan.send({"error": problem})
+                raise PerftestError(problem)
             for key in ("size", "iters", "duration", "all_sizes", "qps", "mtu", "tx_depth"):
                 setattr(opts, key, params[key])
         else:
             assert opts.server is not None
             chan = await OobChannel.connect(
-                opts.server, opts.oob_port, timeout=opts.connect_timeout
+                opts.server, opts.oob_port, timeout=opts.connect_timeout, wait_for_listener=False
             )
             await chan.send(
                 {
                     "test": opts.test,
+                    "tdf": opts.tdf,
+                    "rate_gbps": opts.rate_gbps,
                     **{
                         k: getattr(opts, k)
                         for k in (
@@ -349,11 +391,17 @@ def _peak(stamps: list[tuple[float, int]], size: int, window: int) -> float:
 
 
 async def _receive_sends(side: _Side, opts: PerftestOptions, size: int) -> tuple[int, float, float]:
-    """Server side of send_bw: keep receives posted, count arrivals."""
+    """Server side of send_bw: keep every receive queue full, count arrivals.
+
+    Receives are posted once, as large as the largest message of the run, and each is posted
+    again as it completes: with ``-a`` the sizes change, and a receive sized for the previous
+    message would be too short for the next (IBTA: a local length error at the responder)."""
     depth = 512
-    for i, qp in enumerate(side.qps):
-        base = side.mr.addr + i * side.per_qp
-        qp.post_recv([RecvWR(k, [Sge(base, size, side.mr.lkey)]) for k in range(depth)])
+    if not side.receives_posted:
+        for i, qp in enumerate(side.qps):
+            sge = Sge(side.mr.addr + i * side.per_qp, side.per_qp, side.mr.lkey)
+            qp.post_recv([RecvWR(k, [sge]) for k in range(depth)])
+        side.receives_posted = True
     ctx = side.ctx
     iters = opts.iters * len(side.qps)
     got = 0
@@ -378,7 +426,7 @@ async def _receive_sends(side: _Side, opts: PerftestOptions, size: int) -> tuple
             qp = next(q for q in side.qps if q.qp_num == wc.qp_num)
             i = side.qps.index(qp)
             qp.post_recv(
-                RecvWR(wc.wr_id, [Sge(side.mr.addr + i * side.per_qp, size, side.mr.lkey)])
+                RecvWR(wc.wr_id, [Sge(side.mr.addr + i * side.per_qp, side.per_qp, side.mr.lkey)])
             )
         if opts.duration and start is not None and now - start >= opts.duration:
             break

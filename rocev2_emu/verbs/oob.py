@@ -10,6 +10,7 @@ QP and brings it to RTS; :func:`serve_requests` answers requests on such a conne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -69,19 +70,35 @@ class OobChannel(MessageChannel):
 
     @classmethod
     async def connect(
-        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 10.0
+        cls,
+        host: str,
+        port: int = DEFAULT_OOB_PORT,
+        *,
+        timeout: float = 10.0,
+        wait_for_listener: bool = True,
     ) -> OobChannel:
-        """Connect to a listening peer, retrying until ``timeout`` (wall seconds)."""
-        chan = await open_channel(host, port, timeout=timeout, channel=cls)
+        """Connect to a peer, retrying until ``timeout`` (wall seconds) while nothing listens
+        (``wait_for_listener=False``: a refused connection fails at once, as perftest does)."""
+        chan = await open_channel(
+            host, port, timeout=timeout, channel=cls, wait_for_listener=wait_for_listener
+        )
         assert isinstance(chan, OobChannel)
         return chan
 
     @classmethod
     async def accept(
-        cls, host: str, port: int = DEFAULT_OOB_PORT, *, timeout: float = 60.0
+        cls,
+        host: str,
+        port: int = DEFAULT_OOB_PORT,
+        *,
+        timeout: float = 60.0,
+        listening: Callable[[], None] | None = None,
     ) -> OobChannel:
-        """Listen on ``host:port`` and accept exactly one peer within ``timeout`` seconds."""
+        """Listen on ``host:port`` and accept exactly one peer within ``timeout`` seconds;
+        ``listening()`` is called once the port is open (perftest's "Waiting for client")."""
         listeners = await trio.open_tcp_listeners(port, host=host)
+        if listening is not None:
+            listening()
         try:
             with trio.move_on_after(timeout):
                 stream = await listeners[0].accept()
@@ -97,6 +114,8 @@ class OobChannel(MessageChannel):
         """Swap QP descriptions (and free-form parameters) with the peer."""
         await self.send({"qps": [asdict(q) for q in local], "extra": extra or {}})
         msg = await self.recv()
+        if isinstance(msg, dict) and "error" in msg:
+            raise OobError(f"out-of-band peer refused: {msg['error']}")
         if not isinstance(msg, dict) or not isinstance(msg.get("qps"), list):
             raise RemoteVerbsError(f"out-of-band peer sent {msg!r}, not a QP exchange")
         return [QPInfo.from_wire(q) for q in msg["qps"]], dict(msg.get("extra") or {})

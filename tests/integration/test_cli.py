@@ -13,6 +13,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from tests.conftest import require_tool
 from tests.integration.test_processes import free_port
@@ -28,6 +29,7 @@ def run_pair(test: str, *flags: str, client_flags: tuple[str, ...] = ()) -> tupl
         [*CLI, test, *common, "--nic-addr", "127.0.0.41"], stdout=subprocess.PIPE, text=True
     )
     try:
+        wait_until_listening(server)
         client = subprocess.run(
             [*CLI, test, "127.0.0.1", *common, *client_flags, "--nic-addr", "127.0.0.42"],
             capture_output=True,
@@ -70,6 +72,15 @@ def test_write_lat_and_report_gbits_and_all_sizes() -> None:
     assert "BW average[Gb/sec]" in client
     sizes = [int(m) for m in re.findall(r"^ (\d+)\s+4\s", client, re.M)]
     assert sizes == [1 << k for k in range(1, 24)]
+
+
+def test_send_bw_all_sizes_as_the_readme_shows_it() -> None:
+    # every size from 2 B to 8 MiB over the same receive queue: a receive posted for one size
+    # must hold the next (it failed at 4 B with LOC_LEN_ERR / REM_INV_REQ_ERR)
+    client, server = run_pair("send-bw", "-a", "-n", "4", "--rate", "0")
+    for out in (client, server):
+        sizes = [int(m) for m in re.findall(r"^ (\d+)\s+\d+\s", out, re.M)]
+        assert sizes == [1 << k for k in range(1, 24)], out
 
 
 def test_a_perftest_capture_is_decoded_by_tshark(tmp_path: Path) -> None:

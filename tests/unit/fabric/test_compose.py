@@ -13,7 +13,7 @@ from rocev2_emu.fabric.compose import generate
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "examples/topologies/leaf-spine.toml"
 
 

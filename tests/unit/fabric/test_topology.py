@@ -12,7 +12,7 @@ from rocev2_emu.fabric.topogen import fat_tree, leaf_spine, single_switch
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
 
 def test_shipped_examples_are_the_generators_output() -> None:

@@ -1,0 +1,59 @@
+"""Argument types for the command line: a bad value is argparse's one-line usage error naming
+the flag, never a traceback from deep inside a run (a negative size, a NaN rate)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be > 0")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def probability(text: str) -> float:
+    value = _number(text, float)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability (0 to 1)")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(_number(text, int))
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1 to 65535)")
+    return value

@@ -1,0 +1,48 @@
+"""Flows files are checked as strictly as topology files: each error names file, flow and key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rocev2_emu.fabric.flows import load_flows
+from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.fabric.topology import TopologyError
+from rocev2_emu.fabric.topology_file import parse
+
+TOPO = parse(tomllib.loads(single_switch(3)), "three.toml")
+
+
+def flows(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "flows.toml"
+    path.write_text(body)
+    return path
+
+
+def test_a_good_flows_file_loads() -> None:
+    path = Path(__file__).resolve().parents[3] / "examples" / "flows" / "incast-4to1.toml"
+    topo = parse(tomllib.loads(single_switch(5)), "five.toml")
+    loaded = load_flows(path, topo)
+    assert len(loaded) == 4 and {f.dst for f in loaded} == {"h4"}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsise = 10\n', "unknown key(s) ['sise']"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = 1\nstart_usec = 5\n', "['start_usec']"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = 1\ndcsp = 26\n', "['dcsp']"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h0"\nsize = 1\n', "two different hosts"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h9"\nsize = 1\n', "dst = 'h9': no such host"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = -1\n', "size = -1"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = 1\ndscp = 99\n', "dscp = 99"),
+        ('[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = 1\nstart_us = -3.0\n', "start_us = -3.0"),
+        ('[[flows]]\nsrc = "h0"\n', "unknown section(s) ['flows']"),
+    ],
+)
+def test_bad_flows_name_the_flow_and_the_key(tmp_path: Path, body: str, says: str) -> None:
+    with pytest.raises(TopologyError, match=r"flows\.toml") as err:
+        load_flows(flows(tmp_path, body), TOPO)
+    assert says in str(err.value)
