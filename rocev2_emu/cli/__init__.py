@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = COMMANDS[name]
         p = sub.add_parser(name, help=cmd.help, description=cmd.description)
         cmd.configure(p)
-        p.set_defaults(run=cmd.run)
+        p.set_defaults(run=cmd.run, parser=p)
     return parser
 
 
@@ -72,7 +72,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
