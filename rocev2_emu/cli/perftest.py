@@ -24,6 +24,7 @@ from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.tools.perftest import PerftestOptions
 from rocev2_emu.tools.perftest import run as run_perftest
 from rocev2_emu.verbs.oob import DEFAULT_OOB_PORT
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 PERFTESTS = {
     "write-bw": "write_bw",
@@ -107,7 +108,12 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         "--nic-addr",
         help="UDP address of this NIC (default 127.0.0.2 for the server, 127.0.0.3 for the client)",
     )
-    p.add_argument("--nic-port", type=port_number, default=4789, help="NIC UDP port (default 4789)")
+    p.add_argument(
+        "--nic-port",
+        type=port_number,
+        default=LINK_UDP_PORT,
+        help="NIC UDP port (default %(default)s; tshark -d udp.port==PORT,vxlan decodes it)",
+    )
     p.add_argument(
         "--rate",
         type=nonnegative_float,

@@ -2,7 +2,7 @@
 
 ``rocev2-emu node TOPOLOGY NAME`` is what the supervisor (``rocev2-emu up``) starts once per
 node in local mode, and what a container runs in compose mode.  Every node listens on its own
-address (from the topology): VXLAN links on UDP 4789, Prometheus metrics on TCP 9100 and a
+address (from the topology): VXLAN links on UDP 14789, Prometheus metrics on TCP 9100 and a
 control port on TCP 18515 (a host's agent runs flows there, and the commands of the services
 registered in :mod:`rocev2_emu.fabric.services`; a switch takes link up/down and route updates
 and reports its counters, :mod:`switch.node`).  When it is ready it prints one line::
@@ -32,7 +32,7 @@ from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import DatagramPort
 from rocev2_emu.verbs.api import Context, DeviceConfig
-from rocev2_emu.wire.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import SwitchDriver
 from switch.node import run_switch
 from switch.pipeline import SwitchCore
@@ -57,7 +57,7 @@ def link_faults(topo: Topology, link: Link) -> LinkFaults:
 def switch_ports(topo: Topology, name: str) -> tuple[list[tuple[str, int]], list[LinkFaults]]:
     """Each port's peer address and link faults, in port order."""
     node = topo.nodes[name]
-    peers = [(topo.nodes[peer].address, VXLAN_UDP_PORT) for _, peer in node.ports]
+    peers = [(topo.nodes[peer].address, LINK_UDP_PORT) for _, peer in node.ports]
     faults = [link_faults(topo, link) for link, _ in node.ports]
     return peers, faults
 
@@ -78,9 +78,9 @@ def host_config(
     link, peer = topo.host_link(name)
     return DeviceConfig(
         bind=node.address,
-        port=VXLAN_UDP_PORT,
+        port=LINK_UDP_PORT,
         gid=node.ip,
-        link_peer=(peer.address, VXLAN_UDP_PORT),
+        link_peer=(peer.address, LINK_UDP_PORT),
         link_gbps=link.rate_bps / 1e9,
         tdf=tdf,
         faults=link_faults(topo, link),
@@ -138,7 +138,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         await run_switch(
             topo.switch_config(name),
             node.address,
-            VXLAN_UDP_PORT,
+            LINK_UDP_PORT,
             peers,
             faults,
             DilatedClock(opts.tdf, epoch=opts.epoch),

@@ -24,7 +24,7 @@ from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import seed_trio_scheduler
 from rocev2_emu.runtime.ports import MemoryNetwork
 from rocev2_emu.verbs.api import Context
-from rocev2_emu.wire.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import SwitchDriver
 
 T = TypeVar("T")
@@ -47,13 +47,13 @@ async def virtual_fabric(
     agents: dict[str, HostAgent] = {}
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         for sw in topo.switches:
-            port = net.port((sw.address, VXLAN_UDP_PORT))
+            port = net.port((sw.address, LINK_UDP_PORT))
             drivers[sw.name] = switch_driver(topo, sw.name, port, DilatedClock(1.0))
             await nursery.start(drivers[sw.name].run)
         for h in topo.hosts:
             cfg = host_config(topo, h.name, 1.0, None, seeded=True)
             assert cfg.link_peer is not None
-            port = net.port((h.address, VXLAN_UDP_PORT), cfg.link_peer)
+            port = net.port((h.address, LINK_UDP_PORT), cfg.link_peer)
             ctx = await stack.enter_async_context(Context.open(cfg, port=port))
             agents[h.name] = host_agent(topo, ctx, h.name)
         try:

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.wire.bth import BTH_LEN, ICRC_LEN
-from rocev2_emu.wire.ethernet import ETH_LEN, IPV4_LEN, UDP_LEN, VXLAN_LEN
+from rocev2_emu.wire.ethernet import ETH_LEN, IPV4_LEN, LINK_UDP_PORT, UDP_LEN, VXLAN_LEN
 
 DATA_DATAGRAM: Final = VXLAN_LEN + ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + 4096 + ICRC_LEN
 
@@ -196,7 +196,7 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
     from rocev2_emu.fabric.topogen import single_switch
 
     ctx = mp.get_context("spawn")
-    fwd_in, sink = ("127.0.0.60", 4789), ("127.0.0.61", 4789)
+    fwd_in, sink = ("127.0.0.60", LINK_UDP_PORT), ("127.0.0.61", LINK_UDP_PORT)
     plain = _forwarding_rate(
         lambda: _started(ctx.Process(target=_plain_forwarder, args=(fwd_in, sink, seconds))),
         fwd_in,
@@ -224,8 +224,8 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
                 ],
                 stdout=subprocess.DEVNULL,
             ),
-            ("127.10.0.10", 4789),
-            ("127.10.0.12", 4789),
+            ("127.10.0.10", LINK_UDP_PORT),
+            ("127.10.0.12", LINK_UDP_PORT),
             seconds,
             1,
         )

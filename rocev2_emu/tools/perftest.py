@@ -38,6 +38,7 @@ from rocev2_emu.transport.work import (
 )
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig
 from rocev2_emu.verbs.oob import DEFAULT_OOB_PORT, OobChannel, QPInfo
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 LINE: Final = "-" * 87
 TITLES: Final = {
@@ -64,7 +65,7 @@ class PerftestOptions:
     report_gbits: bool = False
     tx_depth: int = 128
     nic_addr: str = "127.0.0.2"
-    nic_port: int = 4789
+    nic_port: int = LINK_UDP_PORT
     rate_gbps: float = 100.0
     tdf: float = 100.0
     faults: LinkFaults = field(default_factory=LinkFaults)

@@ -39,7 +39,7 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR, WorkCompletion
-from rocev2_emu.wire.ethernet import VXLAN_UDP_PORT
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from rocev2_emu.wire.pcap import PcapWriter
 
 __all__ = ["CQ", "MR", "PD", "QP", "Context", "DeviceConfig", "RemoteQP"]
@@ -56,7 +56,7 @@ class DeviceConfig:
     """How to open a software NIC."""
 
     bind: str = "127.0.0.2"  # UDP address of the NIC's port (its node address)
-    port: int = VXLAN_UDP_PORT
+    port: int = LINK_UDP_PORT
     gid: str | None = None  # emulated IPv4; default 10.x.y.z from the bind address
     link_peer: tuple[str, int] | None = None  # where the link leads; None: learn it later
     link_gbps: float = 100.0  # emulated line rate, 0 = unpaced

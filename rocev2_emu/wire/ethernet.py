@@ -15,6 +15,10 @@ from typing import Final
 from rocev2_emu.wire.errors import MalformedFrame
 
 VXLAN_UDP_PORT: Final = 4789  # IANA, RFC 7348 §5
+# The UDP port the emulator's links use by default.  Not 4789: docker's overlay networks and
+# the kernel's own vxlan devices bind that one, so an emulator on it collides with a swarm.
+# Wireshark decodes it as VXLAN when told: tshark -d udp.port==14789,vxlan
+LINK_UDP_PORT: Final = 14789
 ROCEV2_UDP_PORT: Final = 4791  # IANA, RoCEv2 (IBTA Annex A17)
 ETHERTYPE_IPV4: Final = 0x0800
 ETHERTYPE_MAC_CONTROL: Final = 0x8808  # IEEE 802.3 Annex 31B, carries 802.1Qbb PFC

@@ -4,8 +4,10 @@ run decoded by tshark, and Prometheus metrics scraped while it runs."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.verbs.api import Context, DeviceConfig
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from tests.conftest import require_tool
 from tests.integration.test_processes import free_port
 
@@ -72,6 +75,61 @@ def test_write_lat_and_report_gbits_and_all_sizes() -> None:
     assert "BW average[Gb/sec]" in client
     sizes = [int(m) for m in re.findall(r"^ (\d+)\s+4\s", client, re.M)]
     assert sizes == [1 << k for k in range(1, 24)]
+
+
+def test_a_live_capture_on_loopback_decodes_the_emulated_roce_traffic() -> None:
+    # what the docs tell users to run: tshark on lo, told that the emulator's port is VXLAN
+    tshark = require_tool("tshark", "apt-get install tshark")
+    capture = subprocess.Popen(
+        [
+            tshark,
+            "-i",
+            "lo",
+            "-f",
+            f"udp port {LINK_UDP_PORT} and host 127.0.0.41",
+            "-d",
+            f"udp.port=={LINK_UDP_PORT},vxlan",
+            "-a",
+            "duration:120",
+            "-l",
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.bth.opcode",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    opcodes: list[str] = []
+    decoded = threading.Event()
+
+    def read() -> None:
+        assert capture.stdout is not None
+        for line in capture.stdout:
+            opcodes.append(line.strip())
+            # 20 writes of 10000 B at MTU 4096: first (6), middle (7) and last (8) each time,
+            # and the ACKs (17) coming back
+            if all(opcodes.count(op) >= 20 for op in ("6", "7", "8")) and "17" in opcodes:
+                decoded.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        assert capture.stderr is not None
+        for line in capture.stderr:  # ready once it says it is capturing
+            if "Capturing on" in line:
+                break
+        reader.start()
+        run_pair("write-bw", "-s", "10000", "-n", "20", "-m", "4096")
+        assert decoded.wait(timeout=60), opcodes
+    finally:
+        capture.send_signal(signal.SIGINT)
+        capture.wait(timeout=60)
+        if reader.is_alive():
+            reader.join(timeout=60)
+        for stream in (capture.stdout, capture.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def test_send_bw_all_sizes_as_the_readme_shows_it() -> None:
