@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import tempfile
 import threading
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,9 +47,20 @@ def test_every_op_dtype_and_awkward_size_is_right_with_one_percent_loss() -> Non
     assert fabric["retransmitted"] > 0  # the loss was real, and go-back-N recovered it
 
 
-def _kill_host_after(path: str, host: str, delay: float) -> None:
-    """Kill -9 the node process of ``host`` (found by its command line) after ``delay`` s."""
-    time.sleep(delay)
+def _kill_host_when_busy(topo: Topology, path: str, host: str) -> None:
+    """Kill -9 the node process of ``host`` once its ranks have finished an all-reduce (its
+    metrics say so): the job is running, whatever the machine's load made of the start-up."""
+    url = f"http://{topo.nodes[host].address}:9100/metrics"
+    done = re.compile(r"^\w*collective_operation_seconds_count\{[^}]*\} ([0-9.e+]+)$", re.M)
+    deadline = time.monotonic() + 600  # a guard only: the test's own timeout ends a hang
+    while time.monotonic() < deadline:
+        try:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            body = ""  # not serving yet
+        if any(float(v) > 0 for v in done.findall(body)):
+            break
+        time.sleep(0.05)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -62,7 +75,7 @@ def _kill_host_after(path: str, host: str, delay: float) -> None:
 
 def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline() -> None:
     topo, path = leaf_spine_file()
-    killer = threading.Thread(target=_kill_host_after, args=(path, "h3", 4.0), daemon=True)
+    killer = threading.Thread(target=_kill_host_when_busy, args=(topo, path, "h3"), daemon=True)
     killer.start()
     params = {"rank": -1, "at": 10**6, "count": 16384, "qp_timeout": 6, "timeout": 0.02}
     results, _ = run_local(topo, path, 1000.0, "stop", params)  # a hang fails on the timeout

@@ -65,6 +65,22 @@ def fabric_line(out: str, key: str) -> int:
 INCAST = [(f"h{i}", "h4", 1 << 20) for i in range(4)]
 
 
+def up_faithfully(topology: Path, flows: Path, tdf: float) -> str:
+    """``up`` at ``tdf``, and once more at four times it if the machine could not keep up
+    (late wake-ups or kernel drops: the run was not faithful, and what it measured is not the
+    fabric's doing).  Skips, saying so, when even that run is unfaithful."""
+    for attempt in (tdf, 4 * tdf):
+        out = up(topology, flows, "--tdf", f"{attempt:g}")
+        late = fabric_line(out, "late wake-ups")
+        dropped = fabric_line(out, "socket drops")
+        if not late and not dropped:
+            return out
+    pytest.skip(
+        f"this machine is overloaded: {late} late wake-ups and {dropped} kernel drops even at "
+        f"TDF {4 * tdf:g}, so a lossless check would measure the machine, not PFC"
+    )
+
+
 def test_incast_with_pfc_is_lossless(tmp_path: Path) -> None:
     topo = write_topology(
         tmp_path / "t.toml",
@@ -72,7 +88,7 @@ def test_incast_with_pfc_is_lossless(tmp_path: Path) -> None:
         buffer={"size_bytes": 1 << 20, "headroom_bytes": 96 * 1024},
         ecn={"enabled": False, "priorities": [3]},
     )
-    out = up(topo, write_flows(tmp_path / "f.toml", INCAST), "--tdf", "1000")
+    out = up_faithfully(topo, write_flows(tmp_path / "f.toml", INCAST), 1000.0)
     assert out.count("ok, verified") == 4
     assert fabric_line(out, "PFC frames sent") > 0
     assert fabric_line(out, "PFC pauses honoured") > 0

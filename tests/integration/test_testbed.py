@@ -236,5 +236,7 @@ def test_swarm_stack_runs_the_job(image: str) -> None:
             if not nets.strip():
                 break
             time.sleep(1)
+        else:  # a failed deploy can leave it (and its vxlan device) behind: the next run fails
+            _run("docker", "network", "rm", *nets.split(), check=False)
         if joined:
             _run("docker", "swarm", "leave", "--force", check=False)
