@@ -1,6 +1,6 @@
 """Per-rank Prometheus metrics of the collectives.
 
-Names follow Prometheus conventions with the ``collective_`` prefix and labels ``rank`` and
+Names follow Prometheus conventions with the ``rocev2_collective_`` prefix and labels ``rank`` and
 ``op``: an operation-latency histogram in emulated seconds (buckets from 1 us to 10 s, so the
 straggler's tail shows in its p99), bytes moved, the algorithm and bus bandwidth of the last
 operation (nccl-tests' algbw and busbw, bytes per emulated second), and errors.  One registry
@@ -20,32 +20,32 @@ class HostCollectiveMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.latency = Histogram(
-            "collective_operation_seconds",
+            "rocev2_collective_operation_seconds",
             "Collective operation latency, emulated seconds",
             ["rank", "op"],
             buckets=BUCKETS,
             registry=registry,
         )
         self.bytes = Counter(
-            "collective_bytes",
+            "rocev2_collective_bytes",
             "Bytes reduced or gathered by collectives",
             ["rank", "op"],
             registry=registry,
         )
         self.algbw = Gauge(
-            "collective_algbw_bytes_per_second",
+            "rocev2_collective_algbw_bytes_per_second",
             "Algorithm bandwidth of the last operation (bytes / emulated second)",
             ["rank", "op"],
             registry=registry,
         )
         self.busbw = Gauge(
-            "collective_busbw_bytes_per_second",
+            "rocev2_collective_busbw_bytes_per_second",
             "Bus bandwidth of the last operation (algbw x nccl-tests' factor)",
             ["rank", "op"],
             registry=registry,
         )
         self.errors = Counter(
-            "collective_errors",
+            "rocev2_collective_errors",
             "Collective operations that failed",
             ["rank", "op"],
             registry=registry,

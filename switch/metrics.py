@@ -1,6 +1,7 @@
 """Prometheus metrics of a switch, per port and priority, named after SAI port and queue
 statistics (``SAI_PORT_STAT_PFC_3_TX_PKTS``, ``SAI_QUEUE_STAT_WATERMARK_BYTES``, ...) in
-Prometheus style: base units, ``_total`` counters, labels for switch, port, peer and priority.
+Prometheus style: base units, ``_total`` counters, labels for node (the switch, as on the NICs),
+port, peer and priority.
 Read from the pipeline's plain counters at scrape time; the data path pays nothing.
 """
 
@@ -29,7 +30,7 @@ class SwitchCollector(Collector):
         core = self.driver.core
         name = core.config.name
         now = self.driver.clock.now_threadsafe()
-        port_labels = ["switch", "port", "peer"]
+        port_labels = ["node", "port", "peer"]
         prio_labels = [*port_labels, "priority"]
 
         def family(
@@ -97,7 +98,7 @@ class SwitchCollector(Collector):
         yield from fams.values()
         yield from (drops, ecn, pfc_tx, pfc_rx, paused, depth, storms, restored)
         buf = GaugeMetricFamily(
-            "rocev2_switch_buffer_bytes", "Shared buffer occupancy", labels=["switch"]
+            "rocev2_switch_buffer_bytes", "Shared buffer occupancy", labels=["node"]
         )
         buf.add_metric([name], core.mmu.total)
         yield buf

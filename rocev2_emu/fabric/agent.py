@@ -176,7 +176,7 @@ def host_stats(ctx: Context) -> dict[str, Any]:
     """A host NIC's share of the fabric summary."""
     c = ctx.core.counters
     return {
-        "nic_pauses": c.pfc_pause_received,
+        "nic_pauses": sum(ctx.core.pause_frames_received),
         "cnps_sent": c.np_cnp_sent,
         "cnps_handled": c.rp_cnp_handled,
         "retransmitted": c.retransmitted_packets,

@@ -25,21 +25,21 @@ FABRIC: list[Panel] = [
     (
         "Link throughput (switch egress)",
         "bps",
-        [(f"rate(rocev2_switch_tx_bytes_total{RATE}) * 8", "{{switch}} -> {{peer}}")],
+        [(f"rate(rocev2_switch_tx_bytes_total{RATE}) * 8", "{{node}} -> {{peer}}")],
     ),
     (
         "Egress queue depth",
         "bytes",
-        [("sum by (switch, peer) (rocev2_switch_queue_bytes)", "{{switch}} -> {{peer}}")],
+        [("sum by (node, peer) (rocev2_switch_queue_bytes)", "{{node}} -> {{peer}}")],
     ),
-    ("Shared buffer occupancy", "bytes", [("rocev2_switch_buffer_bytes", "{{switch}}")]),
+    ("Shared buffer occupancy", "bytes", [("rocev2_switch_buffer_bytes", "{{node}}")]),
     (
         "ECN marks",
         "pps",
         [
             (
-                f"sum by (switch, peer) (rate(rocev2_switch_ecn_marked_packets_total{RATE}))",
-                "{{switch}} -> {{peer}}",
+                f"sum by (node, peer) (rate(rocev2_switch_ecn_marked_packets_total{RATE}))",
+                "{{node}} -> {{peer}}",
             )
         ],
     ),
@@ -48,8 +48,8 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (switch, priority) (rate(rocev2_switch_pfc_tx_frames_total{RATE}))",
-                "{{switch}} prio {{priority}}",
+                f"sum by (node, priority) (rate(rocev2_switch_pfc_tx_frames_total{RATE}))",
+                "{{node}} prio {{priority}}",
             )
         ],
     ),
@@ -58,8 +58,8 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (switch, priority) (rate(rocev2_switch_pfc_rx_frames_total{RATE}))",
-                "{{switch}} prio {{priority}}",
+                f"sum by (node, priority) (rate(rocev2_switch_pfc_rx_frames_total{RATE}))",
+                "{{node}} prio {{priority}}",
             ),
             (
                 f"sum by (node, priority) (rate(rocev2_nic_rx_pause_frames_total{RATE}))",
@@ -72,8 +72,8 @@ FABRIC: list[Panel] = [
         "percentunit",
         [
             (
-                f"sum by (switch, peer) (rate(rocev2_switch_paused_seconds_total{RATE}))",
-                "{{switch}} -> {{peer}}",
+                f"sum by (node, peer) (rate(rocev2_switch_paused_seconds_total{RATE}))",
+                "{{node}} -> {{peer}}",
             )
         ],
     ),
@@ -82,12 +82,12 @@ FABRIC: list[Panel] = [
         "short",
         [
             (
-                "sum by (switch) (rocev2_switch_pfc_watchdog_storms_detected_total)",
-                "{{switch}} detected",
+                "sum by (node) (rocev2_switch_pfc_watchdog_storms_detected_total)",
+                "{{node}} detected",
             ),
             (
-                "sum by (switch) (rocev2_switch_pfc_watchdog_storms_restored_total)",
-                "{{switch}} restored",
+                "sum by (node) (rocev2_switch_pfc_watchdog_storms_restored_total)",
+                "{{node}} restored",
             ),
         ],
     ),
@@ -96,8 +96,8 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (switch, reason) (rate(rocev2_switch_dropped_packets_total{RATE}))",
-                "{{switch}} {{reason}}",
+                f"sum by (node, reason) (rate(rocev2_switch_dropped_packets_total{RATE}))",
+                "{{node}} {{reason}}",
             )
         ],
     ),
@@ -112,11 +112,15 @@ TRANSPORT: list[Panel] = [
             (f"rate(rocev2_nic_rp_cnp_handled_total{RATE})", "{{node}} handled"),
         ],
     ),
-    ("DCQCN current rate per QP", "bps", [("rocev2_nic_qp_rate_bps", "{{node}} QP {{qp}}")]),
+    (
+        "DCQCN current rate per QP",
+        "bps",
+        [("rocev2_nic_qp_rate_bits_per_second", "{{node}} QP {{qp}}")],
+    ),
     (
         "DCQCN target rate per QP",
         "bps",
-        [("rocev2_nic_qp_target_rate_bps", "{{node}} QP {{qp}}")],
+        [("rocev2_nic_qp_target_rate_bits_per_second", "{{node}} QP {{qp}}")],
     ),
     ("DCQCN alpha per QP", "percentunit", [("rocev2_nic_qp_alpha", "{{node}} QP {{qp}}")]),
     (
@@ -154,7 +158,7 @@ COLLECTIVES: list[Panel] = [
         [
             (
                 "histogram_quantile(0.5, sum by (le, rank) "
-                f"(rate(collective_operation_seconds_bucket{RATE})))",
+                f"(rate(rocev2_collective_operation_seconds_bucket{RATE})))",
                 "rank {{rank}}",
             )
         ],
@@ -165,7 +169,7 @@ COLLECTIVES: list[Panel] = [
         [
             (
                 "histogram_quantile(0.99, sum by (le, rank) "
-                f"(rate(collective_operation_seconds_bucket{RATE})))",
+                f"(rate(rocev2_collective_operation_seconds_bucket{RATE})))",
                 "rank {{rank}}",
             )
         ],
@@ -173,19 +177,19 @@ COLLECTIVES: list[Panel] = [
     (
         "Bus bandwidth of the last operation",
         "Bps",
-        [("collective_busbw_bytes_per_second", "rank {{rank}} {{op}}")],
+        [("rocev2_collective_busbw_bytes_per_second", "rank {{rank}} {{op}}")],
     ),
     (
         "Algorithm bandwidth of the last operation",
         "Bps",
-        [("collective_algbw_bytes_per_second", "rank {{rank}} {{op}}")],
+        [("rocev2_collective_algbw_bytes_per_second", "rank {{rank}} {{op}}")],
     ),
     (
         "Bytes reduced or gathered",
         "Bps",
-        [(f"sum by (rank) (rate(collective_bytes_total{RATE}))", "rank {{rank}}")],
+        [(f"sum by (rank) (rate(rocev2_collective_bytes_total{RATE}))", "rank {{rank}}")],
     ),
-    ("Errors", "short", [("sum by (rank) (collective_errors_total)", "rank {{rank}}")]),
+    ("Errors", "short", [("sum by (rank) (rocev2_collective_errors_total)", "rank {{rank}}")]),
 ]
 
 DASHBOARDS = {

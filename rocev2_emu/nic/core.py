@@ -89,7 +89,8 @@ class NicCore:
         self.qps: dict[int, QueuePair] = {}
         self.cqs: list[CompletionQueue] = []
         self.paused_until = [0.0] * PRIORITIES
-        self.pause_frames_received = [0] * PRIORITIES
+        self.pause_frames_received = [0] * PRIORITIES  # mlx5 rx_prioN_pause
+        self.pause_frames_sent = [0] * PRIORITIES  # mlx5 tx_prioN_pause (a slow receiver's)
         self.pacer = LinePacer(config.link_bps, config.catchup)  # the link's transmitter
         self.ingress = (
             IngressQueue(config.ingress, config.link_bps or NOMINAL_BPS)
@@ -207,7 +208,10 @@ class NicCore:
         assert self.ingress is not None
         quanta = self.ingress.pfc_decision(now)
         if quanta is not None:
-            pause = encode_pfc(self.mac, dict.fromkeys(self.ingress.config.priorities, quanta))
+            priorities = self.ingress.config.priorities
+            for prio in priorities:
+                self.pause_frames_sent[prio] += 1
+            pause = encode_pfc(self.mac, dict.fromkeys(priorities, quanta))
             self.queue_control(encode_vxlan(self.config.vni, pause))
 
     def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
@@ -233,9 +237,11 @@ class NicCore:
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
+            else:
+                c.rp_cnp_ignored += 1
             return
         if frame.ecn == ECN_CE:
-            c.ecn_marked_roce_packets += 1
+            c.np_ecn_marked_roce_packets += 1
             if self.config.send_cnps:
                 self._notify(frame.dqpn, now)
         if frame.opcode >= 0x20:
@@ -265,7 +271,6 @@ class NicCore:
 
     def _on_pfc(self, frame: PfcFrame, now: float) -> None:
         rate = self.config.link_bps or NOMINAL_BPS
-        self.counters.pfc_pause_received += 1
         for prio in range(PRIORITIES):
             if frame.class_enable >> prio & 1:
                 self.pause_frames_received[prio] += 1

@@ -46,9 +46,11 @@ HELP = {
     "rx_write_requests": "RDMA WRITE messages received (mlx5 rx_write_requests)",
     "rx_read_requests": "RDMA READ requests received (mlx5 rx_read_requests)",
     "rx_atomic_requests": "Atomic requests received (mlx5 rx_atomic_requests)",
-    "ecn_marked_roce_packets": "RoCE packets received with CE (mlx5 np_ecn_marked_roce_packets)",
+    "np_ecn_marked_roce_packets": "RoCE packets received with CE (mlx5)",
     "cnp_received": "CNPs received",
-    "pfc_pause_received": "PFC frames received",
+    "rp_cnp_ignored": "CNPs for a QP that is gone or has no rate control (mlx5)",
+    "req_cqe_error": "Send completions with an error other than a flush (mlx5)",
+    "req_cqe_flush_error": "Send completions flushed by a QP in error (mlx5)",
 }
 
 
@@ -72,20 +74,25 @@ class NicCollector(Collector):
         for reason, value in sorted(core.counters.rx_drops.items()):
             drops.add_metric([node, reason], value)
         yield drops
-        pause = CounterMetricFamily(
-            "rocev2_nic_rx_pause_frames",
-            "PFC frames received per priority",
-            labels=["node", "priority"],
-        )
-        for prio, value in enumerate(core.pause_frames_received):
-            pause.add_metric([node, str(prio)], value)
-        yield pause
+        for direction, counts in (
+            ("rx", core.pause_frames_received),
+            ("tx", core.pause_frames_sent),
+        ):
+            pause = CounterMetricFamily(
+                f"rocev2_nic_{direction}_pause_frames",
+                f"PFC pause frames {'received' if direction == 'rx' else 'sent'} per priority "
+                f"(mlx5 {direction}_prioN_pause)",
+                labels=["node", "priority"],
+            )
+            for prio, value in enumerate(counts):
+                pause.add_metric([node, str(prio)], value)
+            yield pause
         rate = GaugeMetricFamily(
-            "rocev2_nic_qp_rate_bps", "DCQCN current rate per QP (bit/s)", labels=["node", "qp"]
+            "rocev2_nic_qp_rate_bits_per_second", "DCQCN current rate per QP", labels=["node", "qp"]
         )
         target = GaugeMetricFamily(
-            "rocev2_nic_qp_target_rate_bps",
-            "DCQCN target rate per QP (bit/s)",
+            "rocev2_nic_qp_target_rate_bits_per_second",
+            "DCQCN target rate per QP",
             labels=["node", "qp"],
         )
         alpha = GaugeMetricFamily(

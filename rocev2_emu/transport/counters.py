@@ -30,6 +30,8 @@ class NicCounters:
     req_remote_invalid_request: int = 0
     duplicate_response: int = 0  # ACK/response for PSNs already acknowledged
     ghost_response: int = 0  # response for PSNs never sent
+    req_cqe_error: int = 0  # send completions with an error other than a flush
+    req_cqe_flush_error: int = 0  # send completions flushed (the QP went to ERR)
     # responder side
     out_of_sequence: int = 0  # request packets with a PSN ahead of the expected one
     duplicate_request: int = 0
@@ -41,11 +43,11 @@ class NicCounters:
     rx_read_requests: int = 0
     rx_atomic_requests: int = 0
     # congestion signals
-    ecn_marked_roce_packets: int = 0  # np_ecn_marked_roce_packets
+    np_ecn_marked_roce_packets: int = 0  # RoCE packets received with CE
     np_cnp_sent: int = 0
     cnp_received: int = 0
     rp_cnp_handled: int = 0
-    pfc_pause_received: int = 0
+    rp_cnp_ignored: int = 0  # CNPs for a QP that is gone or has no rate control
     # drops by reason: malformed (per MalformedFrame.reason), unknown_qp, qp_state, wrong_dst
     rx_drops: Counter[str] = field(default_factory=Counter)
 

@@ -381,6 +381,10 @@ class Requester:
             self.tx_pkt = 0  # the transmitter pointed into the WQE just completed
         else:
             self.tx_idx -= 1
+        if status is WcStatus.WR_FLUSH_ERR:
+            self.qp.counters.req_cqe_flush_error += 1
+        elif status is not WcStatus.SUCCESS:
+            self.qp.counters.req_cqe_error += 1
         if (
             status is not WcStatus.SUCCESS
             or w.wr.send_flags & SendFlags.SIGNALED

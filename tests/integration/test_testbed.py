@@ -176,7 +176,7 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
                     empty.append(f"{name}: {expr}")
         assert not empty, empty
         # and some are the values the run is known to have produced
-        moved = _query(prometheus, "query", query='collective_bytes_total{op="all_reduce"}')
+        moved = _query(prometheus, "query", query='rocev2_collective_bytes_total{op="all_reduce"}')
         per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in moved}
         assert per_rank == {str(r): sum(SIZES) * 2 * (1 + 3) for r in range(8)}
         down_drops = _query(

@@ -189,13 +189,13 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
     job = bench_params([4096], iters=3, warmup=1, algo="ring")
     run_virtual(topo, "bench", job, metrics=families)
     labels = {"rank": "1", "op": "all_reduce"}
-    ops_done = registry.get_sample_value("collective_operation_seconds_count", labels)
+    ops_done = registry.get_sample_value("rocev2_collective_operation_seconds_count", labels)
     assert ops_done == 2 * (3 + 1)  # out-of-place and in-place, warm-up included
-    assert registry.get_sample_value("collective_bytes_total", labels) == ops_done * 4096
-    latency = registry.get_sample_value("collective_operation_seconds_sum", labels)
+    assert registry.get_sample_value("rocev2_collective_bytes_total", labels) == ops_done * 4096
+    latency = registry.get_sample_value("rocev2_collective_operation_seconds_sum", labels)
     assert latency is not None and 0 < latency / ops_done < 1e-3  # emulated microseconds
-    algbw = registry.get_sample_value("collective_algbw_bytes_per_second", labels)
-    busbw = registry.get_sample_value("collective_busbw_bytes_per_second", labels)
+    algbw = registry.get_sample_value("rocev2_collective_algbw_bytes_per_second", labels)
+    busbw = registry.get_sample_value("rocev2_collective_busbw_bytes_per_second", labels)
     assert algbw is not None and busbw == pytest.approx(algbw * 2 * (2 - 1) / 2)
 
 
