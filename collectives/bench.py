@@ -174,4 +174,17 @@ def fabric_summary(fab: dict[str, Any]) -> list[str]:
         f"handled {fab.get('cnps_handled', 0)}",
         f"#   retransmitted packets {fab.get('retransmitted', 0)}, transport timeouts "
         f"{fab.get('timeouts', 0)}, drops {drops} {dict(fab.get('drops', {})) or ''}".rstrip(),
+        f"#   late wake-ups {fab.get('late_wakeups', 0)}, datagrams the kernel dropped "
+        f"{fab.get('socket_drops', 0)}",
     ]
+
+
+def faithfulness_warning(fab: dict[str, Any], tdf: float) -> str | None:
+    """The warning a run that fell behind must carry (what it measured is the machine's)."""
+    late, dropped = fab.get("late_wakeups", 0), fab.get("socket_drops", 0)
+    if not late and not dropped:
+        return None
+    return (
+        f"# warning: the fabric fell behind at TDF {tdf:g} ({late} late wake-ups, {dropped} "
+        "datagrams the kernel dropped during this run): it was not faithful; raise the TDF"
+    )

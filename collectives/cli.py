@@ -167,6 +167,9 @@ def main(which: str, args: BenchOptions) -> int:
     print("#")
     for line in lines + bench.fabric_summary(fabric):
         print(line)
+    warning = bench.faithfulness_warning(fabric, topo.tdf if args.attach else tdf)
+    if warning:
+        print(warning, file=sys.stderr)
     return 1 if wrong else 0
 
 

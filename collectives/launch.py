@@ -22,7 +22,7 @@ from collectives.job import places_for
 from collectives.store import StoreServer
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_processes
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.verbs import OobChannel
@@ -50,6 +50,7 @@ class CollectiveJob:
         self.topo = topo
         self.died = {name: trio.Event() for name in topo.nodes}
         results: dict[int, Any] = {}
+        before = await self._stats(topo)  # a fabric that ran before: report this job's share
         async with trio.open_nursery() as nursery:
             port = await nursery.start(self.server.serve)
 
@@ -82,11 +83,18 @@ class CollectiveJob:
                 for h in topo.hosts:
                     hosts.start_soon(host, h.name, h.address)
             nursery.cancel_scope.cancel()
-        stats = {}
-        for node in topo.nodes.values():
-            if node.name not in self.dead:
-                stats[node.name] = await control(node.address, {"cmd": "stats"})
-        return results, merge_stats(stats)
+        after = await self._stats(topo)
+        return results, merge_stats(
+            {name: stats_delta(s, before.get(name, {})) for name, s in after.items()}
+        )
+
+    async def _stats(self, topo: Topology) -> dict[str, dict[str, Any]]:
+        """Every live node's counters."""
+        return {
+            node.name: await control(node.address, {"cmd": "stats"})
+            for node in topo.nodes.values()
+            if node.name not in self.dead
+        }
 
     async def node_died(self, name: str, code: int) -> bool:
         self.dead.add(name)

@@ -36,6 +36,24 @@ def merge_stats(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
+def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What a job added to one node's counters: ``after - before``, key by key (a fabric that
+    ran before, as an attached one, reports this job's pauses, drops and retransmits only);
+    merge the nodes' deltas with :func:`merge_stats`."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, dict):
+            out[key] = stats_delta(value, old if isinstance(old, dict) else {})
+            if key == "drops":
+                out[key] = {k: v for k, v in out[key].items() if v}
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = value - (old if isinstance(old, int | float) else 0)
+        else:
+            out[key] = value
+    return out
+
+
 def fabric_stats(drivers: dict[str, SwitchDriver], agents: dict[str, HostAgent]) -> dict[str, Any]:
     """The summary of an in-process fabric (virtual mode)."""
     return merge_stats(

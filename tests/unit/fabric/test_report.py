@@ -1,0 +1,28 @@
+"""The fabric summary of one job: what it added to counters that ran before it."""
+
+from __future__ import annotations
+
+from rocev2_emu.fabric.report import merge_stats, stats_delta
+
+
+def test_a_jobs_share_of_counters_that_ran_before_it() -> None:
+    before = {
+        "s0": {"pfc_tx": 5, "drops": {"buffer": 3}, "paused_seconds": 1.5, "down_vnis": []},
+        "h0": {"retransmitted": 1537, "late_wakeups": 9, "socket_drops": 0},
+    }
+    after = {
+        "s0": {
+            "pfc_tx": 5,
+            "drops": {"buffer": 3, "ttl": 1},
+            "paused_seconds": 2.0,
+            "down_vnis": [3],
+        },
+        "h0": {"retransmitted": 1537, "late_wakeups": 12, "socket_drops": 0},
+        "h1": {"retransmitted": 4},  # a node the first reading missed counts from zero
+    }
+    fab = merge_stats({n: stats_delta(s, before.get(n, {})) for n, s in after.items()})
+    assert fab["retransmitted"] == 4  # not 1541: the earlier lossy run is not this job's
+    assert fab["late_wakeups"] == 3
+    assert fab["drops"] == {"ttl": 1}
+    assert fab["pfc_tx"] == 0 and fab["pfc_senders"] == []  # s0's pauses were all before
+    assert fab["paused_seconds"] == 0.5
