@@ -28,8 +28,9 @@ def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         t = [x * 1e6 for x in run.times]
+        ends = {r.id: f"{r.src} \u2192 {r.dst}" for r in run.results}  # which flow is which
         for flow, series in sorted(run.goodput.items()):
-            ax.plot(t, series, label=f"flow {flow}")
+            ax.plot(t, series, label=ends.get(flow, f"flow {flow}"))
         ax.set_ylabel("goodput (Gbit/s)")
         ax.set_title(f"{name}: {run.setting}")
         q = ax.twinx()
@@ -40,8 +41,10 @@ def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
         for i, paused in enumerate(run.paused):
             if paused and i + 1 < len(t):
                 ax.axvspan(t[i], t[i + 1], color="red", alpha=0.08, linewidth=0)
-        if run.goodput:
-            ax.legend(loc="upper right", fontsize=7)
+        if run.goodput:  # one legend for both axes: the flows and the queue
+            lines, labels = ax.get_legend_handles_labels()
+            more, more_labels = q.get_legend_handles_labels()
+            ax.legend(lines + more, labels + more_labels, loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel(
         "time (emulated us); shaded: PFC pause in force; dashed: the fluid model's queue"
         if any(r.queue_reference is not None for r in runs)
