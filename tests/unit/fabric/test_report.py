@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 
 
 def test_a_jobs_share_of_counters_that_ran_before_it() -> None:
-    before = {
+    before: dict[str, dict[str, Any]] = {
         "s0": {"pfc_tx": 5, "drops": {"buffer": 3}, "paused_seconds": 1.5, "down_vnis": []},
         "h0": {"retransmitted": 1537, "late_wakeups": 9, "socket_drops": 0},
     }
-    after = {
+    after: dict[str, dict[str, Any]] = {
         "s0": {
             "pfc_tx": 5,
             "drops": {"buffer": 3, "ttl": 1},
