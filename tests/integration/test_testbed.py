@@ -1,8 +1,9 @@
 """The docker-compose testbed for real: containers, the all-reduce job, a link taken down
-mid-run, and a real Prometheus (Debian's binary) scraping every node for the dashboards.
+mid-run, and the testbed's own Prometheus (built by compose from Debian's package, no image
+registry) scraping every node for the dashboards.
 
-Needs a Docker engine, docker-compose, prometheus and a base image (``.ci/run`` installs and
-builds them; ``ROCEV2_BASE_IMAGE`` names the base image, else the public slim Python image).
+Needs a Docker engine, docker-compose and a base image (``.ci/run`` installs and builds them;
+``ROCEV2_BASE_IMAGE`` names the base image, else the public slim Python image).
 Under CI=true a missing part fails the test; elsewhere it skips, saying what to install.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,40 +79,26 @@ def image() -> str:
     return "rocev2-emu:latest"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[str]:
-    binary = require_tool("prometheus", "Debian's prometheus")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={ROOT / 'deploy' / 'prometheus' / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+def prometheus(image: str) -> Iterator[str]:
+    """The testbed's own Prometheus service, built by compose from Debian's package on the
+    local base (no registry), scraping every node with the generated config."""
+    build = _compose("build", "prometheus", timeout=900, check=False)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    _compose("up", "-d", "prometheus")
+    url = "http://127.0.0.1:9090"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             try:
                 urllib.request.urlopen(f"{url}/-/ready", timeout=2)
                 break
             except OSError:
-                assert time.monotonic() < deadline, "prometheus did not become ready in 30 s"
+                assert time.monotonic() < deadline, "prometheus did not become ready in 60 s"
                 time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
 
 
 def _query(url: str, path: str, **params: Any) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def test_checked_in_testbed_is_the_generators_output(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
     written = generate(SHIPPED, str(tmp_path))
-    assert len(written) == 10
+    assert len(written) == 11
     for path in written:
         rel = path.relative_to(tmp_path)
         assert (ROOT / rel).read_text() == path.read_text(), (
@@ -75,3 +76,26 @@ def test_subnet_places_nodes_and_is_checked() -> None:
     data["fabric"]["subnet"] = "not-a-net"
     with pytest.raises(TopologyError, match="subnet"):
         parse(data, "x.toml")
+
+
+def test_the_default_compose_path_pulls_nothing() -> None:
+    # every service the default `docker compose up` starts is built here (the nodes' image by
+    # `docker build`, Prometheus by compose from Debian's package); Grafana, whose image comes
+    # from a registry, only runs with --profile grafana
+    text = (ROOT / "docker-compose.yml").read_text()
+    services = text.split("\nservices:\n", 1)[1].split("\nnetworks:\n", 1)[0]
+    blocks = re.split(r"\n(?=  \w[\w-]*:\n)", "\n" + services)
+    checked = 0
+    for block in filter(str.strip, blocks):
+        name = block.strip().split(":", 1)[0]
+        image = re.search(r"^    image: (\S+)$", block, re.M)
+        assert image is not None, name
+        if "    profiles:" in block:
+            assert name == "grafana", name
+            continue
+        built = "    build:" in block or image.group(1) == "rocev2-emu:latest"
+        assert built, f"{name} would be pulled: {image.group(1)}"
+        checked += 1
+    assert checked == 16  # 14 nodes, the job, Prometheus
+    dockerfile = (ROOT / "deploy" / "prometheus" / "Dockerfile").read_text()
+    assert "apt-get install" in dockerfile and "prometheus" in dockerfile
