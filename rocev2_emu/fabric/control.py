@@ -14,12 +14,15 @@ import trio
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.topology import Link, Topology, TopologyError
 from rocev2_emu.runtime.link import LinkFaults
-from rocev2_emu.verbs.oob import OobChannel
+from rocev2_emu.verbs.oob import OobChannel, OobError
 
 
 async def control(address: str, msg: dict[str, Any], *, timeout: float = 10.0) -> Any:
     """One request to the node at ``address`` and its reply."""
-    chan = await OobChannel.connect(address, CONTROL_PORT, timeout=timeout)
+    try:
+        chan = await OobChannel.connect(address, CONTROL_PORT, timeout=timeout)
+    except OobError as exc:
+        raise OobError(f"{exc}: is the fabric running (rocev2-emu up, or the testbed)?") from exc
     try:
         await chan.send(msg)
         return await chan.recv()
