@@ -137,7 +137,7 @@ class SwitchCore:
         """One VXLAN datagram arrived on ``port``.  Never raises for bad input: counts it."""
         ps = self.ports[port]
         ps.rx_packets += 1
-        ps.rx_bytes += len(data) - VXLAN_LEN
+        ps.rx_bytes += max(0, len(data) - VXLAN_LEN)  # a runt counts as a packet, not as bytes
         if not ps.up:
             ps.drops["link_down"] += 1
             return
@@ -241,6 +241,9 @@ class SwitchCore:
             ps.drops[exc.reason] += 1
             return
         rate = self.config.ports[port].rate_bps or NOMINAL_BPS
+        if not frame.class_enable & 0xFF:  # pauses nothing: counted, not ignored silently
+            ps.drops["pfc_no_class_enabled"] += 1
+            return
         for prio in range(PRIORITIES):
             if frame.class_enable >> prio & 1:
                 ps.pfc_rx[prio] += 1

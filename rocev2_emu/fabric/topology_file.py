@@ -24,6 +24,7 @@ configurations are built.  Layout of the file::
 from __future__ import annotations
 
 import ipaddress
+import math
 import socket
 import time
 import tomllib
@@ -153,6 +154,8 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
             if section == "dcqcn" and key in DcqcnParams.__dataclass_fields__:
                 if not isinstance(value, int | float) or isinstance(value, bool):
                     raise fail(full, value, "must be a number")
+                if not math.isfinite(value):
+                    raise fail(full, value, "must be a finite number")
                 continue
             if key not in _TYPES or (key not in defaults and section != "ecn"):
                 raise fail(full, value, "unknown key")
@@ -160,6 +163,8 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
                 isinstance(value, bool) and _TYPES[key] is not bool
             ):
                 raise fail(full, value, f"wrong type {type(value).__name__}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise fail(full, value, "must be a finite number")
         sec[section] = {**defaults, **given}
     fab, ld, pfc, ecn = sec["fabric"], sec["link_defaults"], sec["pfc"], sec["ecn"]
     if not fab["tdf"] > 0:
@@ -268,10 +273,10 @@ def _links(
         rate = item.get("rate_gbps", ld["rate_gbps"])
         delay = item.get("delay_us", ld["delay_us"])
         loss = item.get("loss", ld["loss"])
-        if not isinstance(rate, int | float) or rate < 0:
-            raise fail(f"{where} rate_gbps", rate, "must be a number >= 0")
-        if not isinstance(delay, int | float) or delay < 0:
-            raise fail(f"{where} delay_us", delay, "must be a number >= 0")
+        if not isinstance(rate, int | float) or not 0 <= rate < math.inf:
+            raise fail(f"{where} rate_gbps", rate, "must be a finite number >= 0")
+        if not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+            raise fail(f"{where} delay_us", delay, "must be a finite number >= 0")
         if not isinstance(loss, int | float) or not 0 <= loss <= 1:
             raise fail(f"{where} loss", loss, "must be a probability")
         link = Link(len(links), item["a"], item["b"], rate * 1e9, delay * 1e-6, float(loss))
@@ -293,6 +298,20 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
                 path, f"[[host]] {node.name}", len(node.ports), "a host needs exactly one link"
             )
 
+    buf = sec["buffer"]
+    widest = max(
+        (n for n in nodes.values() if n.kind == "switch"), key=lambda n: len(n.ports), default=None
+    )
+    if widest is not None:
+        needed = len(widest.ports) * (buf["headroom_bytes"] + 8 * buf["reserve_bytes"])
+        if buf["size_bytes"] <= needed:
+            raise _fail(
+                path,
+                "[buffer].size_bytes",
+                buf["size_bytes"],
+                f"too small: {widest.name}'s {len(widest.ports)} ports need {needed} bytes of "
+                "headroom and per-priority reserve, and a shared pool beyond that",
+            )
     mmu = MmuConfig(
         sec["buffer"]["size_bytes"],
         sec["buffer"]["reserve_bytes"],

@@ -217,7 +217,7 @@ class NicCore:
     def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
         c = self.counters
         c.rx_packets += 1
-        c.rx_bytes += len(data) - VXLAN_LEN
+        c.rx_bytes += max(0, len(data) - VXLAN_LEN)  # a runt counts as a packet, not as bytes
         try:
             if len(data) < VXLAN_LEN or not data[0] & VXLAN_FLAG_I:
                 raise MalformedFrame("vxlan", "not a VXLAN datagram (short, or no I flag)")
@@ -271,6 +271,9 @@ class NicCore:
 
     def _on_pfc(self, frame: PfcFrame, now: float) -> None:
         rate = self.config.link_bps or NOMINAL_BPS
+        if not frame.class_enable & 0xFF:  # pauses nothing: counted, not ignored silently
+            self.counters.rx_drops["pfc_no_class_enabled"] += 1
+            return
         for prio in range(PRIORITIES):
             if frame.class_enable >> prio & 1:
                 self.pause_frames_received[prio] += 1

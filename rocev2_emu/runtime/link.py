@@ -9,6 +9,7 @@ times are emulated seconds.  Every decision is counted.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, fields
 
@@ -31,8 +32,10 @@ class LinkFaults:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "seed" and (not isinstance(value, int | float) or value < 0):
-                raise ValueError(f"link fault {f.name}={value!r} must be a number >= 0")
+            if f.name != "seed" and (
+                not isinstance(value, int | float) or not 0 <= value < math.inf
+            ):
+                raise ValueError(f"link fault {f.name}={value!r} must be a finite number >= 0")
         for name in ("loss", "duplicate", "reorder", "corrupt"):
             if getattr(self, name) > 1:
                 raise ValueError(f"link fault {name}={getattr(self, name)} is not a probability")

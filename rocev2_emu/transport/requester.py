@@ -197,6 +197,10 @@ class Requester:
         if psn_diff(psn, self.una) < 0:
             self.qp.counters.duplicate_response += 1  # stale: acknowledges nothing new
             return
+        if syndrome & 0x80 or kind not in (AETH_ACK, AETH_RNR_NAK, AETH_NAK):
+            # a reserved syndrome (IBTA vol. 1 §9.7.5.2.1, table 44): acknowledges nothing
+            self.qp.counters.rx_drops["reserved_aeth_syndrome"] += 1
+            return
         if kind == AETH_ACK:
             self._ack_through(psn, now)
             return
@@ -235,7 +239,6 @@ class Requester:
                     NakCode(code) if code <= 4 else NakCode.INVALID_REQUEST, WcStatus.REM_OP_ERR
                 )
             )
-        # reserved syndromes are ignored
 
     def _ack_through(self, psn: int, now: float) -> None:
         """Everything up to and including ``psn`` has been received by the responder."""

@@ -3,6 +3,7 @@ the key and the bad value."""
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine, single_switch
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
+from rocev2_emu.runtime.link import LinkFaults
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -55,6 +57,21 @@ def test_addresses_and_switch_config() -> None:
         ({"pfc": {"quanta": 70000}}, r"\[pfc\]\.quanta = 70000"),
         ({"buffer": {"colour": 1}}, r"\[buffer\]\.colour = 1: unknown key"),
         ({"routing": {}}, r"routing = '...': unknown section"),
+        ({"fabric": {"tdf": math.inf}}, r"\[fabric\]\.tdf = inf: must be a finite number"),
+        (
+            {"link_defaults": {"rate_gbps": math.nan}},
+            r"\[link_defaults\]\.rate_gbps = nan: must be a finite",
+        ),
+        (
+            {"link_defaults": {"delay_us": math.inf}},
+            r"\[link_defaults\]\.delay_us = inf: must be a finite",
+        ),
+        ({"dcqcn": {"g": math.nan}}, r"\[dcqcn\]\.g = nan: must be a finite number"),
+        (
+            {"pfc": {"watchdog_detect_ms": math.inf}},
+            r"\[pfc\]\.watchdog_detect_ms = inf: must be a finite",
+        ),
+        ({"buffer": {"size_bytes": 1000}}, r"\[buffer\]\.size_bytes = 1000: too small: sw0's"),
     ],
 )
 def test_errors_name_file_key_and_value(patch: dict[str, dict[str, object]], message: str) -> None:
@@ -84,3 +101,12 @@ def test_link_and_node_errors(tmp_path: Path) -> None:
         load(bad)
     with pytest.raises(TopologyError, match="cannot read"):
         load(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [{"delay": math.inf}, {"jitter": math.inf}, {"loss": math.nan}, {"corrupt": -0.1}],
+)
+def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+        LinkFaults(**faults)

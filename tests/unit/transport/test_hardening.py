@@ -1,0 +1,66 @@
+"""What a careless or hostile peer sends, counted and refused where the spec says so."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.transport.work import SendWR, Sge, WrOpcode
+from rocev2_emu.wire.bth import Opcode
+from rocev2_emu.wire.ethernet import encode_vxlan
+from rocev2_emu.wire.pfc import encode_pfc
+from rocev2_emu.wire.roce import FrameTemplate, pack_aeth
+from tests.unit.netsim import NetSim
+from tests.unit.stepper import Stepper
+from tests.unit.switch.test_switch import topo
+
+
+def test_a_reserved_aeth_syndrome_acknowledges_nothing() -> None:
+    s = Stepper(mtu=1024, link_bps=0)  # unpaced: all four packets leave at once
+    src, dst = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
+    ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
+    wr = SendWR(1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 4096, ma.lkey)], rkey=mb.rkey)
+    s.a.nic.post_send(s.a.qp, wr)
+    while s.a.nic.next_datagram(0.0) is not None:  # the four packets leave; none is acked
+        pass
+    una = s.a.qp.requester.una
+    tpl = FrameTemplate(
+        vni=1,
+        src_mac=s.b.nic.mac,
+        dst_mac=s.a.nic.mac,
+        src_ip=s.b.nic.ip,
+        dst_ip=s.a.nic.ip,
+        sport=0xC000,
+    )
+    last = (una + 3) & 0xFFFFFF
+    for syndrome in (0x40, 0x80, 0xC0):  # type 10, and the reserved top bit
+        forged = tpl.build(
+            Opcode.RC_ACKNOWLEDGE, dqpn=s.a.qp.qpn, psn=last, ext=pack_aeth(syndrome, 1)
+        )
+        s.a.nic.receive_datagram(bytes(forged), 0.0)
+    assert s.a.qp.requester.una == una  # nothing was acknowledged
+    assert s.a.nic.counters.rx_drops["reserved_aeth_syndrome"] == 3
+    assert s.a.cq.poll(8) == []  # and nothing completed
+
+
+def test_runts_count_as_packets_never_as_negative_bytes() -> None:
+    s = Stepper()
+    sim = NetSim(topo(single_switch(2)))
+    sw = sim.switches["sw0"]
+    for runt in (b"", b"\x08", b"\x08\x00\x00\x00\x00\x00\x01"):
+        s.a.nic.receive_datagram(runt, 0.0)
+        sw.receive(0, runt, 0.0)
+    assert s.a.nic.counters.rx_packets == 3 and s.a.nic.counters.rx_bytes == 0
+    assert sw.ports[0].rx_packets == 3 and sw.ports[0].rx_bytes == 0
+
+
+def test_a_pfc_frame_that_enables_no_class_is_counted() -> None:
+    s = Stepper()
+    sim = NetSim(topo(single_switch(2)))
+    sw = sim.switches["sw0"]
+    empty = encode_vxlan(2, encode_pfc(bytes(6), {}))
+    sw.receive(1, empty, 0.0)
+    s.a.nic.receive_datagram(empty, 0.0)
+    assert sw.ports[1].drops["pfc_no_class_enabled"] == 1
+    assert s.a.nic.counters.rx_drops["pfc_no_class_enabled"] == 1
+    assert not any(sw.ports[1].pfc_rx) and not any(s.a.nic.pause_frames_received)
