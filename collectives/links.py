@@ -52,7 +52,10 @@ class _Waitable:
         self.error: str | None = None
 
     def fail(self, why: str) -> None:
-        self.error = why
+        """The link broke; the first reason is the one reported (a retry-exhausted send is
+        followed by the flush of everything else, which says nothing about the cause)."""
+        if self.error is None:
+            self.error = why
         self.changed.unpark_all()
 
     async def _park(self) -> None:

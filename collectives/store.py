@@ -34,6 +34,12 @@ class Store(Protocol):
     async def add(self, key: str, amount: int) -> int: ...
 
 
+MAX_KEY = 1024  # characters in a key
+MAX_KEYS = 1 << 20  # keys in one store: a job of thousands of ranks needs tens of thousands
+MAX_WAIT = 24 * 3600.0  # the longest a get may wait, wall seconds
+INT64 = (-(1 << 63), (1 << 63) - 1)  # what a counter holds (and msgpack carries)
+
+
 class MemoryStore:
     """The store in this process; ``timeout`` is in trio time (virtual or wall seconds)."""
 
@@ -83,20 +89,38 @@ class StoreServer:
         await serve_requests(stream, self._reply)
 
     async def _reply(self, msg: Any) -> dict[str, Any]:
-        if not isinstance(msg, dict) or not isinstance(msg.get("key"), str):
-            return {"error": f"bad store request {msg!r}"}
-        op, key = msg.get("op"), msg["key"]
+        """One request, checked field by field: a bad one gets an error naming what is wrong."""
+        if not isinstance(msg, dict):
+            return {"error": f"a store request is a map, not {type(msg).__name__}"}
+        op, key = msg.get("op"), msg.get("key")
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
+            return {"error": f"key {key!r:.80}: a string of 1 to {MAX_KEY} characters"}
         try:
             if op == "set":
+                if key not in self.store.data and len(self.store.data) >= MAX_KEYS:
+                    return {"error": f"the store holds {MAX_KEYS} keys, its limit"}
                 await self.store.set(key, msg.get("value"))
                 return {"ok": True}
             if op == "add":
-                return {"value": await self.store.add(key, int(msg.get("amount", 1)))}
+                amount = msg.get("amount", 1)
+                if not isinstance(amount, int) or isinstance(amount, bool):
+                    return {"error": f"amount {amount!r:.80}: an integer"}
+                current = self.store.data.get(key, 0)
+                if not isinstance(current, int) or not INT64[0] <= current + amount <= INT64[1]:
+                    return {"error": f"counter {key!r}: {current!r:.40} + {amount} is no int64"}
+                return {"value": await self.store.add(key, amount)}
             if op == "get":
-                return {"value": await self.store.get(key, float(msg.get("timeout", 0)))}
+                timeout = msg.get("timeout", 0)
+                if (
+                    not isinstance(timeout, int | float)
+                    or isinstance(timeout, bool)
+                    or not 0 <= timeout <= MAX_WAIT
+                ):
+                    return {"error": f"timeout {timeout!r:.80}: seconds from 0 to {MAX_WAIT:g}"}
+                return {"value": await self.store.get(key, float(timeout))}
         except StoreTimeout as exc:
             return {"timeout": str(exc)}
-        return {"error": f"unknown store operation {op!r}"}
+        return {"error": f"unknown store operation {op!r:.80} (set, add, get)"}
 
 
 class TcpStore:

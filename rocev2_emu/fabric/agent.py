@@ -31,6 +31,7 @@ from rocev2_emu.wire.roce import DSCP_ROCE
 
 CONTROL_PORT = 18515
 CHUNK = 64 << 10  # bytes per work request: completions come often enough to watch
+MAX_FLOW_BYTES = 1 << 32  # a flow's buffer is allocated: 4 GiB, no more
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,7 +45,8 @@ class FlowSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FlowSpec:
-        return cls(
+        """A flow from a control request, each field checked (a bad one is a ValueError)."""
+        spec = cls(
             int(d["id"]),
             str(d["src"]),
             str(d["dst"]),
@@ -52,6 +54,13 @@ class FlowSpec:
             float(d.get("start", 0.0)),
             int(d.get("dscp", DSCP_ROCE)),
         )
+        if not 0 <= spec.size <= MAX_FLOW_BYTES:
+            raise ValueError(f"flow size {spec.size}: 0 to {MAX_FLOW_BYTES} bytes")
+        if not 0 <= spec.dscp < 64:
+            raise ValueError(f"flow dscp {spec.dscp}: 0 to 63")
+        if not 0 <= spec.start < 1e6:
+            raise ValueError(f"flow start {spec.start}: emulated seconds from 0")
+        return spec
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ deadline is a :class:`ControlError` naming what happened, never a hang.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -18,9 +19,21 @@ from typing import Any, ClassVar, Final
 
 import msgpack
 import trio
+from prometheus_client import Counter
+
+log = logging.getLogger(__name__)
 
 _LEN: Final = struct.Struct("!I")  # message length, network order
 MAX_MESSAGE: Final = 1 << 20
+
+
+# every node's /metrics serves it beside its own families (rocev2_emu.runtime.metrics.serve)
+REJECTED = Counter(
+    "rocev2_control_requests_rejected",
+    "Control requests refused with an error (by the exception that refused them)",
+    ["reason"],
+    registry=None,
+)
 
 
 class ControlError(Exception):
@@ -39,9 +52,15 @@ class MessageChannel:
         self._buf = bytearray()
 
     async def send(self, obj: Any) -> None:
-        data = msgpack.packb(obj, use_bin_type=True)
+        try:
+            data = msgpack.packb(obj, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise self.error(f"cannot encode a {self.what} message: {exc}") from exc
         with trio.move_on_after(self.timeout) as scope:
-            await self.stream.send_all(_LEN.pack(len(data)) + data)
+            try:
+                await self.stream.send_all(_LEN.pack(len(data)) + data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise self.error(f"{self.what} peer went away: {exc}") from exc
         if scope.cancelled_caught:
             raise self.error(f"{self.what} send blocked for {self.timeout:g} s")
 
@@ -63,7 +82,10 @@ class MessageChannel:
                             return msgpack.unpackb(body, raw=False)
                         except Exception as exc:  # msgpack raises several types
                             raise self.error(f"malformed {self.what} message: {exc}") from exc
-                chunk = await self.stream.receive_some(65536)
+                try:
+                    chunk = await self.stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise self.error(f"{self.what} peer went away: {exc}") from exc
                 if not chunk:
                     raise self.error(f"{self.what} peer closed the connection")
                 self._buf += chunk
@@ -79,15 +101,27 @@ async def serve_requests(
     timeout: float = math.inf,
 ) -> None:
     """Answer each message on ``stream`` with ``await reply(message)`` until the client goes:
-    the loop of every control server."""
+    the loop of every control server.  A request the handler cannot take (a missing field, a
+    wrong type, a value out of range) is answered with an error and counted in
+    ``rocev2_control_requests_rejected_total``; a client that resets the connection or sends
+    garbage is dropped; neither ends the server."""
     chan = MessageChannel(stream, timeout=timeout)
     try:
         while True:
             try:
                 msg = await chan.recv()
             except ControlError:
-                return  # the client is done (or gone)
-            await chan.send(await reply(msg))
+                return  # the client is done, gone, or sent what is not a message
+            try:
+                answer = await reply(msg)
+            except Exception as exc:  # what a client sends never ends the server
+                REJECTED.labels(reason=type(exc).__name__).inc()
+                log.info("control request %.200r refused: %r", msg, exc)
+                answer = {"error": f"bad request: {type(exc).__name__}: {exc}"}
+            try:
+                await chan.send(answer)
+            except ControlError:
+                return
     finally:
         await chan.aclose()
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from rocev2_emu.runtime.control import REJECTED
 from rocev2_emu.runtime.pump import Pump
 
 
@@ -41,5 +42,7 @@ def pump_metrics(pump: Pump, node: str) -> Iterator[CounterMetricFamily | GaugeM
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` on ``addr:port`` from a background thread (prometheus-client)."""
+    """Serve ``/metrics`` on ``addr:port`` from a background thread (prometheus-client), with
+    the process's refused control requests beside ``registry``'s own families."""
+    registry.register(REJECTED)
     start_http_server(port, addr=addr, registry=registry)

@@ -15,7 +15,7 @@ import itertools
 import statistics
 import subprocess
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import trio
@@ -109,6 +109,19 @@ def wait_until_listening(server: subprocess.Popen[str]) -> None:
     raise RuntimeError(f"the perftest server exited with code {server.wait()} before it listened")
 
 
+# what a client may ask of a server: (type, lowest, highest); the server allocates size x qps
+CLIENT_PARAMS: Final[dict[str, tuple[type | tuple[type, ...], float, float]]] = {
+    "size": (int, 1, 1 << 31),
+    "iters": (int, 1, 1 << 40),
+    "duration": ((int, float), 0, 24 * 3600),
+    "all_sizes": (bool, False, True),
+    "qps": (int, 1, 1024),
+    "mtu": (int, 256, 4096),
+    "tx_depth": (int, 1, 1 << 16),
+}
+MAX_BUFFER: Final = 1 << 32  # bytes a server registers for a client, at most
+
+
 def _waiting_for_client() -> None:
     print(
         "************************************\n"
@@ -121,7 +134,16 @@ def _waiting_for_client() -> None:
 def _mismatch(params: object, opts: PerftestOptions) -> str | None:
     """Why the client's parameters cannot run against this server, or None."""
     if not isinstance(params, dict) or params.get("test") != opts.test:
-        return f"client runs {params!r}, this server runs {opts.test}"
+        return f"client runs {params!r:.200}, this server runs {opts.test}"
+    for key, (kind, low, high) in CLIENT_PARAMS.items():
+        value = params.get(key)
+        typed = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not typed or not low <= cast(float, value) <= high:
+            return f"the client's {key} = {value!r:.80} is not one of {low}..{high}"
+    if params["mtu"] not in (256, 512, 1024, 2048, 4096):
+        return f"the client's mtu = {params['mtu']} is not a path MTU"
+    if params["size"] * params["qps"] > MAX_BUFFER:
+        return f"the client asks for {params['size'] * params['qps']} bytes, over {MAX_BUFFER}"
     for key, what in (("tdf", "TDF"), ("rate_gbps", "link rate (Gbit/s)")):
         theirs, ours = params.get(key), getattr(opts, key)
         if theirs != ours:

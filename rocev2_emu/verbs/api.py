@@ -34,7 +34,7 @@ from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort, UdpPort
 from rocev2_emu.runtime.pump import CATCHUP_WALL_SECONDS
-from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.transport.errors import LocalVerbsError, RemoteVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
@@ -289,6 +289,10 @@ class QP:
     ) -> None:
         """RESET -> INIT -> RTR -> RTS towards ``remote``, with perftest's usual attributes;
         ``traffic_class`` is the DSCP of the QP's packets (the NIC's default when None)."""
+        try:
+            ipaddress.IPv4Address(remote.gid)
+        except ValueError as exc:
+            raise LocalVerbsError(f"remote GID {remote.gid!r}: not an IPv4 address") from exc
         self.modify(QPAttr(qp_state=QPState.INIT, port_num=1, pkey_index=0, qp_access_flags=access))
         self.modify(
             QPAttr(

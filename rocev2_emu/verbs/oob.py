@@ -10,6 +10,7 @@ QP and brings it to RTS; :func:`serve_requests` answers requests on such a conne
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -21,6 +22,7 @@ from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.verbs.api import MR, QP, RemoteQP
 
 DEFAULT_OOB_PORT: Final = 18515  # perftest's default
+_FIELD_BITS: Final = {"qpn": 24, "psn": 24, "rkey": 32, "vaddr": 64, "length": 64}
 
 __all__ = ["DEFAULT_OOB_PORT", "OobChannel", "OobError", "QPInfo", "connect_qp", "serve_requests"]
 
@@ -52,10 +54,27 @@ class QPInfo:
 
     @classmethod
     def from_wire(cls, obj: Any) -> QPInfo:
+        """A peer's QP description, every field checked: a QPN and PSN of 24 bits, a GID that is
+        an IPv4 address (RoCEv2's IPv4-mapped GID), a UDP port, 32-bit keys, 64-bit addresses."""
         try:
-            return cls(**obj)
+            info = cls(**obj)
         except TypeError as exc:
-            raise RemoteVerbsError(f"out-of-band peer sent a bad QP description {obj!r}") from exc
+            raise OobError(f"out-of-band peer sent a bad QP description {obj!r:.200}") from exc
+        for name, bits in _FIELD_BITS.items():
+            value = getattr(info, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << bits:
+                raise OobError(f"out-of-band peer sent {name} = {value!r:.80}: not {bits} bits")
+        if not 0 < info.udp_port < 65536:
+            raise OobError(f"out-of-band peer sent udp_port = {info.udp_port}: not a port")
+        for name in ("gid", "udp_host"):
+            value = getattr(info, name)
+            if not isinstance(value, str) or len(value) > 255:
+                raise OobError(f"out-of-band peer sent {name} = {value!r:.80}: not an address")
+        try:
+            ipaddress.IPv4Address(info.gid)
+        except ValueError as exc:
+            raise OobError(f"out-of-band peer sent gid = {info.gid!r:.80}: not IPv4") from exc
+        return info
 
 
 class OobError(RemoteVerbsError, ControlError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,6 @@ def test_link_and_node_errors(tmp_path: Path) -> None:
     "faults",
     [{"delay": math.inf}, {"jitter": math.inf}, {"loss": math.nan}, {"corrupt": -0.1}],
 )
-def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, float]) -> None:
+def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         LinkFaults(**faults)
