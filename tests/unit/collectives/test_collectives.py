@@ -214,3 +214,12 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
     assert pfc["p99"] > 1.25 * quiet["p99"]
     assert both["tail"] < pfc["tail"] and both["lost"] < pfc["lost"]
     assert both["fabric"]["pfc_tx"] < pfc["fabric"]["pfc_tx"]  # DCQCN: fewer pauses
+
+
+def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
+    from collectives.links import LocalRx
+
+    rx = LocalRx(2, 64)
+    rx.fail("link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR")
+    rx.fail("link with rank 3: RECV completed with WR_FLUSH_ERR")
+    assert rx.error == "link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR"
