@@ -62,6 +62,7 @@ class Responder:
         self.in_write = False
         self.offset = 0  # bytes of the current SEND / WRITE received so far
         self.write_view: memoryview | None = None
+        self.write_mr: MemoryRegion | None = None  # checked per packet: deregistration revokes
         self.write_len = 0
         self.in_nak_episode = False
         self.resources: deque[Resource] = deque()
@@ -80,7 +81,9 @@ class Responder:
             payload = f.payload
             n = len(payload)
             off = self.offset
-            if n == self.qp.mtu and off + n < self.write_len and self.write_view is not None:
+            mr = self.write_mr
+            if n == self.qp.mtu and off + n < self.write_len and mr is not None and mr.valid:
+                assert self.write_view is not None
                 self.write_view[off : off + n] = payload
                 self.offset = off + n
                 self.rx_bytes += n
@@ -176,6 +179,7 @@ class Responder:
             reth = f.reth
             assert reth is not None
             mr = self._check_remote(reth, Access.REMOTE_WRITE, reth.dma_len)
+            self.write_mr = mr
             self.write_view = mr.view(reth.va, reth.dma_len) if mr is not None else None
             self.write_len = reth.dma_len
             self.offset = 0
@@ -199,14 +203,20 @@ class Responder:
                 return False
             recv = self.recvs.popleft()
         if n:
-            assert self.write_view is not None
+            assert self.write_view is not None and self.write_mr is not None
+            if not self.write_mr.valid:  # deregistered while the WRITE was arriving: revoked
+                self.qp.counters.resp_remote_access_errors += 1
+                why = f"rkey 0x{self.write_mr.rkey:08x} was deregistered during the WRITE"
+                self._fatal(NakCode.REMOTE_ACCESS_ERROR, why)
+                self.write_view = self.write_mr = None
+                return False
             self.write_view[self.offset : self.offset + n] = f.payload
             self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
         if op in LAST_OPS:
             self.in_write = False
-            self.write_view = None
+            self.write_view = self.write_mr = None
             self.msn += 1
             if recv is not None:
                 self.qp.recv_cq.push(

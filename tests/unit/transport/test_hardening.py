@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.transport.work import SendWR, Sge, WrOpcode
+from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
 from rocev2_emu.wire.bth import Opcode
 from rocev2_emu.wire.ethernet import encode_vxlan
 from rocev2_emu.wire.pfc import encode_pfc
 from rocev2_emu.wire.roce import FrameTemplate, pack_aeth
 from tests.unit.netsim import NetSim
-from tests.unit.stepper import Stepper
+from tests.unit.stepper import Stepper, gather
 from tests.unit.switch.test_switch import topo
 
 
@@ -64,3 +64,21 @@ def test_a_pfc_frame_that_enables_no_class_is_counted() -> None:
     assert sw.ports[1].drops["pfc_no_class_enabled"] == 1
     assert s.a.nic.counters.rx_drops["pfc_no_class_enabled"] == 1
     assert not any(sw.ports[1].pfc_rx) and not any(s.a.nic.pause_frames_received)
+
+
+def test_deregistering_an_mr_revokes_a_write_in_progress() -> None:
+    s = Stepper(mtu=1024)
+    src, dst = np.full(65536, 7, np.uint8), np.zeros(65536, np.uint8)
+    ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
+    sge = [Sge(ma.addr, 65536, ma.lkey)]
+    wr = SendWR(1, WrOpcode.RDMA_WRITE, sge, remote_addr=mb.addr, rkey=mb.rkey)
+    s.a.nic.post_send(s.a.qp, wr)
+    s.run(lambda: s.b.qp.responder.rx_bytes >= 8192)  # the WRITE is under way
+    s.b.nic.dereg_mr(mb)
+    landed = int(np.count_nonzero(dst))
+    got: list[WorkCompletion] = []
+    s.run(lambda: gather(got, s.a.completions()) > 0)
+    (wc,) = got
+    assert wc.status is WcStatus.REM_ACCESS_ERR  # the spec's error, not SUCCESS
+    assert int(np.count_nonzero(dst)) == landed  # nothing written after the revocation
+    assert landed < 65536 and s.b.nic.counters.resp_remote_access_errors == 1
