@@ -103,6 +103,7 @@ class NicCore:
         self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
+        self._peer_ip: dict[int, int] = {}  # QPN -> its peer's address (the path's source IP)
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -152,6 +153,7 @@ class NicCore:
         if self.qps.get(qp.qpn) is not qp:
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
+        self._peer_ip.pop(qp.qpn, None)
         self._active[qp.priority].pop(qp.qpn, None)
         self._templates.pop(qp.qpn, None)
 
@@ -159,6 +161,8 @@ class NicCore:
         self._active[qp.priority].pop(qp.qpn, None)
         qp.modify(attr)
         self._templates.pop(qp.qpn, None)
+        if qp.dest_ip is not None:
+            self._peer_ip[qp.qpn] = ip_to_int(qp.dest_ip)
         qp.priority = self.priority_of(self.dscp_of(qp))
         self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
@@ -234,6 +238,9 @@ class NicCore:
         if frame.opcode == Opcode.CNP:
             c.cnp_received += 1
             target = self.qps.get(frame.dqpn)
+            if target is not None and self._peer_ip.get(target.qpn, frame.src_ip) != frame.src_ip:
+                c.rx_drops["wrong_src_ip"] += 1  # a CNP not from the QP's peer
+                return
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
@@ -243,7 +250,7 @@ class NicCore:
         if frame.ecn == ECN_CE:
             c.np_ecn_marked_roce_packets += 1
             if self.config.send_cnps:
-                self._notify(frame.dqpn, now)
+                self._notify(frame.dqpn, frame.src_ip, now)
         if frame.opcode >= 0x20:
             c.rx_drops["unsupported_transport"] += 1
             return
@@ -251,17 +258,30 @@ class NicCore:
         if qp is None:
             c.rx_drops["unknown_qp"] += 1
             return
+        # what rxe checks of an RC packet (rxe_recv.c, check_addr and check_keys): it comes
+        # from the QP's peer, and its P_Key matches the default partition's (0x7FFF, either
+        # membership); for requests and responses alike, so no host can write into, or
+        # acknowledge for, another host's connection
+        peer = self._peer_ip.get(qp.qpn)  # None before RTR: the state check below refuses it
+        if peer is not None and peer != frame.src_ip:
+            c.rx_drops["wrong_src_ip"] += 1
+            return
+        if frame.pkey & 0x7FFF != 0x7FFF:
+            c.rx_drops["bad_pkey"] += 1
+            return
         if not qp.receive(frame, now):
             c.rx_drops["qp_state"] += 1
             return
         self._active[qp.priority][qp.qpn] = qp
 
-    def _notify(self, qpn: int, now: float) -> None:
+    def _notify(self, qpn: int, src_ip: int, now: float) -> None:
         """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
         per QP per ``cnp_interval`` (sent on the CNP priority, ahead of data)."""
         qp = self.qps.get(qpn)
         if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.dcqcn.cnp_interval:
             return
+        if self._peer_ip.get(qpn, src_ip) != src_ip:
+            return  # marked, but not by the QP's peer's packet: no CNP on its behalf
         qp.last_cnp = now
         tpl = self._cnp_templates.get(qpn)
         if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests

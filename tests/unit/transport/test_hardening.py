@@ -9,7 +9,7 @@ from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WorkCompletion, WrO
 from rocev2_emu.wire.bth import Opcode
 from rocev2_emu.wire.ethernet import encode_vxlan
 from rocev2_emu.wire.pfc import encode_pfc
-from rocev2_emu.wire.roce import FrameTemplate, pack_aeth
+from rocev2_emu.wire.roce import FrameTemplate, pack_aeth, pack_reth
 from tests.unit.netsim import NetSim
 from tests.unit.stepper import Stepper, gather
 from tests.unit.switch.test_switch import topo
@@ -82,3 +82,55 @@ def test_deregistering_an_mr_revokes_a_write_in_progress() -> None:
     assert wc.status is WcStatus.REM_ACCESS_ERR  # the spec's error, not SUCCESS
     assert int(np.count_nonzero(dst)) == landed  # nothing written after the revocation
     assert landed < 65536 and s.b.nic.counters.resp_remote_access_errors == 1
+
+
+def _from(s: Stepper, src_ip: int, to_a: bool) -> FrameTemplate:
+    dst = s.a if to_a else s.b
+    return FrameTemplate(
+        vni=1, src_mac=bytes(6), dst_mac=dst.nic.mac, src_ip=src_ip, dst_ip=dst.nic.ip, sport=0xC000
+    )
+
+
+def test_a_write_from_anyone_but_the_peer_is_dropped_not_written() -> None:
+    s = Stepper()
+    dst = np.zeros(64, np.uint8)
+    mb = s.reg(s.b, dst)
+    spoofed = _from(s, 0x0A090909, to_a=False)  # 10.9.9.9, not h a
+    ext = pack_reth(mb.addr, mb.rkey, 64)
+    psn = s.b.qp.responder.epsn
+    frame = spoofed.build(
+        Opcode.RC_RDMA_WRITE_ONLY, dqpn=s.b.qp.qpn, psn=psn, ext=ext, payload=b"\x01" * 64
+    )
+    s.b.nic.receive_datagram(bytes(frame), 0.0)
+    assert not dst.any() and s.b.nic.counters.rx_drops["wrong_src_ip"] == 1
+    assert s.b.nic.next_datagram(0.0) is None  # and not acknowledged
+    # the right source with a wrong partition key is refused too
+    wrong_key = _from(s, s.a.nic.ip, to_a=False).build(
+        Opcode.RC_RDMA_WRITE_ONLY,
+        dqpn=s.b.qp.qpn,
+        psn=psn,
+        ext=ext,
+        payload=b"\x01" * 64,
+        pkey=0x1234,
+    )
+    s.b.nic.receive_datagram(bytes(wrong_key), 0.0)
+    assert not dst.any() and s.b.nic.counters.rx_drops["bad_pkey"] == 1
+
+
+def test_a_forged_ack_completes_nothing() -> None:
+    s = Stepper(link_bps=0)
+    src, dst = np.ones(4096, np.uint8), np.zeros(4096, np.uint8)
+    ma, mb = s.reg(s.a, src), s.reg(s.b, dst)
+    wr = SendWR(
+        1, WrOpcode.RDMA_WRITE, [Sge(ma.addr, 4096, ma.lkey)], remote_addr=mb.addr, rkey=mb.rkey
+    )
+    s.a.nic.post_send(s.a.qp, wr)
+    while s.a.nic.next_datagram(0.0) is not None:  # sent, and lost: nothing reaches b
+        pass
+    una = s.a.qp.requester.una
+    forged = _from(s, 0x0A090909, to_a=True).build(
+        Opcode.RC_ACKNOWLEDGE, dqpn=s.a.qp.qpn, psn=(una + 3) & 0xFFFFFF, ext=pack_aeth(0, 1)
+    )
+    s.a.nic.receive_datagram(bytes(forged), 0.0)
+    assert s.a.qp.requester.una == una and s.a.cq.poll(8) == []  # no false SUCCESS
+    assert s.a.nic.counters.rx_drops["wrong_src_ip"] == 1
