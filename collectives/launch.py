@@ -120,9 +120,10 @@ def run_attached(
     topo: Topology, name: str, params: dict[str, Any]
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Job ``name`` on a fabric that is already running (the compose testbed's job service):
-    the store listens on every interface and the hosts reach it at this machine's address."""
+    the store listens on this machine's address on the route to the hosts (a loopback address
+    for local fabrics, the container's for the testbed), never on every interface."""
     host = own_address(topo.hosts[0].address)
-    job = CollectiveJob(name, params, store_host=host, bind_host="0.0.0.0")
+    job = CollectiveJob(name, params, store_host=host, bind_host=host)
     results, fabric = trio.run(job.run, topo, topo.tdf, 0.0)
     return results, fabric
 
