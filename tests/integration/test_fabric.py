@@ -65,19 +65,15 @@ def fabric_line(out: str, key: str) -> int:
 INCAST = [(f"h{i}", "h4", 1 << 20) for i in range(4)]
 
 
-def up_faithfully(topology: Path, flows: Path, tdf: float) -> str:
-    """``up`` at ``tdf``, and once more at four times it if the machine could not keep up
-    (late wake-ups or kernel drops: the run was not faithful, and what it measured is not the
-    fabric's doing).  Skips, saying so, when even that run is unfaithful."""
-    for attempt in (tdf, 4 * tdf):
-        out = up(topology, flows, "--tdf", f"{attempt:g}")
-        late = fabric_line(out, "late wake-ups")
-        dropped = fabric_line(out, "socket drops")
-        if not late and not dropped:
-            return out
-    pytest.skip(
-        f"this machine is overloaded: {late} late wake-ups and {dropped} kernel drops even at "
-        f"TDF {4 * tdf:g}, so a lossless check would measure the machine, not PFC"
+def lossless(out: str) -> bool:
+    """What PFC promises: every flow verified, the switch paused its senders, nothing dropped
+    and nothing retransmitted."""
+    return (
+        out.count("ok, verified") == 4
+        and fabric_line(out, "PFC frames sent") > 0
+        and fabric_line(out, "PFC pauses honoured") > 0
+        and re.search(r"drops 0 ", out) is not None
+        and fabric_line(out, "retransmitted packets") == 0
     )
 
 
@@ -88,12 +84,20 @@ def test_incast_with_pfc_is_lossless(tmp_path: Path) -> None:
         buffer={"size_bytes": 1 << 20, "headroom_bytes": 96 * 1024},
         ecn={"enabled": False, "priorities": [3]},
     )
-    out = up_faithfully(topo, write_flows(tmp_path / "f.toml", INCAST), 1000.0)
-    assert out.count("ok, verified") == 4
-    assert fabric_line(out, "PFC frames sent") > 0
-    assert fabric_line(out, "PFC pauses honoured") > 0
-    assert re.search(r"drops 0 ", out), out
-    assert fabric_line(out, "retransmitted packets") == 0
+    flows = write_flows(tmp_path / "f.toml", INCAST)
+    # A loss here is PFC's failure only if the run was faithful: a machine too busy for its
+    # processes (late wake-ups, kernel drops) loses frames no fabric would.  Such a run is
+    # repeated at four times the TDF, and skipped, saying so, if that one falls behind too.
+    for tdf in (1000, 4000):
+        out = up(topo, flows, "--tdf", str(tdf))
+        if lossless(out):
+            return
+        late, dropped = fabric_line(out, "late wake-ups"), fabric_line(out, "socket drops")
+        assert late or dropped, f"frames lost in a faithful run: {out}"
+    pytest.skip(
+        f"this machine is overloaded: {late} late wake-ups and {dropped} kernel drops even at "
+        "TDF 4000, so the lossless check would measure the machine, not PFC"
+    )
 
 
 def test_incast_without_pfc_drops_and_recovers(tmp_path: Path) -> None:
