@@ -5,19 +5,15 @@ the emulated completion times agree within 10 %, or the time dilation is not doi
 from __future__ import annotations
 
 import statistics
-from functools import partial
 
 from rocev2_emu.experiments.harness import (
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     fabric_run,
-    runs_json,
+    fabric_scenario,
     settings,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import single_switch
 
@@ -49,16 +45,4 @@ def dilation(seed: int, mode: Mode = Mode(virtual=False)) -> tuple[list[Run], li
     return runs, lines, good
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = dilation(seed, mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "dilation", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("dilation", run)
+SCENARIO = fabric_scenario("dilation", lambda seed, mode: dilation(seed, mode))

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from functools import partial
 
 from rocev2_emu.experiments.harness import (
     G,
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     check_lines,
     fabric_run,
+    fabric_scenario,
     jain,
-    runs_json,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import single_switch
 
@@ -100,16 +96,4 @@ def fairness(
     return [run], lines, ok
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = fairness(seed, mode=mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "fairness", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("fairness", run)
+SCENARIO = fabric_scenario("fairness", lambda seed, mode: fairness(seed, mode=mode))

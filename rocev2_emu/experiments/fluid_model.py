@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from functools import partial
 
 from rocev2_emu.cc import PROFILES
 from rocev2_emu.experiments.fluid import Bottleneck, fixed_point, integrate
 from rocev2_emu.experiments.harness import (
     G,
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     fabric_run,
-    runs_json,
+    fabric_scenario,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import single_switch
 
@@ -91,16 +87,4 @@ def fluid_model(
     return runs, lines, ok
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = fluid_model(seed, mode=mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "fluid-model", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("fluid-model", run)
+SCENARIO = fabric_scenario("fluid-model", lambda seed, mode: fluid_model(seed, mode=mode))

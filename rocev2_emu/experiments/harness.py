@@ -19,13 +19,16 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from rocev2_emu.fabric.agent import FlowResult, FlowSpec
+from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run, runs_json
+from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.supervisor import run_flow_job
@@ -35,22 +38,6 @@ from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
 
 G = 1e9
-
-
-@dataclass(slots=True)
-class Run:
-    """One fabric run: flow results, time series and the fabric's counters."""
-
-    setting: str
-    results: list[FlowResult]
-    times: list[float] = field(default_factory=list)  # emulated seconds
-    goodput: dict[int, list[float]] = field(default_factory=dict)  # flow -> Gbit/s per sample
-    queue: list[int] = field(default_factory=list)  # bottleneck egress queue, bytes
-    paused: list[bool] = field(default_factory=list)  # any upstream pause in force
-    marked: list[int] = field(default_factory=list)  # CE marks at the bottleneck, cumulative
-    sent: list[int] = field(default_factory=list)  # packets out of the bottleneck, cumulative
-    queue_reference: float | None = None  # a model's queue (bytes), drawn across the plot
-    fabric: dict[str, Any] = field(default_factory=dict)
 
 
 async def _run(
@@ -189,10 +176,6 @@ def check_lines(checks: list[Check]) -> tuple[list[str], bool]:
     return lines, ok
 
 
-def runs_json(runs: list[Run]) -> list[dict[str, Any]]:
-    return [{**asdict(r), "results": [asdict(x) for x in r.results]} for r in runs]
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a scenario found: its runs as NAME.json holds them, its report, its verdict, and
@@ -214,6 +197,26 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {}
+
+
+def fabric_scenario(
+    name: str, experiment: Callable[[int, Mode], tuple[list[Run], list[str], bool]]
+) -> Scenario:
+    """A scenario of fabric runs: their JSON, report and verdict, and the plot of the runs that
+    kept time series (virtual ones; runs with processes keep none)."""
+
+    def run(seed: int, mode: Mode) -> Outcome:
+        runs, lines, ok = experiment(seed, mode)
+        series = [r for r in runs if r.times]
+        return Outcome(
+            runs_json(runs),
+            lines,
+            ok,
+            partial(plot_runs, name, series) if series else None,
+            "matplotlib absent" if series else "processes keep no time series",
+        )
+
+    return Scenario(name, run)
 
 
 def register(scenario: Scenario) -> Scenario:

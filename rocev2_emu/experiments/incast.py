@@ -6,21 +6,17 @@ loss, pauses), PFC + DCQCN (CNPs, fewer pauses), and PFC with every sender's NIC
 from __future__ import annotations
 
 import statistics
-from functools import partial
 
 from rocev2_emu.experiments.harness import (
     G,
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     check_lines,
     fabric_run,
-    runs_json,
+    fabric_scenario,
     settings,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.stats import percentile
@@ -89,16 +85,4 @@ def incast(
     return runs, lines, ok
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = incast(seed, mode=mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "incast", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("incast", run)
+SCENARIO = fabric_scenario("incast", lambda seed, mode: incast(seed, mode=mode))

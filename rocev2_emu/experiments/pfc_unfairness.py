@@ -7,21 +7,17 @@ each.  With DCQCN the four share by flow (the DCQCN paper, SIGCOMM 2015, §2.2).
 from __future__ import annotations
 
 import statistics
-from functools import partial
 
 from rocev2_emu.experiments.harness import (
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     fabric_run,
+    fabric_scenario,
     jain,
-    runs_json,
     settings,
     steady_shares,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 
 _UNFAIR = """
@@ -109,16 +105,4 @@ def pfc_unfairness(
     return runs, lines, ok
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = pfc_unfairness(seed, mode=mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "pfc-unfairness", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("pfc-unfairness", run)
+SCENARIO = fabric_scenario("pfc-unfairness", lambda seed, mode: pfc_unfairness(seed, mode=mode))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rocev2_emu.experiments.harness import Run
+from rocev2_emu.experiments.runs import Run
 
 
 def pyplot() -> Any | None:

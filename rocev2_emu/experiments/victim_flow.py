@@ -5,22 +5,18 @@ path is idle but shares an uplink with the incast; DCQCN gives it back its line 
 from __future__ import annotations
 
 import statistics
-from functools import partial
 
 from rocev2_emu.experiments.harness import (
     G,
     Mode,
-    Outcome,
-    Run,
-    Scenario,
     check_lines,
     fabric_run,
-    runs_json,
+    fabric_scenario,
     scenario_topology,
     settings,
     topology_data,
 )
-from rocev2_emu.experiments.plots import plot_runs
+from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
 
 # Three leaves under one spine, 400 Gbit/s uplinks (so leaf1's uplink carries four hosts at
@@ -99,16 +95,4 @@ def victim_flow(
     return runs, lines, ok
 
 
-def run(seed: int, mode: Mode) -> Outcome:
-    runs, lines, ok = victim_flow(seed, mode=mode)
-    series = [r for r in runs if r.times]  # runs with real processes keep no time series
-    return Outcome(
-        runs_json(runs),
-        lines,
-        ok,
-        partial(plot_runs, "victim-flow", series) if series else None,
-        "matplotlib absent" if series else "processes keep no time series",
-    )
-
-
-SCENARIO = Scenario("victim-flow", run)
+SCENARIO = fabric_scenario("victim-flow", lambda seed, mode: victim_flow(seed, mode=mode))

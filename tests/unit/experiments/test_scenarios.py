@@ -16,6 +16,7 @@ from rocev2_emu.experiments import (
     victim_flow,
 )
 from rocev2_emu.experiments.catalog import SCENARIOS
+from rocev2_emu.experiments.runs import runs_json
 
 
 def test_incast_scenario_checks_pass_and_results_are_written(
@@ -23,7 +24,7 @@ def test_incast_scenario_checks_pass_and_results_are_written(
 ) -> None:
     def small(seed: int, mode: harness.Mode) -> harness.Outcome:
         runs, lines, ok = incast.incast(seed, n=4, size=2 << 20, mode=mode)
-        return harness.Outcome(harness.runs_json(runs), lines, ok)
+        return harness.Outcome(runs_json(runs), lines, ok)
 
     monkeypatch.setitem(SCENARIOS, "incast", harness.Scenario("incast", small))
     assert harness.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
