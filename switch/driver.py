@@ -3,8 +3,9 @@ sans-IO pipeline.
 
 Every port is a link to one neighbour; all of them share the switch's one UDP socket (an
 unconnected one: each port sends to its own peer address) and the VXLAN VNI of an arriving
-datagram names the ingress port.  Each port's frames leave through its link's propagation
-delay and faults.
+datagram names the ingress port, which only that link's peer may send to: a datagram from any
+other address is dropped and counted (``not_from_peer``).  Each port's frames leave through its
+link's propagation delay and faults.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SwitchDriver(Pump):
             handle_timer=core.handle_timer,
             faults=list(faults),
             peers=peers,
+            recv=port.recv_from,
         )
         self.core = core
         core.catchup = CATCHUP_WALL_SECONDS / clock.tdf
@@ -46,9 +48,15 @@ class SwitchDriver(Pump):
         """Change a port's link faults (loss, corruption, delay) while running."""
         self.set_link_faults(index, faults)
 
-    def _receive_datagram(self, data: bytes | memoryview, now: float) -> None:
+    def _receive_datagram(
+        self, item: tuple[bytes | memoryview, tuple[str, int]], now: float
+    ) -> None:
+        data, sender = item
         index = self._by_vni.get(data[4] << 16 | data[5] << 8 | data[6]) if len(data) >= 8 else None
         if index is None:
             self.unknown_vni += 1
+            return
+        if sender != self.peers[index]:  # only the link's far end may send into a port
+            self.core.ports[index].drops["not_from_peer"] += 1
             return
         self.core.receive(index, data, now)

@@ -18,7 +18,7 @@ from switch.mmu import PRIORITIES
 
 DROP_REASONS = frozenset(
     {"buffer", "headroom", "link_down", "malformed", "no_route", "ttl", "ipv4_checksum"}
-    | {"pfc_watchdog", "pfc_no_class_enabled"}
+    | {"pfc_watchdog", "pfc_no_class_enabled", "not_from_peer"}
 )
 
 

@@ -26,6 +26,8 @@ class DatagramPort(Protocol):
 
     def recv(self) -> memoryview | bytes | None: ...
 
+    def recv_from(self) -> tuple[memoryview | bytes, tuple[str, int]] | None: ...
+
     def send(self, data: bytes | bytearray | memoryview) -> bool: ...
 
     def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool: ...
@@ -98,6 +100,14 @@ class UdpPort:
             return None
         return self._view[:n]
 
+    def recv_from(self) -> tuple[memoryview, tuple[str, int]] | None:
+        """One datagram and its sender (an unconnected socket: a switch's, shared by its ports)."""
+        try:
+            n, sender = self.sock.recvfrom_into(self._buf)
+        except (BlockingIOError, InterruptedError, ConnectionRefusedError):
+            return None
+        return self._view[:n], sender
+
     def send(self, data: bytes | bytearray | memoryview) -> bool:
         if self._peer is None:
             self.tx_errors += 1
@@ -157,10 +167,13 @@ class MemoryPort:
         self.peer = peer
         self.tx_errors = 0
         self.rx_overflow = 0
-        self.inbox: deque[bytes] = deque()
+        self.inbox: deque[tuple[bytes, tuple[str, int]]] = deque()  # datagram, its sender
         self._lot = trio.lowlevel.ParkingLot()
 
     def recv(self) -> bytes | None:
+        return self.inbox.popleft()[0] if self.inbox else None
+
+    def recv_from(self) -> tuple[bytes, tuple[str, int]] | None:
         return self.inbox.popleft() if self.inbox else None
 
     def send(self, data: bytes | bytearray | memoryview) -> bool:
@@ -178,7 +191,7 @@ class MemoryPort:
         if len(dst.inbox) >= self.net.queue_limit:
             dst.rx_overflow += 1
             return True
-        dst.inbox.append(bytes(data))
+        dst.inbox.append((bytes(data), self.address))
         dst._lot.unpark_all()
         return True
 

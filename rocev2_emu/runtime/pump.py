@@ -15,7 +15,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -31,17 +31,19 @@ RX_BATCH: Final = 256  # datagrams drained per wake-up before the loop yields to
 CATCHUP_WALL_SECONDS: Final = 0.002
 
 Datagram = bytes | bytearray
-Receive = Callable[[bytes | memoryview, float], None]
+Receive = Callable[[Any, float], None]  # (what ``recv`` returned, now)
 Transmit = Callable[[float], Iterable[tuple[int, Datagram]]]
 
 
 class Pump:
     """Pumps ``port`` for one core.
 
-    ``receive(data, now)`` takes each datagram; ``transmit(now)`` yields ``(link, datagram)``
-    pairs due by ``now``, lazily, so what a blocked socket cannot take stays in the core's own
-    queues; ``get_timer()`` / ``handle_timer(now)`` are the core's deadline.  ``peers`` names
-    each link's far end (None: one link through the port's connected peer).
+    ``receive(item, now)`` takes each datagram ``recv()`` returns (default ``port.recv``, the
+    datagram; a switch passes ``port.recv_from``, the datagram and its sender);
+    ``transmit(now)`` yields ``(link, datagram)`` pairs due by ``now``, lazily, so what a
+    blocked socket cannot take stays in the core's own queues; ``get_timer()`` /
+    ``handle_timer(now)`` are the core's deadline.  ``peers`` names each link's far end (None:
+    one link through the port's connected peer).
     """
 
     def __init__(
@@ -57,11 +59,13 @@ class Pump:
         faults: list[LinkFaults | None],
         peers: list[tuple[str, int]] | None = None,
         pcap: PcapWriter | None = None,
+        recv: Callable[[], Any] | None = None,
     ) -> None:
         self.port = port
         self.clock = clock
         self.pcap = pcap
         self._receive = receive
+        self._recv = recv or port.recv
         self._transmit_due = transmit
         self._core_timer = get_timer
         self._handle_timer = handle_timer
@@ -103,7 +107,13 @@ class Pump:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        port, clock, receive, pcap = self.port, self.clock, self._receive, self.pcap
+        port, clock, receive, recv, pcap = (
+            self.port,
+            self.clock,
+            self._receive,
+            self._recv,
+            self.pcap,
+        )
         deadline: float | None = None
         while True:
             now = clock.now()
@@ -111,13 +121,13 @@ class Pump:
             self.lateness.woke(now, deadline)
             got = 0
             while got < RX_BATCH:
-                data = port.recv()
-                if data is None:
+                item = recv()
+                if item is None:
                     break
                 got += 1
-                if pcap is not None:
-                    pcap.write(now, memoryview(data)[VXLAN_LEN:])
-                receive(data, now)
+                if pcap is not None:  # a NIC's: its items are datagrams
+                    pcap.write(now, memoryview(item)[VXLAN_LEN:])
+                receive(item, now)
             self._handle_timer(now)
             if not self._transmit(now):
                 await port.wait_writable()

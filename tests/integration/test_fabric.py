@@ -205,3 +205,39 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
     assert proc.returncode == 0, out + err
     assert "ok, verified" in out
     assert fabric_line(out, "retransmitted packets") > 0  # the loss set at run time bit
+
+
+def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) -> None:
+    import socket
+    import time as clock
+
+    import trio
+
+    from rocev2_emu.fabric.control import control
+    from rocev2_emu.wire.ethernet import LINK_UDP_PORT, encode_vxlan
+    from rocev2_emu.wire.pfc import encode_pfc
+
+    topo = write_topology(tmp_path / "t.toml", single_switch(2))
+    node = subprocess.Popen(
+        [*CLI, "node", str(topo), "sw0", "--no-metrics"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert node.stdout is not None and node.stdout.readline().startswith("READY sw0")
+        # an XOFF for port 0's VNI (link 0: h0's), from an address that is not h0's
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.77", 0))
+            s.sendto(
+                encode_vxlan(1, encode_pfc(bytes(6), {3: 0xFFFF})), ("127.10.0.10", LINK_UDP_PORT)
+            )
+        deadline = clock.monotonic() + 30  # the switch reads it at its next wake-up
+        while True:
+            stats = trio.run(control, "127.10.0.10", {"cmd": "stats"})
+            if stats["drops"].get("not_from_peer") or clock.monotonic() > deadline:
+                break
+        assert stats["drops"].get("not_from_peer") == 1, stats
+        assert stats["pfc_rx"] == 0  # the forged pause was not honoured
+    finally:
+        node.terminate()
+        node.wait(30)
+        if node.stdout is not None:
+            node.stdout.close()
