@@ -161,16 +161,6 @@ async def open_channel(
     raise channel.error(f"no {channel.what} peer listening on {host}:{port} within {timeout:g} s")
 
 
-async def request(host: str, port: int, msg: Any, *, timeout: float = 10.0) -> Any:
-    """One request to a control server and its reply."""
-    chan = await open_channel(host, port, timeout=timeout)
-    try:
-        await chan.send(msg)
-        return await chan.recv()
-    finally:
-        await chan.aclose()
-
-
 async def stop_soon(msg: object = None) -> dict[str, object]:
     """The ``stop`` command of every node: end this process as ``docker stop`` or a crash would
     (SIGTERM, a moment after the reply leaves), so users can watch the fabric react."""
