@@ -11,8 +11,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import trio
 
+from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.topogen import leaf_spine, single_switch
+from rocev2_emu.fabric.topology_file import load
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "rocev2_emu"]
@@ -124,8 +127,9 @@ def test_incast_without_pfc_drops_and_recovers(tmp_path: Path) -> None:
 def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> None:
     topo = write_topology(tmp_path / "t.toml", leaf_spine(2, 2, 1))
     flows = write_flows(tmp_path / "f.toml", [("h0", "h1", 8 << 20) for _ in range(6)])
+    # TDF 2000: the six flows take seconds of wall time, far longer than `link` needs to start
     proc = subprocess.Popen(
-        [*CLI, "up", str(topo), "--flows", str(flows), "--tdf", "500"],
+        [*CLI, "up", str(topo), "--flows", str(flows), "--tdf", "2000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -137,7 +141,10 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
         while "ready" not in seen and time.monotonic() < deadline:
             seen += proc.stdout.readline()
         assert "ready" in seen, seen
-        time.sleep(1.5)  # flows start half a second after ready; let them run a while
+        # the flows are running once leaf0 forwards data towards a spine (readiness, not a sleep)
+        leaf0 = load(topo).nodes["leaf0"].address
+        while trio.run(control, leaf0, {"cmd": "stats"})["tx_packets"] < 100:
+            assert time.monotonic() < deadline + 60, "the flows never started"
         down = subprocess.run(
             [*CLI, "link", str(topo), "leaf0", "spine0", "down"],
             capture_output=True,
@@ -150,7 +157,7 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+            proc.communicate(timeout=30)
     assert proc.returncode == 0, out + err
     assert out.count("ok, verified") == 6
 
