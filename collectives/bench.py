@@ -50,9 +50,14 @@ def params(sizes: list[int], coll: str = "all_reduce", **overrides: Any) -> dict
     return p | overrides
 
 
+PATTERN_PERIOD = 5
+
+
 def pattern(rank: int, count: int, dtype: np.dtype, op: str, offset: int = 0) -> np.ndarray:
+    """Rank ``rank``'s input: small integers (exact in every dtype), period PATTERN_PERIOD."""
     i = np.arange(offset, offset + count, dtype=np.int64)
-    values = 1 + ((rank + i) % 5 == 0) if op == "prod" else (rank + i) % 5
+    m = (rank + i) % PATTERN_PERIOD
+    values = 1 + (m == 0) if op == "prod" else m
     out: np.ndarray = values.astype(dtype)
     return out
 
@@ -66,10 +71,13 @@ def expected(
     if coll == "broadcast":
         return pattern(root, count, dtype, op)
     total = count * n if coll == "reduce_scatter" else count
-    acc = pattern(0, total, dtype, op)
+    # every pattern repeats with period PATTERN_PERIOD: reduce one period, then repeat it
+    period = min(total, PATTERN_PERIOD)
+    acc = pattern(0, period, dtype, op)
     for k in range(1, n):
-        ops.combine(op, acc, pattern(k, total, dtype, op))
+        ops.combine(op, acc, pattern(k, period, dtype, op))
     ops.finish(op, acc, n)
+    acc = np.tile(acc, -(-total // period))[:total]
     return acc[rank * count : (rank + 1) * count] if coll == "reduce_scatter" else acc
 
 

@@ -1,5 +1,6 @@
-"""The switch's trio driver: the one pump loop (:mod:`rocev2_emu.runtime.pump`) around the
-sans-IO pipeline.
+"""The switch's drivers: the one pump loop (:mod:`rocev2_emu.runtime.pump`) around the
+sans-IO pipeline (:class:`SwitchDriver`), or a node of the virtual-time event engine
+(:mod:`rocev2_emu.runtime.engine`, :class:`EngineSwitch`), which hands each frame to its port.
 
 Every port is a link to one neighbour; all of them share the switch's one UDP socket (an
 unconnected one: each port sends to its own peer address) and the VXLAN VNI of an arriving
@@ -11,8 +12,9 @@ link's propagation delay and faults.
 from __future__ import annotations
 
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.link import LinkFaults
-from rocev2_emu.runtime.ports import DatagramPort
+from rocev2_emu.runtime.ports import DatagramPort, EnginePort
 from rocev2_emu.runtime.pump import CATCHUP_WALL_SECONDS, Pump
 from switch.pipeline import SwitchCore
 
@@ -60,3 +62,37 @@ class SwitchDriver(Pump):
             self.core.ports[index].drops["not_from_peer"] += 1
             return
         self.core.receive(index, data, now)
+
+
+class EngineSwitch:
+    """The switch core as a node of the virtual-time engine: the engine delivers each frame to
+    the port its link ends at, so there is no socket to demultiplex and no sender to check."""
+
+    def __init__(
+        self, core: SwitchCore, engine: Engine, clock: DilatedClock, address: tuple[str, int]
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.port = EnginePort(address, None)
+        core.catchup = CATCHUP_WALL_SECONDS / clock.tdf  # as the pump's, so both modes agree
+        self.late_wakeups = 0  # the engine is never late: it stops time instead
+        self.unknown_vni = 0
+        self.node = engine.add(
+            Node(
+                f"switch {core.config.name}",
+                receive=core.receive,
+                transmit=core.transmit,
+                get_timer=core.get_timer,
+                handle_timer=core.handle_timer,
+            )
+        )
+
+    @property
+    def wakeups(self) -> int:
+        return self.node.services
+
+    def set_faults(self, index: int, faults: LinkFaults) -> None:
+        """Change a port's link faults (loss, corruption, delay) while running."""
+        wire = self.node.wires[index]
+        if wire is not None:
+            wire.set_faults(faults)

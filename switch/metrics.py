@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rocev2_emu.runtime.metrics import pump_metrics
-from switch.driver import SwitchDriver
+from switch.driver import EngineSwitch, SwitchDriver
 from switch.mmu import PRIORITIES
 
 DROP_REASONS = frozenset(
@@ -23,7 +23,7 @@ DROP_REASONS = frozenset(
 
 
 class SwitchCollector(Collector):
-    def __init__(self, driver: SwitchDriver) -> None:
+    def __init__(self, driver: SwitchDriver | EngineSwitch) -> None:
         self.driver = driver
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -22,13 +22,13 @@ from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from switch.config import SwitchConfig
-from switch.driver import SwitchDriver
+from switch.driver import EngineSwitch, SwitchDriver
 from switch.metrics import SwitchCollector
 from switch.mmu import PRIORITIES
 from switch.pipeline import SwitchCore
 
 
-def switch_stats(driver: SwitchDriver) -> dict[str, Any]:
+def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
     """Totals over the switch's ports: what the fabric summary reports."""
     ports = driver.core.ports
     drops: dict[str, int] = {}

@@ -13,6 +13,7 @@ queue's depth marks CE on ECT packets (never on non-ECT).  Every time is emulate
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -110,6 +111,7 @@ class SwitchCore:
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
         self._prio = [config.priority_of(dscp) for dscp in range(64)]
         self._pending: set[int] = set()  # ports with frames queued
+        self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
             + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
@@ -265,6 +267,7 @@ class SwitchCore:
         if quanta:
             rate = cfg.rate_bps or NOMINAL_BPS
             ps.xoff_refresh_at[prio] = now + quanta * PFC_QUANTUM_BITS / rate / 2
+            self._refreshing.add(port)
         else:
             ps.xoff_refresh_at[prio] = 0.0
 
@@ -347,22 +350,36 @@ class SwitchCore:
 
     # -- timers, links ---------------------------------------------------------------------
     def get_timer(self) -> float | None:
-        times: list[float] = []
-        for ps in self.ports:
+        """The next time :meth:`transmit` or :meth:`handle_timer` has work: only ports with
+        frames queued and ports refreshing an XOFF are looked at, not every port."""
+        t = self.watchdog.get_timer()
+        for index in self._pending:
+            ps = self.ports[index]
+            free_at = ps.pacer.free_at
             if ps.control:
-                times.append(ps.pacer.free_at)
-            for prio in range(PRIORITIES):
-                if ps.queues[prio]:
-                    times.append(max(ps.pacer.free_at, ps.paused_until[prio]))
-                if ps.xoff_refresh_at[prio]:
-                    times.append(ps.xoff_refresh_at[prio])
-        wd = self.watchdog.get_timer()
-        if wd is not None:
-            times.append(wd)
-        return min(times) if times else None
+                at = free_at
+            else:
+                at = math.inf
+                paused_until, queues = ps.paused_until, ps.queues
+                for prio in range(PRIORITIES):
+                    if queues[prio]:
+                        p = paused_until[prio]
+                        q = free_at if free_at > p else p
+                        if q < at:
+                            at = q
+                if at == math.inf:
+                    continue
+            if t is None or at < t:
+                t = at
+        for index in self._refreshing:
+            for r in self.ports[index].xoff_refresh_at:
+                if r and (t is None or r < t):
+                    t = r
+        return t
 
     def handle_timer(self, now: float) -> None:
-        for index, ps in enumerate(self.ports):
+        for index in sorted(self._refreshing) if self._refreshing else ():
+            ps = self.ports[index]
             for prio in range(PRIORITIES):
                 t = ps.xoff_refresh_at[prio]
                 if t and t <= now:
@@ -370,6 +387,8 @@ class SwitchCore:
                         self._send_pfc(index, prio, self.config.pfc_quanta, now)  # refresh
                     else:
                         ps.xoff_refresh_at[prio] = 0.0
+            if not any(ps.xoff_refresh_at):
+                self._refreshing.discard(index)
         for port, prio in self.watchdog.check(now, self._queue_paused):
             ps = self.ports[port]
             if self.watchdog.stormed[port][prio]:

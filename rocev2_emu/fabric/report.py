@@ -14,7 +14,7 @@ from typing import Any
 from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.stats import percentile
-from switch.driver import SwitchDriver
+from switch.driver import EngineSwitch
 from switch.node import switch_stats
 
 
@@ -54,7 +54,7 @@ def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def fabric_stats(drivers: dict[str, SwitchDriver], agents: dict[str, HostAgent]) -> dict[str, Any]:
+def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent]) -> dict[str, Any]:
     """The summary of an in-process fabric (virtual mode)."""
     return merge_stats(
         {name: switch_stats(d) for name, d in drivers.items()}

@@ -1,5 +1,6 @@
-"""The fabric in one process, in virtual time: every switch and host on in-memory links, with
-the same cores, drivers and agents as real processes, under trio's MockClock.
+"""The fabric in one process, in virtual time: every switch and host a node of one
+discrete-event engine (:mod:`rocev2_emu.runtime.engine`), with the same cores and agents as
+real processes, under trio's MockClock.
 
 :func:`run_virtual_time` is the one way a virtual job runs (flows, scenarios, collective jobs):
 trio's task scheduling seeded from the topology (:mod:`rocev2_emu.runtime.determinism`), a
@@ -17,15 +18,17 @@ import trio.testing
 
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.flows import run_flows
-from rocev2_emu.fabric.nodes import host_agent, host_config, switch_driver
+from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import fabric_stats, report
 from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import seed_trio_scheduler
-from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
-from switch.driver import SwitchDriver
+from switch.driver import EngineSwitch
+from switch.pipeline import SwitchCore
 
 T = TypeVar("T")
 
@@ -39,25 +42,35 @@ def run_virtual_time(seed: int, main: Callable[..., Awaitable[T]], *args: Any) -
 @asynccontextmanager
 async def virtual_fabric(
     topo: Topology,
-) -> AsyncIterator[tuple[dict[str, SwitchDriver], dict[str, HostAgent]]]:
-    """Every switch and host of ``topo`` in this process on in-memory links; use it inside
-    :func:`run_virtual_time`."""
-    net = MemoryNetwork()
-    drivers: dict[str, SwitchDriver] = {}
+) -> AsyncIterator[tuple[dict[str, EngineSwitch], dict[str, HostAgent]]]:
+    """Every switch and host of ``topo`` in this process, as nodes of one event engine
+    (:mod:`rocev2_emu.runtime.engine`); use it inside :func:`run_virtual_time`."""
+    engine = Engine()
+    clock = DilatedClock(1.0)
+    switches: dict[str, EngineSwitch] = {}
     agents: dict[str, HostAgent] = {}
+    nodes: dict[str, Node] = {}
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         for sw in topo.switches:
-            port = net.port((sw.address, LINK_UDP_PORT))
-            drivers[sw.name] = switch_driver(topo, sw.name, port, DilatedClock(1.0))
-            await nursery.start(drivers[sw.name].run)
+            core = SwitchCore(topo.switch_config(sw.name))
+            switches[sw.name] = EngineSwitch(core, engine, clock, (sw.address, LINK_UDP_PORT))
+            nodes[sw.name] = switches[sw.name].node
         for h in topo.hosts:
             cfg = host_config(topo, h.name, 1.0, None, seeded=True)
-            assert cfg.link_peer is not None
-            port = net.port((h.address, LINK_UDP_PORT), cfg.link_peer)
-            ctx = await stack.enter_async_context(Context.open(cfg, port=port))
+            ctx = await stack.enter_async_context(Context.open(cfg, engine=engine))
             agents[h.name] = host_agent(topo, ctx, h.name)
+            assert isinstance(ctx.driver, EngineNic)
+            nodes[h.name] = ctx.driver.node
+        for link in topo.links:
+            faults = link_faults(topo, link)
+            ends = [
+                next(i for i, (lk, _) in enumerate(topo.nodes[end].ports) if lk is link)
+                for end in (link.a, link.b)
+            ]
+            engine.connect(nodes[link.a], ends[0], nodes[link.b], ends[1], (faults, faults))
+        await nursery.start(engine.run)
         try:
-            yield drivers, agents
+            yield switches, agents
         finally:
             nursery.cancel_scope.cancel()
 

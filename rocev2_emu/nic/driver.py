@@ -1,8 +1,10 @@
-"""The NIC's trio driver: the one pump loop (:mod:`rocev2_emu.runtime.pump`) around the NIC core.
+"""The NIC's drivers: the one pump loop (:mod:`rocev2_emu.runtime.pump`) around the NIC core on
+a port (:class:`NicDriver`), or a node of the virtual-time event engine
+(:mod:`rocev2_emu.runtime.engine`, :class:`EngineNic`).
 
-Besides pumping, it wakes the tasks that wait on the NIC: completion-queue waiters when their
+Either way the driver wakes the tasks that wait on the NIC: completion-queue waiters when their
 queue grew, receive waiters when datagrams arrived; and a verbs call that changed the core
-(a post, a modify) kicks the loop so it runs at once.
+(a post, a modify) kicks it so it runs at once.
 """
 
 from __future__ import annotations
@@ -13,13 +15,47 @@ import trio
 
 from rocev2_emu.nic.core import NicCore
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Datagram, Engine, Node
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
-from rocev2_emu.runtime.ports import DatagramPort
-from rocev2_emu.runtime.pump import Datagram, Pump
+from rocev2_emu.runtime.ports import DatagramPort, PortInfo
+from rocev2_emu.runtime.pump import Pump
 from rocev2_emu.wire.pcap import PcapWriter
 
 
-class NicDriver(Pump):
+def _due(core: NicCore, now: float) -> Iterator[tuple[int, Datagram]]:
+    next_datagram = core.next_datagram
+    while (datagram := next_datagram(now)) is not None:
+        yield 0, datagram
+
+
+class _Waiters:
+    """Parking lots of the tasks waiting on one NIC core."""
+
+    core: NicCore
+
+    def _init_waiters(self) -> None:
+        self.rx_lot = trio.lowlevel.ParkingLot()
+        self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
+        self._cq_seen: dict[int, int] = {}
+
+    def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
+        return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
+
+    def wake_waiters(self, received: int) -> bool:
+        """After the core ran: wake whoever waits on a queue that grew (True if anyone)."""
+        woke = False
+        for cq in self.core.cqs:
+            if self._cq_seen.get(cq.handle) != cq.pushed:
+                self._cq_seen[cq.handle] = cq.pushed
+                lot = self.cq_lots.get(cq.handle)
+                if lot is not None and lot.unpark_all():
+                    woke = True
+        if received and self.rx_lot.unpark_all():
+            woke = True
+        return woke
+
+
+class NicDriver(Pump, _Waiters):
     def __init__(
         self,
         core: NicCore,
@@ -41,9 +77,7 @@ class NicDriver(Pump):
             pcap=pcap,
         )
         self.core = core
-        self.rx_lot = trio.lowlevel.ParkingLot()
-        self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
-        self._cq_seen: dict[int, int] = {}
+        self._init_waiters()
 
     @property
     def link(self) -> FaultyLink | None:
@@ -55,20 +89,49 @@ class NicDriver(Pump):
         self.set_link_faults(0, faults)
         self.kick()
 
-    def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
-        return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
-
     def _due(self, now: float) -> Iterator[tuple[int, Datagram]]:
-        next_datagram = self.core.next_datagram
-        while (datagram := next_datagram(now)) is not None:
-            yield 0, datagram
+        return _due(self.core, now)
 
     def after_round(self, received: int) -> None:
-        for cq in self.core.cqs:
-            if self._cq_seen.get(cq.handle) != cq.pushed:
-                self._cq_seen[cq.handle] = cq.pushed
-                lot = self.cq_lots.get(cq.handle)
-                if lot is not None:
-                    lot.unpark_all()
-        if received:
-            self.rx_lot.unpark_all()
+        self.wake_waiters(received)
+
+
+class EngineNic(_Waiters):
+    """The NIC core as a node of the virtual-time engine: no task of its own."""
+
+    def __init__(self, core: NicCore, engine: Engine, clock: DilatedClock, port: PortInfo) -> None:
+        self.core = core
+        self.engine = engine
+        self.clock = clock
+        self.port = port
+        self.late_wakeups = 0  # the engine is never late: it stops time instead
+        self.node = engine.add(
+            Node(
+                f"NIC {core.config.ip}",
+                receive=lambda _port, data, now: core.receive_datagram(data, now),
+                transmit=lambda now: _due(core, now),
+                get_timer=core.get_timer,
+                handle_timer=core.handle_timer,
+                after=self.wake_waiters,
+            )
+        )
+        self._init_waiters()
+
+    @property
+    def wakeups(self) -> int:
+        return self.node.services
+
+    @property
+    def link(self) -> FaultyLink | None:
+        """The fault state of the link out of this NIC (None while it has only its delay)."""
+        wire = self.node.wires[0] if self.node.wires else None
+        return None if wire is None else wire.faulty
+
+    def set_faults(self, faults: LinkFaults) -> None:
+        wire = self.node.wires[0] if self.node.wires else None
+        if wire is not None:
+            wire.set_faults(faults)
+        self.kick()
+
+    def kick(self) -> None:
+        self.engine.kick(self.node)

@@ -19,7 +19,7 @@ from rocev2_emu.cc import Dcqcn
 from rocev2_emu.runtime.metrics import pump_metrics
 
 if TYPE_CHECKING:
-    from rocev2_emu.nic.driver import NicDriver
+    from rocev2_emu.nic.driver import EngineNic, NicDriver
 
 HELP = {
     "tx_packets": "Ethernet frames sent by the NIC port",
@@ -55,7 +55,7 @@ HELP = {
 
 
 class NicCollector(Collector):
-    def __init__(self, driver: NicDriver, node: str) -> None:
+    def __init__(self, driver: NicDriver | EngineNic, node: str) -> None:
         self.driver = driver
         self.node = node
 
@@ -125,7 +125,7 @@ class NicCollector(Collector):
         yield qps
 
 
-def nic_registry(driver: NicDriver, node: str) -> CollectorRegistry:
+def nic_registry(driver: NicDriver | EngineNic, node: str) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(NicCollector(driver, node))
     return registry

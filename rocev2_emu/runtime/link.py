@@ -61,8 +61,15 @@ class FaultyLink:
         """New fault settings at run time; frames already held keep their release times."""
         self.faults = faults
 
-    def submit(self, datagram: bytes | bytearray, now: float) -> list[bytes | bytearray]:
-        """Datagrams to send right away; the rest are held until :meth:`due`."""
+    @property
+    def delay_only(self) -> bool:
+        """Every frame arrives, once, intact, in order, after the fixed delay."""
+        f = self.faults
+        return not (f.loss or f.duplicate or f.reorder or f.corrupt or f.jitter)
+
+    def fates(self, datagram: bytes | bytearray, now: float) -> list[tuple[float, bytes]]:
+        """What becomes of one datagram sent at ``now``: (arrival time, datagram) for each copy
+        that arrives (none when lost, two when duplicated, a flipped bit when corrupted)."""
         f = self.faults
         rng = self._rng
         if f.loss and rng.random() < f.loss:
@@ -77,17 +84,25 @@ class FaultyLink:
             datagram = bytearray(datagram)
             bit = rng.randrange((len(datagram) - VXLAN_LEN) * 8)
             datagram[VXLAN_LEN + bit // 8] ^= 1 << (bit % 8)
-        out: list[bytes | bytearray] = []
+        out: list[tuple[float, bytes]] = []
+        data = bytes(datagram)
         for _ in range(copies):
             delay = f.delay + (rng.random() * f.jitter if f.jitter else 0.0)
             if f.reorder and rng.random() < f.reorder:
                 self.reordered += 1
                 delay += f.reorder_hold
-            if delay > 0:
+            out.append((now + delay, data))
+        return out
+
+    def submit(self, datagram: bytes | bytearray, now: float) -> list[bytes | bytearray]:
+        """Datagrams to send right away; the rest are held until :meth:`due`."""
+        out: list[bytes | bytearray] = []
+        for at, data in self.fates(datagram, now):
+            if at > now:
                 self._seq += 1
-                heapq.heappush(self._held, (now + delay, self._seq, bytes(datagram)))
+                heapq.heappush(self._held, (at, self._seq, data))
             else:
-                out.append(datagram)
+                out.append(data)
         return out
 
     def due(self, now: float) -> list[bytes]:

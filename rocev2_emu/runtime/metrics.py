@@ -10,15 +10,30 @@ families; both read plain counters at scrape time, so the data path pays nothing
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.control import REJECTED
-from rocev2_emu.runtime.pump import Pump
+from rocev2_emu.runtime.ports import PortInfo
 
 
-def pump_metrics(pump: Pump, node: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+class Driven(Protocol):
+    """A core's driver as the metrics see it: a pump, or a node of the virtual-time engine."""
+
+    @property
+    def port(self) -> PortInfo: ...
+
+    @property
+    def clock(self) -> DilatedClock: ...
+
+    @property
+    def late_wakeups(self) -> int: ...
+
+
+def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     """The per-process families of one node (label ``node``)."""
     late = CounterMetricFamily(
         "rocev2_emulation_late_wakeups",

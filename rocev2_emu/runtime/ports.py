@@ -19,9 +19,18 @@ RECV_BUFFER: Final = 65536
 SOCKET_BUFFER: Final = 8 << 20
 
 
-class DatagramPort(Protocol):
+class PortInfo(Protocol):
+    """What a NIC's owner reads of its port: its addresses and its drops."""
+
     peer: tuple[str, int] | None
     address: tuple[str, int]
+
+    def kernel_drops(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class DatagramPort(PortInfo, Protocol):
     tx_errors: int
 
     def recv(self) -> memoryview | bytes | None: ...
@@ -32,13 +41,9 @@ class DatagramPort(Protocol):
 
     def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool: ...
 
-    def kernel_drops(self) -> int: ...
-
     async def wait_readable(self) -> None: ...
 
     async def wait_writable(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def kernel_drops(sock: socket.socket) -> int | None:
@@ -207,3 +212,18 @@ class MemoryPort:
 
     def close(self) -> None:
         self.net.ports.pop(self.address, None)
+
+
+class EnginePort:
+    """A node's address in virtual time, where the event engine (not a port) carries frames:
+    nothing queues here, so nothing can be dropped here."""
+
+    def __init__(self, address: tuple[str, int], peer: tuple[str, int] | None) -> None:
+        self.address = address
+        self.peer = peer
+
+    def kernel_drops(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release: the engine owns the links."""

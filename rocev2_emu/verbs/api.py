@@ -2,7 +2,9 @@
 
 A :class:`Context` is an open software NIC: the sans-IO :class:`~rocev2_emu.nic.NicCore`, its
 UDP (or in-memory) port, and the trio driver task that pumps it, all owned by the context's
-nursery.  Every verbs call is synchronous and cheap, as in libibverbs; only completion polling
+nursery; or, in virtual time, a node of the fabric's event engine
+(:mod:`rocev2_emu.runtime.engine`), which carries its frames with no task of its own.  Every
+verbs call is synchronous and cheap, as in libibverbs; only completion polling
 awaits, and always with a deadline (emulated seconds)::
 
     async with Context.open(DeviceConfig(bind="127.0.0.2")) as ctx:
@@ -28,11 +30,12 @@ import trio
 
 from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.nic.core import NicConfig, NicCore
-from rocev2_emu.nic.driver import NicDriver
+from rocev2_emu.nic.driver import EngineNic, NicDriver
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine
 from rocev2_emu.runtime.link import LinkFaults
-from rocev2_emu.runtime.ports import DatagramPort, UdpPort
+from rocev2_emu.runtime.ports import DatagramPort, EnginePort, PortInfo, UdpPort
 from rocev2_emu.runtime.pump import CATCHUP_WALL_SECONDS
 from rocev2_emu.transport.errors import LocalVerbsError, RemoteVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion
@@ -87,7 +90,7 @@ class Context:
     """An open NIC.  Use :meth:`open`; everything lives until the ``async with`` ends."""
 
     def __init__(
-        self, core: NicCore, driver: NicDriver, clock: DilatedClock, port: DatagramPort
+        self, core: NicCore, driver: NicDriver | EngineNic, clock: DilatedClock, port: PortInfo
     ) -> None:
         self.core = core
         self.driver = driver
@@ -97,8 +100,14 @@ class Context:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, config: DeviceConfig, *, port: DatagramPort | None = None
+        cls,
+        config: DeviceConfig,
+        *,
+        port: DatagramPort | None = None,
+        engine: Engine | None = None,
     ) -> AsyncIterator[Context]:
+        """``port``: the datagram port to pump (default: a UDP socket on ``config.bind``);
+        ``engine``: instead, a node of this virtual-time engine (the caller connects it)."""
         clock = DilatedClock(config.tdf, epoch=config.epoch)
         gid = config.gid or default_gid(config.bind)
         core = NicCore(
@@ -121,6 +130,10 @@ class Context:
             ),
             rng=None if config.seed is None else random.Random(config.seed),
         )
+        if engine is not None:
+            info = EnginePort((config.bind, config.port), config.link_peer)
+            yield cls(core, EngineNic(core, engine, clock, info), clock, info)
+            return
         if port is None:
             port = UdpPort((config.bind, config.port), config.link_peer)
         pcap = PcapWriter(config.pcap) if config.pcap else None
