@@ -12,6 +12,7 @@ Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clo
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -104,6 +105,12 @@ class NicCore:
         self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes | bytearray] = deque()
         self._peer_ip: dict[int, int] = {}  # QPN -> its peer's address (the path's source IP)
+        # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
+        # every QP: a heap of (deadline, QPN) with stale entries skipped, refreshed for the QPs
+        # an operation touched
+        self._timers: list[tuple[float, int]] = []
+        self._timer_of: dict[int, float] = {}  # QPN -> its live deadline in the heap
+        self._touched: dict[int, QueuePair] = {}  # QPs whose deadline may have moved
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -153,6 +160,8 @@ class NicCore:
         if self.qps.get(qp.qpn) is not qp:
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
+        self._timer_of.pop(qp.qpn, None)
+        self._touched.pop(qp.qpn, None)
         self._peer_ip.pop(qp.qpn, None)
         self._active[qp.priority].pop(qp.qpn, None)
         self._templates.pop(qp.qpn, None)
@@ -180,6 +189,7 @@ class NicCore:
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
             self._active[qp.priority][qp.qpn] = qp
+        self._touched[qp.qpn] = qp
 
     def dscp_of(self, qp: QueuePair) -> int:
         return self.config.dscp if qp.traffic_class is None else qp.traffic_class
@@ -191,6 +201,7 @@ class NicCore:
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
         self._active[qp.priority][qp.qpn] = qp
+        self._touched[qp.qpn] = qp
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
         qp.post_recv(wr)
@@ -244,6 +255,7 @@ class NicCore:
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
+                self._touched[target.qpn] = target
             else:
                 c.rp_cnp_ignored += 1
             return
@@ -269,7 +281,9 @@ class NicCore:
         if frame.pkey & 0x7FFF != 0x7FFF:
             c.rx_drops["bad_pkey"] += 1
             return
-        if not qp.receive(frame, now):
+        accepted = qp.receive(frame, now)
+        self._touched[qp.qpn] = qp
+        if not accepted:
             c.rx_drops["qp_state"] += 1
             return
         self._active[qp.priority][qp.qpn] = qp
@@ -337,6 +351,7 @@ class NicCore:
                         active[qpn] = qp
                     continue
                 pkt = qp.next_packet(now)
+                self._touched[qpn] = qp
                 if pkt is None:
                     del active[qpn]
                     continue
@@ -388,7 +403,9 @@ class NicCore:
 
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
-        times = [t for qp in self.qps.values() if (t := qp.get_timer()) is not None]
+        times = []
+        if (t := self._next_qp_timer()) is not None:
+            times.append(t)
         if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
             times.append(t)
         waiting = [self._earliest(p) for p in self._prio_order if self._active[p]]
@@ -398,6 +415,30 @@ class NicCore:
                 t = max(t, min(waiting))  # the earliest priority that may send
             times.append(t)
         return min(times) if times else None
+
+    def _refresh_timers(self) -> None:
+        """Re-read the deadlines of the QPs touched since the last look."""
+        heap, timer_of, qps = self._timers, self._timer_of, self.qps
+        for qpn, qp in self._touched.items():
+            if qps.get(qpn) is not qp:
+                continue
+            t = qp.get_timer()
+            if t is None:
+                timer_of.pop(qpn, None)
+            elif timer_of.get(qpn) != t:
+                timer_of[qpn] = t
+                heapq.heappush(heap, (t, qpn))
+        self._touched.clear()
+
+    def _next_qp_timer(self) -> float | None:
+        self._refresh_timers()
+        heap, timer_of = self._timers, self._timer_of
+        while heap:
+            t, qpn = heap[0]
+            if timer_of.get(qpn) == t:
+                return t
+            heapq.heappop(heap)  # the QP moved its deadline (or is gone)
+        return None
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
@@ -410,8 +451,14 @@ class NicCore:
             for datagram in self.ingress.due(now):
                 self._receive(datagram, now)
             self._edge_pfc(now)
-        for qp in self.qps.values():
-            t = qp.get_timer()
-            if t is not None and t <= now:
-                qp.handle_timer(now)
-                self._active[qp.priority][qp.qpn] = qp
+        self._refresh_timers()
+        heap, timer_of = self._timers, self._timer_of
+        while heap and heap[0][0] <= now:
+            t, qpn = heapq.heappop(heap)
+            if timer_of.get(qpn) != t:
+                continue
+            del timer_of[qpn]
+            qp = self.qps[qpn]
+            qp.handle_timer(now)
+            self._touched[qpn] = qp
+            self._active[qp.priority][qpn] = qp

@@ -328,8 +328,10 @@ class Requester:
 
     # -- timers ----------------------------------------------------------------------------
     def get_timer(self) -> float | None:
-        times = [t for t in (self.ack_deadline, self.rnr_until) if t is not None]
-        return min(times) if times else None
+        ack, rnr = self.ack_deadline, self.rnr_until
+        if ack is None:
+            return rnr
+        return ack if rnr is None or ack < rnr else rnr
 
     def handle_timer(self, now: float) -> None:
         if self.rnr_until is not None and now >= self.rnr_until:
