@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from collectives import bench, ops
+from collectives import bench, ops, virtual_bench
 from collectives.job import run_virtual
 from collectives.launch import run_attached, run_local
 from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
@@ -188,7 +188,28 @@ def _run_bench(which: str, args: argparse.Namespace) -> int:
     return main(which, BenchOptions.from_args(args))
 
 
+def _virtual_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cases",
+        type=lambda s: [c for c in s.split(",") if c],
+        default=list(virtual_bench.CASES),
+        help="bench virtual: comma-separated cases "
+        f"({', '.join(virtual_bench.CASES)}; default all)",
+    )
+
+
+def _run_virtual_bench(which: str, args: argparse.Namespace) -> int:
+    unknown = sorted(set(args.cases) - set(virtual_bench.CASES))
+    if unknown:
+        raise ValueError(
+            f"unknown bench virtual cases {unknown} (known: {list(virtual_bench.CASES)})"
+        )
+    return virtual_bench.main(args.cases)
+
+
 def register() -> None:
-    """Add the collective benchmarks to ``rocev2-emu bench`` and make the all-reduce the demo."""
+    """Add the collective benchmarks and ``bench virtual`` to ``rocev2-emu bench`` and make the
+    all-reduce the demo."""
     register_bench(COLLECTIVE_BENCHES, BenchKind(_run_bench, add_arguments))
+    register_bench(["virtual"], BenchKind(_run_virtual_bench, _virtual_arguments))
     set_demo(demo)

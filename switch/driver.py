@@ -72,9 +72,10 @@ class EngineSwitch:
         self, core: SwitchCore, engine: Engine, clock: DilatedClock, address: tuple[str, int]
     ) -> None:
         self.core = core
+        self.engine = engine
         self.clock = clock
         self.port = EnginePort(address, None)
-        core.catchup = CATCHUP_WALL_SECONDS / clock.tdf  # as the pump's, so both modes agree
+        core.catchup = 0.0  # the engine is never late, so no frame may leave "in the past"
         self.late_wakeups = 0  # the engine is never late: it stops time instead
         self.unknown_vni = 0
         self.node = engine.add(

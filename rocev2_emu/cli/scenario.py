@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from rocev2_emu.cli.args import positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
@@ -19,10 +20,27 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
     )
+    scale = p.add_argument_group("scale (incast)")
+    scale.add_argument("--senders", type=positive_int, help="senders (default 8; processes: 4)")
+    scale.add_argument("--size", type=positive_int, help="bytes per sender (default 4 MiB)")
+    scale.add_argument(
+        "--topology",
+        help="topology file to run on (its first N hosts send to its last), e.g. from "
+        "'rocev2-emu topology fat-tree -k 16'; default: one switch",
+    )
+    scale.add_argument(
+        "--settings",
+        type=lambda s: tuple(x for x in s.split(",") if x),
+        help="comma-separated settings to run (incast: lossy,pfc,pfc+dcqcn,pfc+pacing; "
+        "default all)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
-    return harness.main(args.name, seed=args.seed, out=args.out, virtual=args.virtual, tdf=args.tdf)
+    scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings")}
+    return harness.main(
+        args.name, seed=args.seed, out=args.out, virtual=args.virtual, tdf=args.tdf, scale=scale
+    )
 
 
 register(

@@ -35,24 +35,26 @@ from rocev2_emu.fabric.supervisor import run_flow_job
 from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
+from rocev2_emu.fabric.virtual import delivered, run_virtual_time, show_progress, virtual_fabric
 
 G = 1e9
 
 
 async def _run(
-    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int] | str, dt: float, setting: str
 ) -> Run:
     run = Run(setting, [])
+    at = host_port(topo, watch) if isinstance(watch, str) else watch
     async with virtual_fabric(topo) as (drivers, agents):
+        show_progress(drivers, delivered(agents, flows))
         t0 = next(iter(agents.values())).ctx.now() + 1e-6
         done = trio.Event()
 
         async def sample() -> None:
             last = {f.id: 0 for f in flows}
-            driver = drivers[watch[0]]
+            driver = drivers[at[0]]
             sw = driver.core
-            port = sw.ports[watch[1]]
+            port = sw.ports[at[1]]
             while not done.is_set():
                 await trio.sleep(dt)
                 now = driver.clock.now()
@@ -79,7 +81,7 @@ async def _run(
 
 
 def run_sampled(
-    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int], dt: float, setting: str
+    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int] | str, dt: float, setting: str
 ) -> Run:
     """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``."""
     return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting)
@@ -96,13 +98,14 @@ def topology_data(text: str, seed: int, **sections: dict[str, Any]) -> dict[str,
 def fabric_run(
     data: dict[str, Any],
     flows: list[FlowSpec],
-    watch: tuple[str, int],
+    watch: tuple[str, int] | str,
     dt: float,
     setting: str,
     mode: Mode,
 ) -> Run:
     """Run ``flows`` on the topology ``data``: in virtual time with sampled series, or as one
-    process per node at ``mode.tdf`` (flow results and counters only)."""
+    process per node at ``mode.tdf`` (flow results and counters only).  ``watch``: the
+    (switch, port) to sample, or a host: the switch port facing it."""
     if mode.virtual:
         return run_sampled(parse(data, "<scenario>"), flows, watch, dt, setting)
     data = {**data, "fabric": {**data["fabric"], "tdf": mode.tdf}}
@@ -115,8 +118,16 @@ def fabric_run(
 
 @dataclass(slots=True, frozen=True)
 class Mode:
+    """How a scenario runs: in virtual time or with processes at ``tdf``; and, for scenarios
+    that take them (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow
+    (``size``), a ``topology`` file to run on, and which ``settings`` to run."""
+
     virtual: bool = True
     tdf: float = 1000.0
+    senders: int | None = None
+    size: int | None = None
+    topology: str | None = None
+    settings: tuple[str, ...] | None = None
 
 
 def settings(
@@ -194,13 +205,16 @@ class Scenario:
     run: Callable[[int, Mode], Outcome]
     virtual_only: bool = False
     units: str = "; rates in emulated Gbit/s"
+    takes: frozenset[str] = frozenset()  # the Mode fields of scale it accepts
 
 
 SCENARIOS: dict[str, Scenario] = {}
 
 
 def fabric_scenario(
-    name: str, experiment: Callable[[int, Mode], tuple[list[Run], list[str], bool]]
+    name: str,
+    experiment: Callable[[int, Mode], tuple[list[Run], list[str], bool]],
+    takes: frozenset[str] = frozenset(),
 ) -> Scenario:
     """A scenario of fabric runs: their JSON, report and verdict, and the plot of the runs that
     kept time series (virtual ones; runs with processes keep none)."""
@@ -216,7 +230,17 @@ def fabric_scenario(
             "matplotlib absent" if series else "processes keep no time series",
         )
 
-    return Scenario(name, run)
+    return Scenario(name, run, takes=takes)
+
+
+SCALE_FLAGS = {"senders": "--senders", "size": "--size", "topology": "--topology"}
+
+
+def host_port(topo: Topology, host: str) -> tuple[str, int]:
+    """The switch port that faces ``host`` (where its incoming traffic queues)."""
+    link, switch = topo.host_link(host)
+    index = next(i for i, (lk, _) in enumerate(topo.nodes[switch.name].ports) if lk is link)
+    return switch.name, index
 
 
 def register(scenario: Scenario) -> Scenario:
@@ -224,7 +248,17 @@ def register(scenario: Scenario) -> Scenario:
     return scenario
 
 
-def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1000.0) -> int:
+def main(
+    name: str,
+    *,
+    seed: int,
+    out: str | None,
+    virtual: bool,
+    tdf: float = 1000.0,
+    scale: dict[str, Any] | None = None,
+) -> int:
+    """Run scenario ``name``; ``scale``: the Mode fields of scale given (senders, size,
+    topology, settings), each refused by a scenario that does not take it."""
     scenario = SCENARIOS.get(name)
     if scenario is None:
         print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
@@ -232,9 +266,15 @@ def main(name: str, *, seed: int, out: str | None, virtual: bool, tdf: float = 1
     if scenario.virtual_only and not virtual:
         print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
         return 2
+    given = {k: v for k, v in (scale or {}).items() if v is not None}
+    refused = sorted(set(given) - scenario.takes)
+    if refused:
+        flags = ", ".join(SCALE_FLAGS.get(k, "--" + k) for k in refused)
+        print(f"scenario {name} takes no {flags}", file=sys.stderr)
+        return 2
     where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    outcome = scenario.run(seed, Mode(virtual, tdf))
+    outcome = scenario.run(seed, Mode(virtual, tdf, **given))
     for line in outcome.lines:
         print(line)
     out_dir = Path(out or ".")

@@ -1,11 +1,20 @@
 """``incast``: N -> 1 (N = 8) with no PFC and no DCQCN (drops, retransmissions), PFC only (no
 loss, pauses), PFC + DCQCN (CNPs, fewer pauses), and PFC with every sender's NIC pacing at C/N
 (no pause at all), with flow completion times p50 / p99.
+
+At scale: ``--senders N`` (and ``--size`` bytes per sender) on the scenario's one switch, or on
+a ``--topology`` file (its first N hosts into its last: ``rocev2-emu topology fat-tree -k 16``
+gives the seed's 1023 -> 1), and ``--settings`` to run some of the four; the checks are those
+of the settings that ran.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+import tomllib
+from pathlib import Path
+from typing import Final
 
 from rocev2_emu.experiments.harness import (
     G,
@@ -21,29 +30,77 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.stats import percentile
 
+SETTINGS: Final = {  # name: (PFC, DCQCN, NIC pacing: each sender at C/N)
+    "lossy": (False, False, False),
+    "pfc": (True, False, False),
+    "pfc+dcqcn": (True, True, False),
+    "pfc+pacing": (True, False, True),  # the seed's NIC pacing: each at C/N
+}
 
-def incast(
-    seed: int, n: int = 8, size: int = 4 << 20, mode: Mode = Mode()
-) -> tuple[list[Run], list[str], bool]:
-    if not mode.virtual:
-        n, size = min(n, 4), min(size, 1 << 20)
-    flows = [FlowSpec(i, f"h{i}", f"h{n}", size) for i in range(n)]
-    runs, lines, ok = [], [], True
-    for setting, pfc, dcqcn, pacing in (
-        ("lossy", False, False, 0.0),
-        ("pfc", True, False, 0.0),
-        ("pfc+dcqcn", True, True, 0.0),
-        ("pfc+pacing", True, False, 100.0 / n),  # the seed's NIC pacing: each at C/N
-    ):
+
+def incast_fabric(mode: Mode, senders: int) -> tuple[str, list[str], str]:
+    """The topology text, the senders and the receiver: the scenario's one switch with
+    ``senders + 1`` hosts, or ``mode.topology``'s first ``senders`` hosts into its last."""
+    if mode.topology is None:
+        return single_switch(senders + 1), [f"h{i}" for i in range(senders)], f"h{senders}"
+    text = Path(mode.topology).read_text()
+    hosts = [h["name"] for h in tomllib.loads(text).get("host", [])]
+    if len(hosts) < senders + 1:
+        raise ValueError(
+            f"{mode.topology}: {len(hosts)} hosts, too few for {senders} senders and a receiver"
+        )
+    return text, hosts[:senders], hosts[-1]
+
+
+def buffer_bytes(text: str) -> int:
+    """2 MiB per switch, or more where a switch has many ports: each port takes 96 KiB of PFC
+    headroom and 32 KiB of reserve, and the shared pool keeps at least 32 KiB a port."""
+    ports: dict[str, int] = {}
+    for link in tomllib.loads(text).get("link", []):
+        for end in (link["a"], link["b"]):
+            ports[end] = ports.get(end, 0) + 1
+    return max(2 << 20, max(ports.values(), default=0) * 160 * 1024)
+
+
+def qp_timeout(senders: int, size: int) -> int:
+    """The QPs' ACK timeout exponent (4.096 us x 2^t): 10 for the canonical 8 senders, where
+    it lets the lossy run recover quickly; at scale it must outlast twice the incast's own
+    drain time (N x size / C), or every sender times out while it waits its turn."""
+    drain = senders * size * 8 / (100 * G)
+    if senders <= 8:
+        return 10
+    return max(10, min(31, math.ceil(math.log2(2 * drain / 4.096e-6))))
+
+
+def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
+    n = mode.senders or (8 if mode.virtual else 4)
+    size = mode.size or (4 << 20 if mode.virtual else 1 << 20)
+    if n < 1 or size < 1:
+        raise ValueError(f"an incast needs --senders >= 1 and --size >= 1 (got {n}, {size})")
+    chosen = mode.settings or tuple(SETTINGS)
+    unknown = sorted(set(chosen) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown incast settings {unknown} (known: {', '.join(SETTINGS)})")
+    text, senders, receiver = incast_fabric(mode, n)
+    flows = [FlowSpec(i, src, receiver, size) for i, src in enumerate(senders)]
+    runs: dict[str, Run] = {}
+    lines: list[str] = []
+    ok = True
+    for setting in (s for s in SETTINGS if s in chosen):
+        pfc, dcqcn, pacing = SETTINGS[setting]
         data = topology_data(
-            single_switch(n + 1),
+            text,
             seed,
             **settings(pfc, dcqcn, dcqcn),
-            buffer={"size_bytes": 2 << 20, "headroom_bytes": 96 * 1024},
-            transport={"qp_timeout": 10, "max_inflight": 256, "pacing_gbps": pacing},
+            buffer={"size_bytes": buffer_bytes(text), "headroom_bytes": 96 * 1024},
+            transport={
+                "qp_timeout": qp_timeout(n, size),
+                "max_inflight": 256,
+                "pacing_gbps": 100.0 / n if pacing else 0.0,
+            },
         )
-        run = fabric_run(data, flows, ("sw0", n), 20e-6, setting, mode)
-        runs.append(run)
+        run = fabric_run(data, flows, receiver, 20e-6, setting, mode)
+        runs[setting] = run
         fcts = sorted(r.fct for r in run.results if r.verified)
         fab = run.fabric
         drops = sum(fab["drops"].values())
@@ -55,34 +112,56 @@ def incast(
             f"{len(fcts) == n}"
         )
         ok = ok and len(fcts) == n
-    lossy, pfc_only, both, paced = (r.fabric for r in runs)
-    ideal = n * size * 8 / (100 * G)  # the receiver's link, full, for everything
-    slack = 0.1 if mode.virtual else 0.2  # headers take 2 %; processes add their jitter
-    checks = [
-        (
-            "without PFC the switch drops and go-back-N retransmits",
-            sum(lossy["drops"].values()) > 0 and lossy["retransmitted"] > 0,
-        ),
-        (
-            "with PFC nothing is lost and the switch pauses",
-            sum(pfc_only["drops"].values()) == 0 and pfc_only["pfc_tx"] > 0,
-        ),
-        (
-            "DCQCN sends CNPs and needs fewer pauses than PFC alone",
-            both["cnps_sent"] > 0 and both["pfc_tx"] < pfc_only["pfc_tx"],
-        ),
-        (
-            f"NIC pacing at C/N: no pause, no drop, the last flow within {slack:.0%} of the "
-            f"ideal {ideal * 1e6:.0f} us",
-            paced["pfc_tx"] == 0
-            and sum(paced["drops"].values()) == 0
-            and max(r.fct for r in runs[3].results) <= (1 + slack) * ideal,
-        ),
-    ]
-    check, good = check_lines(checks)
+    check, good = check_lines(_checks(runs, n, size, mode))
     lines += check
     ok = ok and good
-    return runs, lines, ok
+    return list(runs.values()), lines, ok
 
 
-SCENARIO = fabric_scenario("incast", lambda seed, mode: incast(seed, mode=mode))
+def _checks(runs: dict[str, Run], n: int, size: int, mode: Mode) -> list[tuple[str, bool]]:
+    """The field's known results, for the settings that ran."""
+    fab = {name: run.fabric for name, run in runs.items()}
+    checks = []
+    if "lossy" in fab:
+        lossy = fab["lossy"]
+        checks.append(
+            (
+                "without PFC the switch drops and go-back-N retransmits",
+                sum(lossy["drops"].values()) > 0 and lossy["retransmitted"] > 0,
+            )
+        )
+    if "pfc" in fab:
+        pfc_only = fab["pfc"]
+        checks.append(
+            (
+                "with PFC nothing is lost and the switch pauses",
+                sum(pfc_only["drops"].values()) == 0 and pfc_only["pfc_tx"] > 0,
+            )
+        )
+    if "pfc" in fab and "pfc+dcqcn" in fab:
+        both = fab["pfc+dcqcn"]
+        checks.append(
+            (
+                "DCQCN sends CNPs and needs fewer pauses than PFC alone",
+                both["cnps_sent"] > 0 and both["pfc_tx"] < fab["pfc"]["pfc_tx"],
+            )
+        )
+    if "pfc+pacing" in fab:
+        paced = fab["pfc+pacing"]
+        ideal = n * size * 8 / (100 * G)  # the receiver's link, full, for everything
+        slack = 0.1 if mode.virtual else 0.2  # headers take 2 %; processes add their jitter
+        checks.append(
+            (
+                f"NIC pacing at C/N: no pause, no drop, the last flow within {slack:.0%} of "
+                f"the ideal {ideal * 1e6:.0f} us",
+                paced["pfc_tx"] == 0
+                and sum(paced["drops"].values()) == 0
+                and max(r.fct for r in runs["pfc+pacing"].results) <= (1 + slack) * ideal,
+            )
+        )
+    return checks
+
+
+SCENARIO = fabric_scenario(
+    "incast", incast, takes=frozenset({"senders", "size", "topology", "settings"})
+)

@@ -55,11 +55,14 @@ def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
 
 
 def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent]) -> dict[str, Any]:
-    """The summary of an in-process fabric (virtual mode)."""
-    return merge_stats(
+    """The summary of an in-process fabric (virtual mode), with the engine's frame-hops (a
+    frame crossing one link is one hop)."""
+    stats = merge_stats(
         {name: switch_stats(d) for name, d in drivers.items()}
         | {name: host_stats(a.ctx) for name, a in agents.items()}
     )
+    stats["frame_hops"] = next(iter(drivers.values())).engine.hops if drivers else 0
+    return stats
 
 
 def report(

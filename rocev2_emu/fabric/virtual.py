@@ -25,6 +25,7 @@ from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import seed_trio_scheduler
 from rocev2_emu.runtime.engine import Engine, Node
+from rocev2_emu.runtime.progress import ProgressLine
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -46,6 +47,7 @@ async def virtual_fabric(
     """Every switch and host of ``topo`` in this process, as nodes of one event engine
     (:mod:`rocev2_emu.runtime.engine`); use it inside :func:`run_virtual_time`."""
     engine = Engine()
+    engine.progress = line = ProgressLine.on_terminal()
     clock = DilatedClock(1.0)
     switches: dict[str, EngineSwitch] = {}
     agents: dict[str, HostAgent] = {}
@@ -73,16 +75,48 @@ async def virtual_fabric(
             yield switches, agents
         finally:
             nursery.cancel_scope.cancel()
+            if line is not None:
+                line.close()
+
+
+def delivered(agents: dict[str, HostAgent], flows: list[FlowSpec]) -> Callable[[], float]:
+    """The fraction of the flows' bytes delivered so far (for the progress line's ETA)."""
+    total = sum(f.size for f in flows) or 1
+    done: dict[int, int] = {}  # a finished flow's inbound state is gone: keep its bytes
+
+    def fraction() -> float:
+        for f in flows:
+            got = agents[f.dst].received_bytes(f.id)
+            if got is not None:
+                done[f.id] = got
+        return sum(done.values()) / total
+
+    return fraction
+
+
+def show_progress(drivers: dict[str, EngineSwitch], fraction: Callable[[], float]) -> None:
+    """Give the run's progress line (if any) a way to tell how far along the run is."""
+    first = next(iter(drivers.values()), None)
+    if first is not None and isinstance(first.engine.progress, ProgressLine):
+        first.engine.progress.fraction = fraction
 
 
 async def _flows(topo: Topology, flows: list[FlowSpec]) -> tuple[list[FlowResult], dict[str, Any]]:
     async with virtual_fabric(topo) as (drivers, agents):
+        show_progress(drivers, delivered(agents, flows))
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
         results = await run_flows(agents, flows, t0)
         return results, fabric_stats(drivers, agents)
 
 
+def run_flows_virtual(
+    topo: Topology, flows: list[FlowSpec]
+) -> tuple[list[FlowResult], dict[str, Any]]:
+    """``flows`` on ``topo`` in virtual time: their results and the fabric's counters."""
+    return run_virtual_time(topo.seed, _flows, topo, flows)
+
+
 def run_virtual(topo: Topology, flows: list[FlowSpec]) -> int:
     """``rocev2-emu up --virtual``: the flows in virtual time, then the report."""
-    results, fabric = run_virtual_time(topo.seed, _flows, topo, flows)
-    return report(topo, 1.0, "virtual time (one process, in-memory links)", results, fabric)
+    results, fabric = run_flows_virtual(topo, flows)
+    return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

@@ -116,7 +116,8 @@ class Context:
                 next_hop_mac=config.next_hop_mac,
                 vni=config.vni,
                 link_bps=config.link_gbps * 1e9,
-                catchup=CATCHUP_WALL_SECONDS / config.tdf,
+                # a late pump may send "in the past"; the virtual-time engine is never late
+                catchup=0.0 if engine is not None else CATCHUP_WALL_SECONDS / config.tdf,
                 ingress=config.ingress,
                 rate_control="dcqcn"
                 if config.dcqcn is not None

@@ -8,26 +8,22 @@ from pathlib import Path
 import pytest
 
 from rocev2_emu.experiments import (
+    catalog,
     fairness,
     fluid_model,
     harness,
-    incast,
     pfc_unfairness,
     victim_flow,
 )
-from rocev2_emu.experiments.catalog import SCENARIOS
-from rocev2_emu.experiments.runs import runs_json
+from rocev2_emu.fabric.topogen import fat_tree
 
 
 def test_incast_scenario_checks_pass_and_results_are_written(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def small(seed: int, mode: harness.Mode) -> harness.Outcome:
-        runs, lines, ok = incast.incast(seed, n=4, size=2 << 20, mode=mode)
-        return harness.Outcome(runs_json(runs), lines, ok)
-
-    monkeypatch.setitem(SCENARIOS, "incast", harness.Scenario("incast", small))
-    assert harness.main("incast", seed=3, out=str(tmp_path), virtual=True) == 0
+    assert "incast" in catalog.SCENARIOS
+    scale = {"senders": 4, "size": 2 << 20}
+    assert harness.main("incast", seed=3, out=str(tmp_path), virtual=True, scale=scale) == 0
     out = capsys.readouterr().out
     assert out.count(": pass") == 4
     data = json.loads((tmp_path / "incast.json").read_text())
@@ -39,6 +35,42 @@ def test_incast_scenario_checks_pass_and_results_are_written(
     assert both["fabric"]["cnps_sent"] > 0
     assert all(r["verified"] for run in data["runs"] for r in run["results"])
     assert len(lossy["times"]) == len(lossy["queue"]) > 10  # the time series was sampled
+
+
+def test_incast_at_scale_on_a_fat_tree_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--senders``, ``--topology`` and ``--settings``: 15 -> 1 on a k = 4 fat-tree (its
+    first 15 hosts into its last), PFC alone and with DCQCN; the checks of those settings."""
+    topo = tmp_path / "ft4.toml"
+    topo.write_text(fat_tree(4))
+    scale = {
+        "senders": 15,
+        "size": 256 << 10,
+        "topology": str(topo),
+        "settings": ("pfc", "pfc+dcqcn"),
+    }
+    assert harness.main("incast", seed=2, out=str(tmp_path), virtual=True, scale=scale) == 0
+    out = capsys.readouterr().out
+    assert "lossy" not in out and out.count(": pass") == 2
+    data = json.loads((tmp_path / "incast.json").read_text())
+    pfc, both = data["runs"]
+    assert [r["dst"] for r in pfc["results"]] == ["h15"] * 15
+    assert sum(pfc["fabric"]["drops"].values()) == 0 and pfc["fabric"]["pfc_tx"] > 0
+    assert len(pfc["fabric"]["pfc_senders"]) >= 2  # the pauses spread past the edge switch
+    assert both["fabric"]["cnps_sent"] > 0
+
+
+def test_a_scenario_refuses_scale_it_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = harness.main("fairness", seed=1, out=str(tmp_path), virtual=True, scale={"senders": 3})
+    assert rc == 2
+    assert "scenario fairness takes no --senders" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown incast settings"):
+        harness.main(
+            "incast", seed=1, out=str(tmp_path), virtual=True, scale={"settings": ("nope",)}
+        )
 
 
 def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
