@@ -64,6 +64,17 @@ class SwitchDriver(Pump):
         self.core.receive(index, data, now)
 
 
+def switch_node(core: SwitchCore) -> Node:
+    """The switch core as an engine node: each frame straight to the port its link ends at."""
+    return Node(
+        f"switch {core.config.name}",
+        receive=core.receive,
+        transmit=core.transmit,
+        get_timer=core.get_timer,
+        handle_timer=core.handle_timer,
+    )
+
+
 class EngineSwitch:
     """The switch core as a node of the virtual-time engine: the engine delivers each frame to
     the port its link ends at, so there is no socket to demultiplex and no sender to check."""
@@ -78,15 +89,7 @@ class EngineSwitch:
         core.catchup = 0.0  # the engine is never late, so no frame may leave "in the past"
         self.late_wakeups = 0  # the engine is never late: it stops time instead
         self.unknown_vni = 0
-        self.node = engine.add(
-            Node(
-                f"switch {core.config.name}",
-                receive=core.receive,
-                transmit=core.transmit,
-                get_timer=core.get_timer,
-                handle_timer=core.handle_timer,
-            )
-        )
+        self.node = engine.add(switch_node(core))
 
     @property
     def wakeups(self) -> int:

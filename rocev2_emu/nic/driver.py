@@ -9,7 +9,7 @@ queue grew, receive waiters when datagrams arrived; and a verbs call that change
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -20,6 +20,18 @@ from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort, PortInfo
 from rocev2_emu.runtime.pump import Pump
 from rocev2_emu.wire.pcap import PcapWriter
+
+
+def nic_node(core: NicCore, after: Callable[[int], bool] | None = None) -> Node:
+    """The NIC core as an engine node: its one port is port 0."""
+    return Node(
+        f"NIC {core.config.ip}",
+        receive=lambda _port, data, now: core.receive_datagram(data, now),
+        transmit=lambda now: _due(core, now),
+        get_timer=core.get_timer,
+        handle_timer=core.handle_timer,
+        after=after,
+    )
 
 
 def _due(core: NicCore, now: float) -> Iterator[tuple[int, Datagram]]:
@@ -105,16 +117,7 @@ class EngineNic(_Waiters):
         self.clock = clock
         self.port = port
         self.late_wakeups = 0  # the engine is never late: it stops time instead
-        self.node = engine.add(
-            Node(
-                f"NIC {core.config.ip}",
-                receive=lambda _port, data, now: core.receive_datagram(data, now),
-                transmit=lambda now: _due(core, now),
-                get_timer=core.get_timer,
-                handle_timer=core.handle_timer,
-                after=self.wake_waiters,
-            )
-        )
+        self.node = engine.add(nic_node(core, self.wake_waiters))
         self._init_waiters()
 
     @property
@@ -125,7 +128,7 @@ class EngineNic(_Waiters):
     def link(self) -> FaultyLink | None:
         """The fault state of the link out of this NIC (None while it has only its delay)."""
         wire = self.node.wires[0] if self.node.wires else None
-        return None if wire is None else wire.faulty
+        return wire.faulty if wire is not None and isinstance(wire.faulty, FaultyLink) else None
 
     def set_faults(self, faults: LinkFaults) -> None:
         wire = self.node.wires[0] if self.node.wires else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 import trio.testing
@@ -37,6 +37,14 @@ class EngineError(RuntimeError):
     """The engine cannot go on (a core that keeps asking for the same instant)."""
 
 
+class LinkModel(Protocol):
+    """What becomes of a datagram sent into a link at ``now``: (arrival time, datagram) for
+    each copy that arrives.  :class:`~rocev2_emu.runtime.link.FaultyLink` is the product's;
+    test harnesses bring their own (a tamperer, a link that is down)."""
+
+    def fates(self, datagram: bytes, now: float) -> list[tuple[float, bytes]]: ...
+
+
 class Wire:
     """One direction of a link: where a port's frames go, after which delay and faults."""
 
@@ -46,7 +54,8 @@ class Wire:
         self.peer = peer
         self.peer_port = peer_port
         self.delay = 0.0
-        self.faulty: FaultyLink | None = None  # only while something besides delay is set
+        # only while something besides the delay is set (or a harness's own model)
+        self.faulty: LinkModel | None = None
         self.frames = 0  # frames that entered this wire: its frame-hops
         self._first = faults
         self.set_faults(faults)
@@ -57,7 +66,7 @@ class Wire:
         if faults is None:
             return
         self.delay = faults.delay
-        if self.faulty is not None:
+        if isinstance(self.faulty, FaultyLink):
             self.faulty.update(faults)
             return
         link = FaultyLink(self._first or faults)

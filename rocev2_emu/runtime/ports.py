@@ -149,7 +149,8 @@ class UdpPort:
 
 
 class MemoryNetwork:
-    """A lossless in-memory wire between MemoryPorts, for virtual-time runs and tests."""
+    """A lossless in-memory wire between MemoryPorts: the pump without sockets, for tests (the
+    virtual-time fabric runs on the event engine instead, :mod:`rocev2_emu.runtime.engine`)."""
 
     def __init__(self, queue_limit: int = 1 << 16) -> None:
         self.ports: dict[tuple[str, int], MemoryPort] = {}

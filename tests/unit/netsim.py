@@ -1,39 +1,54 @@
-"""A hand-stepped fabric for the sans-IO cores: NICs and switches from a topology file, links
-with their propagation delay, a seeded loss, and time advanced to the next event."""
+"""A hand-stepped fabric for the sans-IO cores: NICs and switches from a topology file on the
+product's event engine (:mod:`rocev2_emu.runtime.engine`), stepped by hand without trio;
+links with their propagation delay, a seeded loss, and links that can go down.
+
+Tests call the cores directly, so every step first services every node (a kick each), as a
+hand-stepped harness always did.
+"""
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Callable
 
 from rocev2_emu.fabric.topology import Link, Topology
 from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.driver import nic_node
 from rocev2_emu.nic.ingress import IngressConfig
+from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.wire.ethernet import ip_to_int
+from switch.driver import switch_node
 from switch.pipeline import SwitchCore
+
+
+class _SimLink:
+    """One direction of a link: its delay, a seeded loss, and whether it is down."""
+
+    def __init__(self, sim: NetSim, link: Link) -> None:
+        self.sim = sim
+        self.link = link
+
+    def fates(self, datagram: bytes, now: float) -> list[tuple[float, bytes]]:
+        sim, link = self.sim, self.link
+        if link.index in sim.down or (link.loss and sim.rng.random() < link.loss):
+            sim.lost += 1
+            return []
+        return [(now + link.delay, datagram)]
 
 
 class NetSim:
     def __init__(self, topo: Topology, *, seed: int = 0) -> None:
         self.topo = topo
-        self.now = 0.0
+        self.engine = Engine()
         self.rng = random.Random(seed)
-        self.heap: list[tuple[float, int, str, int, bytes]] = []
-        self._seq = 0
         self.nics: dict[str, NicCore] = {}
         self.switches: dict[str, SwitchCore] = {}
         self.lost = 0
-        # (node, port) -> (link, peer node, peer port)
-        self.wires: dict[tuple[str, int], tuple[Link, str, int]] = {}
-        for node in topo.nodes.values():
-            for port, (link, peer) in enumerate(node.ports):
-                peer_port = next(
-                    i for i, (lk, _) in enumerate(topo.nodes[peer].ports) if lk is link
-                )
-                self.wires[node.name, port] = (link, peer, peer_port)
+        self.down: set[int] = set()  # link indices that are down
+        nodes: dict[str, Node] = {}
         for sw in topo.switches:
             self.switches[sw.name] = SwitchCore(topo.switch_config(sw.name))
+            nodes[sw.name] = self.engine.add(switch_node(self.switches[sw.name]))
         for h in topo.hosts:
             link, leaf = topo.host_link(h.name)
             self.nics[h.name] = NicCore(
@@ -46,46 +61,30 @@ class NetSim:
                 ),
                 rng=random.Random(seed * 1000 + h.index),
             )
-        self.down: set[int] = set()  # link indices that are down
+            nodes[h.name] = self.engine.add(nic_node(self.nics[h.name]))
+        self.nodes = list(nodes.values())
+        for link in topo.links:
+            a, b = (self._port(end, link) for end in (link.a, link.b))
+            self.engine.connect(nodes[link.a], a, nodes[link.b], b, (None, None))
+            for end, port in ((link.a, a), (link.b, b)):
+                wire = nodes[end].wires[port]
+                assert wire is not None
+                wire.faulty = _SimLink(self, link)
 
-    def _send(self, node: str, port: int, data: bytes) -> None:
-        link, peer, peer_port = self.wires[node, port]
-        if link.index in self.down or (link.loss and self.rng.random() < link.loss):
-            self.lost += 1
-            return
-        self._seq += 1
-        heapq.heappush(self.heap, (self.now + link.delay, self._seq, peer, peer_port, data))
+    def _port(self, node: str, link: Link) -> int:
+        return next(i for i, (lk, _) in enumerate(self.topo.nodes[node].ports) if lk is link)
 
-    def _pump(self) -> None:
-        for name, nic in self.nics.items():
-            nic.handle_timer(self.now)
-            while (d := nic.next_datagram(self.now)) is not None:
-                self._send(name, 0, bytes(d))
-        for name, sw in self.switches.items():
-            sw.handle_timer(self.now)
-            for port, d in sw.transmit(self.now):
-                self._send(name, port, d)
+    @property
+    def now(self) -> float:
+        return self.engine.now
 
-    def _next_time(self) -> float | None:
-        times = [t for n in self.nics.values() if (t := n.get_timer()) is not None]
-        times += [t for s in self.switches.values() if (t := s.get_timer()) is not None]
-        if self.heap:
-            times.append(self.heap[0][0])
-        return min(times) if times else None
+    def _kick(self) -> None:
+        for node in self.nodes:  # the tests post on the cores directly
+            self.engine.kick(node)
 
     def step(self) -> bool:
-        self._pump()
-        t = self._next_time()
-        if t is None:
-            return False
-        self.now = max(self.now, t)
-        while self.heap and self.heap[0][0] <= self.now:
-            _, _, node, port, data = heapq.heappop(self.heap)
-            if node in self.nics:
-                self.nics[node].receive_datagram(data, self.now)
-            else:
-                self.switches[node].receive(port, data, self.now)
-        return True
+        self._kick()
+        return self.engine.step()
 
     def run(
         self, until: Callable[[], bool], max_time: float = 5.0, max_steps: int = 5_000_000
@@ -99,21 +98,15 @@ class NetSim:
             raise AssertionError(f"condition not met by t={self.now * 1e6:.1f} us")
 
     def advance_to(self, t: float) -> None:
-        while True:
-            self._pump()
-            nt = self._next_time()
-            if nt is None or nt > t:
-                self.now = max(self.now, t)
-                return
-            self.step()
+        self._kick()
+        self.engine.advance_to(t)
 
     def set_link(self, link: Link, up: bool) -> None:
         """Take a link down at both ends (switch ports lose their queues) or up again."""
         (self.down.discard if up else self.down.add)(link.index)
         for end in (link.a, link.b):
             if end in self.switches:
-                port = next(i for i, (lk, _) in enumerate(self.topo.nodes[end].ports) if lk is link)
-                self.switches[end].set_link(port, up, self.now)
+                self.switches[end].set_link(self._port(end, link), up, self.now)
         for name, sw in self.switches.items():  # the fabric's routing converges
             sw.set_routes(self.topo.routes_by_ip(name, frozenset(self.down)))
 

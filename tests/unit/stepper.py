@@ -1,17 +1,20 @@
-"""Hand-stepped two-NIC harness for the sans-IO core: a direct link with a fixed delay.
+"""Hand-stepped two-NIC harness for the sans-IO core: a direct link with a fixed delay, on the
+product's event engine (:mod:`rocev2_emu.runtime.engine`) stepped by hand, without trio.
 
 Time is advanced explicitly to the next event (a frame's arrival or a NIC timer), so every test
 is exact and independent of the machine.  ``tamper`` sees each datagram in flight and returns
 the datagrams to deliver instead (drop: ``[]``, duplicate: ``[d, d]``, corrupt: ``[d']``).
+Tests call the NIC cores directly, so every step first services both NICs (a kick each).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.driver import nic_node
+from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
@@ -45,6 +48,20 @@ class Endpoint:
         return self.cq.poll(1 << 20)
 
 
+class _TamperedLink:
+    """The link out of NIC ``index``: records what it sent, then ``tamper`` decides."""
+
+    def __init__(self, stepper: Stepper, index: int) -> None:
+        self.stepper = stepper
+        self.index = index
+
+    def fates(self, datagram: bytes, now: float) -> list[tuple[float, bytes]]:
+        st = self.stepper
+        st.sent[self.index].append(datagram)
+        out = st.tamper(self.index, datagram, now) if st.tamper else [datagram]
+        return [(now + st.delay, x) for x in out]
+
+
 class Stepper:
     def __init__(
         self,
@@ -60,12 +77,11 @@ class Stepper:
         tamper: Tamper | None = None,
         psn: tuple[int, int] | None = None,
     ) -> None:
-        self.now = 0.0
+        self.engine = Engine()
         self.delay = delay
         self.tamper = tamper
-        self.in_flight: list[tuple[float, int, int, bytes]] = []
-        self._seq = 0
         self.sent: list[list[bytes]] = [[], []]
+        self.nodes: list[Node] = []
         self.eps: list[Endpoint] = []
         for i in range(2):
             nic = NicCore(NicConfig(ip=f"10.0.0.{i + 1}", link_bps=link_bps))
@@ -73,6 +89,12 @@ class Stepper:
             cq = nic.create_cq(1 << 16)
             qp = nic.create_qp(pd, cq, cq)
             self.eps.append(Endpoint(nic, cq, qp, pd))
+            self.nodes.append(self.engine.add(nic_node(nic)))
+        self.engine.connect(self.nodes[0], 0, self.nodes[1], 0, (None, None))
+        for i, node in enumerate(self.nodes):
+            wire = node.wires[0]
+            assert wire is not None
+            wire.faulty = _TamperedLink(self, i)
         psns = psn or (self.eps[0].nic.random_psn(), self.eps[1].nic.random_psn())
         for i, ep in enumerate(self.eps):
             peer = self.eps[1 - i]
@@ -133,42 +155,23 @@ class Stepper:
         ep.mrs.append(mr)
         return mr
 
-    def _pump(self) -> None:
-        for i, ep in enumerate(self.eps):
-            ep.nic.handle_timer(self.now)
-            while (d := ep.nic.next_datagram(self.now)) is not None:
-                data = bytes(d)
-                self.sent[i].append(data)
-                out = self.tamper(i, data, self.now) if self.tamper else [data]
-                for x in out:
-                    self._seq += 1
-                    heapq.heappush(self.in_flight, (self.now + self.delay, self._seq, 1 - i, x))
+    @property
+    def now(self) -> float:
+        return self.engine.now
+
+    def _kick(self) -> None:
+        for node in self.nodes:  # the tests post on the cores directly
+            self.engine.kick(node)
 
     def step(self) -> bool:
         """Advance to the next event; False when nothing is left to happen."""
-        self._pump()
-        times = [t for ep in self.eps if (t := ep.nic.get_timer()) is not None]
-        if self.in_flight:
-            times.append(self.in_flight[0][0])
-        if not times:
-            return False
-        self.now = max(self.now, min(times))
-        while self.in_flight and self.in_flight[0][0] <= self.now:
-            _, _, dst, data = heapq.heappop(self.in_flight)
-            self.eps[dst].nic.receive_datagram(data, self.now)
-        return True
+        self._kick()
+        return self.engine.step()
 
     def advance_to(self, t: float) -> None:
         """Process every event up to emulated time ``t``, then set the clock to ``t``."""
-        while True:
-            self._pump()
-            times = [x for ep in self.eps if (x := ep.nic.get_timer()) is not None]
-            if self.in_flight:
-                times.append(self.in_flight[0][0])
-            if not times or min(times) > t:
-                self.now = max(self.now, t)
-                return
-            self.step()
+        self._kick()
+        self.engine.advance_to(t)
 
     def run(
         self,
