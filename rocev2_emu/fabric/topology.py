@@ -10,6 +10,7 @@ each host (ECMP, RFC 2992), never through a host, recomputed around failed links
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +136,7 @@ class Topology:
             table = shortest_path_routes(self.nodes, self.path, down)[switch]
         else:
             table = self.routes[switch]
-        return {ip_to_int(self.nodes[h].ip): p for h, p in table.items()}
+        return {_ip_int(self.nodes[h].ip): p for h, p in table.items()}
 
     def link_seed(self, link: Link) -> int:
         """The seed of ``link``'s fault injection: distinct per link, fixed by the topology."""
@@ -160,25 +161,40 @@ def dcqcn_params(topo: Topology) -> DcqcnParams | None:
     return PROFILES[topo.dcqcn["profile"]].with_overrides(**dcqcn_overrides(topo.dcqcn))
 
 
+_ip_int = functools.lru_cache(maxsize=None)(ip_to_int)  # every switch asks for every host
+
+
 def shortest_path_routes(
     nodes: dict[str, Node], path: str, down: frozenset[int] = frozenset()
 ) -> dict[str, dict[str, tuple[int, ...]]]:
     """Per switch and host: the egress ports on shortest paths (ECMP), never through a host,
-    over the links not in ``down``.  A host no longer reachable gets no ports."""
+    over the links not in ``down``.  A host no longer reachable gets no ports.
+
+    A host on one link is reached through its switch, so every other switch routes it as it
+    routes that switch: one search per switch hosts hang off, not one per host (a k = 16
+    fat-tree: 128 searches instead of 1 024)."""
     routes: dict[str, dict[str, tuple[int, ...]]] = {
         s: {} for s, n in nodes.items() if n.kind == "switch"
     }
+    by_switch: dict[str, tuple[dict[str, int], dict[str, tuple[int, ...]]]] = {}
     for host in (n for n in nodes.values() if n.kind == "host"):
-        dist = {host.name: 0}
-        queue = deque([host.name])
-        while queue:
-            cur = queue.popleft()
-            if nodes[cur].kind == "host" and cur != host.name:
-                continue
-            for link, peer in nodes[cur].ports:
-                if peer not in dist and link.index not in down:
-                    dist[peer] = dist[cur] + 1
-                    queue.append(peer)
+        if len(host.ports) == 1 and host.ports[0][0].index not in down:
+            link, attach = host.ports[0]
+            if attach not in by_switch:
+                by_switch[attach] = _toward(nodes, attach, down)
+            dist, table = by_switch[attach]
+            for sw in routes:
+                if sw == attach:
+                    ports = tuple(i for i, (lk, _) in enumerate(nodes[sw].ports) if lk is link)
+                elif sw in dist:
+                    ports = table[sw]
+                elif not down:
+                    raise TopologyError(f"{path}: [[switch]] {sw}: cannot reach host {host.name}")
+                else:
+                    ports = ()
+                routes[sw][host.name] = ports
+            continue
+        dist = _distances(nodes, host.name, down)
         for sw in routes:
             if sw not in dist:
                 if not down:
@@ -193,3 +209,38 @@ def shortest_path_routes(
                 and (nodes[peer].kind == "switch" or peer == host.name)
             )
     return routes
+
+
+def _distances(nodes: dict[str, Node], start: str, down: frozenset[int]) -> dict[str, int]:
+    """Hops from ``start`` over links not in ``down``, never through a host but ``start``."""
+    dist = {start: 0}
+    queue = deque([start])
+    while queue:
+        cur = queue.popleft()
+        if nodes[cur].kind == "host" and cur != start:
+            continue
+        for link, peer in nodes[cur].ports:
+            if peer not in dist and link.index not in down:
+                dist[peer] = dist[cur] + 1
+                queue.append(peer)
+    return dist
+
+
+def _toward(
+    nodes: dict[str, Node], switch: str, down: frozenset[int]
+) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Distances to ``switch``, and each switch's ports on shortest paths to it (through
+    switches only)."""
+    dist = _distances(nodes, switch, down)
+    table = {
+        sw: tuple(
+            i
+            for i, (link, peer) in enumerate(n.ports)
+            if nodes[peer].kind == "switch"
+            and dist.get(peer) == dist[sw] - 1
+            and link.index not in down
+        )
+        for sw, n in nodes.items()
+        if n.kind == "switch" and sw in dist
+    }
+    return dist, table

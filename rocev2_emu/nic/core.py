@@ -89,6 +89,7 @@ class NicCore:
         self.mrs = MemoryTable(self.rng)
         self.qps: dict[int, QueuePair] = {}
         self.cqs: list[CompletionQueue] = []
+        self.grown_cqs: dict[int, CompletionQueue] = {}  # queues pushed since a driver looked
         self.paused_until = [0.0] * PRIORITIES
         self.pause_frames_received = [0] * PRIORITIES  # mlx5 rx_prioN_pause
         self.pause_frames_sent = [0] * PRIORITIES  # mlx5 tx_prioN_pause (a slow receiver's)
@@ -122,8 +123,11 @@ class NicCore:
     def dereg_mr(self, mr: MemoryRegion) -> None:
         self.mrs.deregister(mr)
 
+    def _cq_grew(self, cq: CompletionQueue) -> None:
+        self.grown_cqs[cq.handle] = cq
+
     def create_cq(self, depth: int = 4096) -> CompletionQueue:
-        cq = CompletionQueue(len(self.cqs) + 1, depth)
+        cq = CompletionQueue(len(self.cqs) + 1, depth, self._cq_grew)
         self.cqs.append(cq)
         return cq
 

@@ -48,7 +48,6 @@ class _Waiters:
     def _init_waiters(self) -> None:
         self.rx_lot = trio.lowlevel.ParkingLot()
         self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
-        self._cq_seen: dict[int, int] = {}
 
     def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
         return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
@@ -56,12 +55,13 @@ class _Waiters:
     def wake_waiters(self, received: int) -> bool:
         """After the core ran: wake whoever waits on a queue that grew (True if anyone)."""
         woke = False
-        for cq in self.core.cqs:
-            if self._cq_seen.get(cq.handle) != cq.pushed:
-                self._cq_seen[cq.handle] = cq.pushed
-                lot = self.cq_lots.get(cq.handle)
+        grown = self.core.grown_cqs
+        if grown:
+            for handle in grown:
+                lot = self.cq_lots.get(handle)
                 if lot is not None and lot.unpark_all():
                     woke = True
+            grown.clear()
         if received and self.rx_lot.unpark_all():
             woke = True
         return woke

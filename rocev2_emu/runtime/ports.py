@@ -1,4 +1,4 @@
-"""Datagram ports a driver pumps: a real UDP socket, or an in-memory fabric for virtual time.
+"""Datagram ports a driver pumps: a real UDP socket, or an in-memory one for tests.
 
 Both are non-blocking and batch-friendly, as DESIGN.md's measurements demand: ``recv`` returns
 one datagram or None when nothing is queued (the UDP port reuses one preallocated buffer, so the

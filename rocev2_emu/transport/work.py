@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -137,20 +138,30 @@ class WorkCompletion(NamedTuple):
 class CompletionQueue:
     """A completion queue: completions wait here until polled; overrun is an error, not a loss."""
 
-    def __init__(self, handle: int, depth: int) -> None:
+    def __init__(
+        self,
+        handle: int,
+        depth: int,
+        on_push: Callable[[CompletionQueue], None] | None = None,
+    ) -> None:
+        """``on_push``: told of each new entry (the NIC notes which queues grew, so its driver
+        wakes only their waiters)."""
         if depth < 1:
             raise LocalVerbsError(f"CQ depth {depth} < 1")
         self.handle = handle
         self.depth = depth
         self.entries: deque[WorkCompletion] = deque()
         self.overrun = False
-        self.pushed = 0  # monotonic count, lets drivers see new entries cheaply
+        self.pushed = 0  # monotonic count
+        self.on_push = on_push
 
     def push(self, wc: WorkCompletion) -> None:
         if len(self.entries) >= self.depth:
             self.overrun = True
         self.entries.append(wc)
         self.pushed += 1
+        if self.on_push is not None:
+            self.on_push(self)
 
     def poll(self, max_entries: int) -> list[WorkCompletion]:
         if self.overrun:

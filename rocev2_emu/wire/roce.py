@@ -260,6 +260,17 @@ def _check_ip_udp(frame: bytes | bytearray | memoryview, header: bytes) -> int:
     return crc
 
 
+# The layouts as plain ints: an IntFlag's ``&`` is a Python-level call, once per header per frame
+_LAYOUT: Final = {opcode: int(layout) for opcode, layout in OPCODE_LAYOUT.items()}
+_X_DETH, _X_RETH, _X_ATOMIC_ETH, _X_AETH = (
+    int(Ext.DETH),
+    int(Ext.RETH),
+    int(Ext.ATOMIC_ETH),
+    int(Ext.AETH),
+)
+_X_ATOMIC_ACK_ETH, _X_IMM, _X_CNP_PAD = int(Ext.ATOMIC_ACK_ETH), int(Ext.IMM), int(Ext.CNP_PAD)
+
+
 def decode_frame_untrusted(
     frame: bytes | bytearray | memoryview, *, verify_icrc: bool = True
 ) -> RoceFrame | PfcFrame:
@@ -284,7 +295,7 @@ def decode_frame_untrusted(
             "truncated", f"IPv4 total length {total} vs {n - ETH_LEN} bytes after Ethernet"
         )
     opcode, flags, pkey, word1, word2 = BTH.unpack_from(frame, _BTH_AT)
-    layout = OPCODE_LAYOUT.get(opcode)
+    layout = _LAYOUT.get(opcode)
     if layout is None:
         raise MalformedFrame("opcode", f"BTH opcode 0x{opcode:02x} is not supported")
     tver = flags & 0x0F
@@ -310,27 +321,27 @@ def decode_frame_untrusted(
     reth = aeth = atomic_eth = deth = None
     imm = atomic_ack = None
     if layout:
-        if layout & Ext.DETH:
+        if layout & _X_DETH:
             qkey, sqp = DETH.unpack_from(frame, e)
             deth = Deth(qkey, sqp & 0xFFFFFF)
             e += 8
-        if layout & Ext.RETH:
+        if layout & _X_RETH:
             reth = Reth._make(RETH.unpack_from(frame, e))
             e += 16
-        if layout & Ext.ATOMIC_ETH:
+        if layout & _X_ATOMIC_ETH:
             atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(frame, e))
             e += 28
-        if layout & Ext.AETH:
+        if layout & _X_AETH:
             word = AETH.unpack_from(frame, e)[0]
             aeth = Aeth(word >> 24, word & 0xFFFFFF)
             e += 4
-        if layout & Ext.ATOMIC_ACK_ETH:
+        if layout & _X_ATOMIC_ACK_ETH:
             atomic_ack = ATOMIC_ACK_ETH.unpack_from(frame, e)[0]
             e += 8
-        if layout & Ext.IMM:
+        if layout & _X_IMM:
             imm = IMM.unpack_from(frame, e)[0]
             e += 4
-        if layout & Ext.CNP_PAD:
+        if layout & _X_CNP_PAD:
             e += 16
     # tuple.__new__ skips NamedTuple's keyword-aware __new__: a third of the cost
     return _new_tuple(
