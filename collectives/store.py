@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
-from rocev2_emu.verbs import OobChannel, RemoteVerbsError, serve_requests
+from rocev2_emu.verbs import OobChannel, RemoteVerbsError, connection_limit, serve_requests
 
 
 class StoreTimeout(Exception):
@@ -83,7 +83,7 @@ class StoreServer:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
         task_status.started(self.port)
-        await trio.serve_listeners(self._handle, listeners)
+        await trio.serve_listeners(connection_limit(self._handle), listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         await serve_requests(stream, self._reply)

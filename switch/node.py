@@ -17,7 +17,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.control import serve_requests, stop_soon
+from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
@@ -99,4 +99,6 @@ async def run_switch(
         await nursery.start(driver.run)
         listeners = await trio.open_tcp_listeners(control_port, host=address)
         print(ready, flush=True)
-        await trio.serve_listeners(partial(serve_control, driver=driver), listeners)
+        await trio.serve_listeners(
+            connection_limit(partial(serve_control, driver=driver)), listeners
+        )

@@ -26,7 +26,7 @@ from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WrOpcode
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context
-from rocev2_emu.verbs.oob import OobChannel, QPInfo, serve_requests
+from rocev2_emu.verbs.oob import OobChannel, QPInfo, connection_limit, serve_requests
 from rocev2_emu.wire.roce import DSCP_ROCE
 
 CONTROL_PORT = 18515
@@ -238,7 +238,7 @@ class AgentServer:
     ) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host)
         task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
+        await trio.serve_listeners(connection_limit(self._handle), listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         await serve_requests(stream, self._dispatch, timeout=3600.0)

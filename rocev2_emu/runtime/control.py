@@ -4,6 +4,12 @@ control server (host agents, switch control, the rendezvous store).
 A message is a 4-byte big-endian length and a msgpack body (at most :data:`MAX_MESSAGE`
 bytes).  Every send and receive has a deadline; a framing fault, a closed peer or a passed
 deadline is a :class:`ControlError` naming what happened, never a hang.
+
+A server holds at most :data:`MAX_CONNECTIONS` clients at once (:func:`connection_limit`: the
+next is closed at once), and a client that starts a message must finish it within
+:data:`MESSAGE_DEADLINE` seconds (a slow or stalled sender is dropped), so a few sockets
+cannot exhaust a node.  Both are counted in ``rocev2_control_connections_dropped_total``
+by ``reason`` (``connection_limit``, ``slow_sender``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import signal
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 import msgpack
 import trio
@@ -25,12 +31,23 @@ log = logging.getLogger(__name__)
 
 _LEN: Final = struct.Struct("!I")  # message length, network order
 MAX_MESSAGE: Final = 1 << 20
+S = TypeVar("S", bound=trio.abc.Stream)
+MAX_CONNECTIONS: Final = 256  # clients one control server holds at once
+MESSAGE_DEADLINE: Final = 30.0  # seconds from a message's first byte to its last
 
 
 # every node's /metrics serves it beside its own families (rocev2_emu.runtime.metrics.serve)
 REJECTED = Counter(
     "rocev2_control_requests_rejected",
     "Control requests refused with an error (by the exception that refused them)",
+    ["reason"],
+    registry=None,
+)
+
+
+DROPPED = Counter(
+    "rocev2_control_connections_dropped",
+    "Control connections a server closed to protect itself (by reason)",
     ["reason"],
     registry=None,
 )
@@ -46,10 +63,11 @@ class MessageChannel:
     error: ClassVar[type[Exception]] = ControlError  # what this channel raises
     what: ClassVar[str] = "control"  # how its messages are named in errors
 
-    def __init__(self, stream: trio.SocketStream, timeout: float) -> None:
+    def __init__(self, stream: trio.abc.Stream, timeout: float) -> None:
         self.stream = stream
         self.timeout = timeout
         self._buf = bytearray()
+        self.slow = False  # the last recv gave up on a message that had begun
 
     async def send(self, obj: Any) -> None:
         try:
@@ -64,8 +82,13 @@ class MessageChannel:
         if scope.cancelled_caught:
             raise self.error(f"{self.what} send blocked for {self.timeout:g} s")
 
-    async def recv(self) -> Any:
-        with trio.move_on_after(self.timeout):
+    async def recv(self, *, message_deadline: float = math.inf) -> Any:
+        """The next message within ``timeout``; once its first byte is here, the rest must come
+        within ``message_deadline`` too (else :attr:`slow` is set and the error says so)."""
+        begun = bool(self._buf)
+        with trio.move_on_after(self.timeout) as scope:
+            if begun:
+                scope.deadline = min(scope.deadline, trio.current_time() + message_deadline)
             while True:
                 if len(self._buf) >= _LEN.size:
                     (n,) = _LEN.unpack_from(self._buf)
@@ -89,6 +112,15 @@ class MessageChannel:
                 if not chunk:
                     raise self.error(f"{self.what} peer closed the connection")
                 self._buf += chunk
+                if not begun:
+                    begun = True
+                    scope.deadline = min(scope.deadline, trio.current_time() + message_deadline)
+        if begun and self._buf:
+            self.slow = True
+            raise self.error(
+                f"a {self.what} message began but did not end within the deadline "
+                f"({len(self._buf)} bytes of it arrived)"
+            )
         raise self.error(f"no {self.what} message within {self.timeout:g} s")
 
     async def aclose(self) -> None:
@@ -96,21 +128,25 @@ class MessageChannel:
 
 
 async def serve_requests(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     reply: Callable[[Any], Awaitable[Any]],
     timeout: float = math.inf,
+    message_deadline: float = MESSAGE_DEADLINE,
 ) -> None:
     """Answer each message on ``stream`` with ``await reply(message)`` until the client goes:
     the loop of every control server.  A request the handler cannot take (a missing field, a
     wrong type, a value out of range) is answered with an error and counted in
-    ``rocev2_control_requests_rejected_total``; a client that resets the connection or sends
-    garbage is dropped; neither ends the server."""
+    ``rocev2_control_requests_rejected_total``; a client that resets the connection, sends
+    garbage, or starts a message and does not finish it within ``message_deadline`` is dropped;
+    none of them ends the server."""
     chan = MessageChannel(stream, timeout=timeout)
     try:
         while True:
             try:
-                msg = await chan.recv()
+                msg = await chan.recv(message_deadline=message_deadline)
             except ControlError:
+                if chan.slow:
+                    DROPPED.labels(reason="slow_sender").inc()
                 return  # the client is done, gone, or sent what is not a message
             try:
                 answer = await reply(msg)
@@ -124,6 +160,28 @@ async def serve_requests(
                 return
     finally:
         await chan.aclose()
+
+
+def connection_limit(
+    handler: Callable[[S], Awaitable[None]], limit: int = MAX_CONNECTIONS
+) -> Callable[[S], Awaitable[None]]:
+    """``handler`` for ``trio.serve_listeners``, holding at most ``limit`` connections at once:
+    one more is closed at once and counted (``reason="connection_limit"``)."""
+    active = 0
+
+    async def handle(stream: S) -> None:
+        nonlocal active
+        if active >= limit:
+            DROPPED.labels(reason="connection_limit").inc()
+            await stream.aclose()
+            return
+        active += 1
+        try:
+            await handler(stream)
+        finally:
+            active -= 1
+
+    return handle
 
 
 def _refused(exc: OSError) -> bool:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.control import REJECTED
+from rocev2_emu.runtime.control import DROPPED, REJECTED
 from rocev2_emu.runtime.ports import PortInfo
 
 
@@ -58,6 +58,8 @@ def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | Gaug
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
     """Serve ``/metrics`` on ``addr:port`` from a background thread (prometheus-client), with
-    the process's refused control requests beside ``registry``'s own families."""
+    the process's refused control requests and dropped control connections beside
+    ``registry``'s own families."""
     registry.register(REJECTED)
+    registry.register(DROPPED)
     start_http_server(port, addr=addr, registry=registry)

@@ -29,6 +29,7 @@ from rocev2_emu.verbs.oob import (
     OobError,
     QPInfo,
     connect_qp,
+    connection_limit,
     serve_requests,
 )
 
@@ -59,5 +60,6 @@ __all__ = [
     "WorkCompletion",
     "WrOpcode",
     "connect_qp",
+    "connection_limit",
     "serve_requests",
 ]

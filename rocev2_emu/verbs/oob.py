@@ -17,14 +17,28 @@ from typing import Any, Final
 
 import trio
 
-from rocev2_emu.runtime.control import ControlError, MessageChannel, open_channel, serve_requests
+from rocev2_emu.runtime.control import (
+    ControlError,
+    MessageChannel,
+    connection_limit,
+    open_channel,
+    serve_requests,
+)
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.verbs.api import MR, QP, RemoteQP
 
 DEFAULT_OOB_PORT: Final = 18515  # perftest's default
 _FIELD_BITS: Final = {"qpn": 24, "psn": 24, "rkey": 32, "vaddr": 64, "length": 64}
 
-__all__ = ["DEFAULT_OOB_PORT", "OobChannel", "OobError", "QPInfo", "connect_qp", "serve_requests"]
+__all__ = [
+    "DEFAULT_OOB_PORT",
+    "OobChannel",
+    "OobError",
+    "QPInfo",
+    "connect_qp",
+    "connection_limit",
+    "serve_requests",
+]
 
 
 @dataclass(slots=True, frozen=True)

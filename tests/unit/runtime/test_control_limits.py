@@ -1,0 +1,103 @@
+"""A control server's self-protection: a client that starts a message and stalls is dropped
+after the message deadline, and connections beyond the limit are closed at once, each counted
+by reason.  In-memory streams under MockClock: deadlines pass in virtual time, no wall clock."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import trio
+import trio.testing
+
+from rocev2_emu.runtime.control import DROPPED, connection_limit, serve_requests
+
+LEN = struct.Struct("!I")
+
+
+def dropped(reason: str) -> float:
+    return float(DROPPED.labels(reason=reason)._value.get())
+
+
+async def echo(msg: Any) -> Any:
+    return {"echo": msg}
+
+
+def run(main: Any) -> None:
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def frame(obj: Any) -> bytes:
+    body: bytes = msgpack.packb(obj)
+    return LEN.pack(len(body)) + body
+
+
+def test_a_stalled_half_message_is_dropped_after_the_deadline_and_counted() -> None:
+    before = dropped("slow_sender")
+    ended_at: list[float] = []
+
+    async def main() -> None:
+        server, client = trio.testing.memory_stream_pair()
+
+        async def serve() -> None:
+            await serve_requests(server, echo, timeout=3600.0, message_deadline=5.0)
+            ended_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            await client.send_all(frame("hello"))
+            reply = await client.receive_some()
+            assert msgpack.unpackb(reply[4:]) == {"echo": "hello"}
+            start = trio.current_time()
+            await client.send_all(frame("never finished")[:6])  # length and 2 body bytes
+            assert await client.receive_some() == b""  # the server hung up
+            assert trio.current_time() - start == 5.0  # at the message deadline
+            await trio.testing.wait_all_tasks_blocked()
+            assert ended_at == [start + 5.0]
+
+    run(main)
+    assert dropped("slow_sender") == before + 1
+
+
+def test_an_idle_client_between_messages_is_not_a_slow_sender() -> None:
+    before = dropped("slow_sender")
+
+    async def main() -> None:
+        server, client = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_requests, server, echo, 3600.0, 5.0)
+            await trio.sleep(60.0)  # quiet far beyond the message deadline: still served
+            await client.send_all(frame(1))
+            assert msgpack.unpackb((await client.receive_some())[4:]) == {"echo": 1}
+            await client.aclose()
+
+    run(main)
+    assert dropped("slow_sender") == before
+
+
+def test_connections_beyond_the_limit_are_closed_at_once_and_counted() -> None:
+    before = dropped("connection_limit")
+
+    async def main() -> None:
+        handle = connection_limit(lambda s: serve_requests(s, echo), limit=2)
+        pairs = [trio.testing.memory_stream_pair() for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            for server, _ in pairs:
+                nursery.start_soon(handle, server)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await pairs[2][1].receive_some() == b""  # the third: closed unserved
+            for _, client in pairs[:2]:  # the first two are served
+                await client.send_all(frame("x"))
+                assert msgpack.unpackb((await client.receive_some())[4:]) == {"echo": "x"}
+            await pairs[0][1].aclose()  # one leaves: a new client is let in
+            await trio.testing.wait_all_tasks_blocked()
+            server, client = trio.testing.memory_stream_pair()
+            nursery.start_soon(handle, server)
+            await client.send_all(frame("y"))
+            assert msgpack.unpackb((await client.receive_some())[4:]) == {"echo": "y"}
+            for c in (pairs[1][1], client):
+                await c.aclose()
+
+    run(main)
+    assert dropped("connection_limit") == before + 1
