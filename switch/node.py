@@ -88,9 +88,13 @@ async def run_switch(
     control_port: int,
     metrics: tuple[str, int] | None,
     ready: str,
+    batch_io: bool = True,
 ) -> None:
-    """Run the switch on ``address`` until cancelled; print ``ready`` once it is serving."""
-    driver = SwitchDriver(SwitchCore(config), UdpPort((address, vxlan_port)), clock, peers, faults)
+    """Run the switch on ``address`` until cancelled; print ``ready`` once it is serving
+    (its ``{batch_io}`` filled with the batched I/O in use).  ``batch_io``: UDP GSO/GRO on its
+    socket where the kernel has them."""
+    port = UdpPort((address, vxlan_port), batch=batch_io)
+    driver = SwitchDriver(SwitchCore(config), port, clock, peers, faults)
     if metrics is not None:
         registry = CollectorRegistry()
         registry.register(SwitchCollector(driver))
@@ -98,7 +102,7 @@ async def run_switch(
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
         listeners = await trio.open_tcp_listeners(control_port, host=address)
-        print(ready, flush=True)
+        print(ready.format(batch_io=port.batch_mode), flush=True)
         await trio.serve_listeners(
             connection_limit(partial(serve_control, driver=driver)), listeners
         )

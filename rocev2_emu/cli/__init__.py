@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from rocev2_emu import __version__
@@ -20,6 +21,7 @@ from rocev2_emu.cli import bench, demo, fabric, perftest, scenario
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.fabric.services import load_plugins
 from rocev2_emu.runtime.control import ControlError
+from rocev2_emu.runtime.ports import BATCH_IO_ENV
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 
@@ -51,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--no-batch-io",
+        action="store_true",
+        help="one datagram per system call (no UDP GSO/GRO), for this command and the node "
+        "processes it starts: a live capture (tshark -i lo) then sees one frame per datagram",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     names = [n for n in _ORDER if n in COMMANDS] + [n for n in COMMANDS if n not in _ORDER]
     for name in names:
@@ -75,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # the subcommand's usage, not the top level's
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.no_batch_io:
+        os.environ[BATCH_IO_ENV] = "0"  # inherited by the node processes this command starts
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -30,7 +30,7 @@ from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.control import stop_soon
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
-from rocev2_emu.runtime.ports import DatagramPort
+from rocev2_emu.runtime.ports import DatagramPort, batch_mode
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import SwitchDriver
@@ -91,6 +91,7 @@ def host_config(
         dcqcn=dcqcn_params(topo),
         max_inflight=topo.transport["max_inflight"],
         pacing_gbps=float(topo.transport["pacing_gbps"]),
+        batch_io=topo.batch_io,
         ingress=IngressConfig(
             rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
         )
@@ -130,7 +131,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         raise ValueError(f"{topo.path}: no node named {name!r}")
     ready = (
         f"READY {name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
-        f"control={node.address}:{CONTROL_PORT}"
+        f"control={node.address}:{CONTROL_PORT} batch_io={{batch_io}}"
     )
     metrics_at = (opts.metrics_addr or node.address, METRICS_PORT) if opts.metrics else None
     if node.kind == "switch":
@@ -144,6 +145,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
             DilatedClock(opts.tdf, epoch=opts.epoch),
             control_port=CONTROL_PORT,
             metrics=metrics_at,
+            batch_io=topo.batch_io,
             ready=ready,
         )
         return
@@ -156,4 +158,4 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         agent = host_agent(topo, ctx, name)
         async with trio.open_nursery() as nursery:
             await nursery.start(AgentServer(agent, handlers).serve, node.address, CONTROL_PORT)
-            print(ready, flush=True)
+            print(ready.format(batch_io=batch_mode(ctx.port)), flush=True)

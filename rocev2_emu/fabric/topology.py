@@ -67,6 +67,7 @@ class Topology:
     transport: dict[str, Any]
     routes: dict[str, dict[str, tuple[int, ...]]]  # switch -> host -> egress ports
     subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
+    batch_io: bool = True  # node processes batch their datagrams (UDP GSO/GRO)
 
     @property
     def hosts(self) -> list[Node]:

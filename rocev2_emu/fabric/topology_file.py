@@ -5,7 +5,8 @@ value.  :func:`load` returns a :class:`Topology` with addresses assigned and sho
 routes computed (:mod:`rocev2_emu.fabric.topology`), from which the switch pipeline's and the NICs'
 configurations are built.  Layout of the file::
 
-    [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y)
+    [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y),
+                    batch_io (UDP GSO/GRO between node processes; default true)
     [link_defaults] rate_gbps, delay_us, loss
     [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
@@ -44,7 +45,14 @@ from rocev2_emu.fabric.topology import (
 from switch.mmu import MmuConfig
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "fabric": {"name": "fabric", "tdf": 200.0, "seed": 1, "mtu": 4096, "subnet": ""},
+    "fabric": {
+        "name": "fabric",
+        "tdf": 200.0,
+        "seed": 1,
+        "mtu": 4096,
+        "subnet": "",
+        "batch_io": True,
+    },
     "link_defaults": {"rate_gbps": 100.0, "delay_us": 1.0, "loss": 0.0},
     "buffer": {
         "size_bytes": 12 * 2**20,
@@ -72,6 +80,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "tdf": (int, float),
     "seed": int,
     "mtu": int,
+    "batch_io": bool,
     "rate_gbps": (int, float),
     "delay_us": (int, float),
     "loss": (int, float),
@@ -336,4 +345,5 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         sec["transport"],
         routes,
         fab["subnet"],
+        fab["batch_io"],
     )

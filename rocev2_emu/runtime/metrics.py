@@ -2,9 +2,10 @@
 ``/metrics`` server.
 
 :func:`pump_metrics` yields, for one pump, the kernel's drops at its UDP socket, its late
-wake-ups and the TDF the process runs at (``rocev2_emulation_tdf``, so every dashboard can say
-which time scale it shows).  The NIC's and the switch's collectors add these to their own
-families; both read plain counters at scrape time, so the data path pays nothing for metrics.
+wake-ups, the TDF the process runs at (``rocev2_emulation_tdf``, so every dashboard can say
+which time scale it shows) and the batched I/O its socket uses (``rocev2_batch_io{mode}``).
+The NIC's and the switch's collectors add these to their own families; both read plain
+counters at scrape time, so the data path pays nothing for metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.control import DROPPED, REJECTED
-from rocev2_emu.runtime.ports import PortInfo
+from rocev2_emu.runtime.ports import PortInfo, batch_mode
 
 
 class Driven(Protocol):
@@ -54,6 +55,14 @@ def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | Gaug
     )
     tdf.add_metric([node], pump.clock.tdf)
     yield tdf
+    batch = GaugeMetricFamily(
+        "rocev2_batch_io",
+        "Batched wire I/O in use at this node's UDP socket (1 for its mode: gso+gro, gso, gro "
+        "or off)",
+        labels=["node", "mode"],
+    )
+    batch.add_metric([node, batch_mode(pump.port)], 1.0)
+    yield batch
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:

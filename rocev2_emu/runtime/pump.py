@@ -26,6 +26,7 @@ from rocev2_emu.wire.ethernet import VXLAN_LEN
 from rocev2_emu.wire.pcap import PcapWriter
 
 RX_BATCH: Final = 256  # datagrams drained per wake-up before the loop yields to other tasks
+TX_BATCH: Final = 64  # datagrams to one link gathered for one batched send (GSO)
 # A late pump may send this far (real seconds) "in the past" to keep a link's average rate; the
 # cores get it in emulated seconds (divided by the TDF) through their line-rate pacers.
 CATCHUP_WALL_SECONDS: Final = 0.002
@@ -71,6 +72,11 @@ class Pump:
         self._handle_timer = handle_timer
         self._send: list[Callable[[Datagram], bool]] = (
             [port.send] if peers is None else [partial(port.send_to, peer=p) for p in peers]
+        )
+        self._send_batch: list[Callable[[list[Datagram]], int]] = (
+            [port.send_batch]
+            if peers is None
+            else [partial(port.send_batch, peer=p) for p in peers]
         )
         self.links: list[FaultyLink | None] = [
             FaultyLink(f) if f is not None and f.active else None for f in faults
@@ -165,19 +171,34 @@ class Pump:
             backlog.extend((index, d) for d in link.due(now))
         if not self._flush():
             return False
-        send, pcap = self._send, self.pcap
+        pcap = self.pcap
+        batch: list[Datagram] = []  # due datagrams to one link, in order, sent together
+        batch_index = -1
         due: Iterator[tuple[int, Datagram]] = iter(self._transmit_due(now))
         for index, datagram in due:
             if pcap is not None:
                 pcap.write(now, memoryview(datagram)[VXLAN_LEN:])
             link = links[index]
+            if batch and (index != batch_index or link is not None or len(batch) >= TX_BATCH):
+                if not self._send_run(batch_index, batch):
+                    return False
+                batch = []
             if link is not None:
                 backlog.extend((index, d) for d in link.submit(datagram, now))
                 if not self._flush():
                     return False
-            elif not send[index](datagram):
-                backlog.append((index, datagram))
-                return False
+            else:
+                batch.append(datagram)
+                batch_index = index
+        return not batch or self._send_run(batch_index, batch)
+
+    def _send_run(self, index: int, batch: list[Datagram]) -> bool:
+        """Send a run of datagrams to one link in one batched call; what the socket would not
+        take waits in the backlog, in order."""
+        sent = self._send_batch[index](batch)
+        if sent < len(batch):
+            self._backlog.extend((index, d) for d in batch[sent:])
+            return False
         return True
 
     def _flush(self) -> bool:

@@ -122,8 +122,9 @@ def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
     return mb_per_s * 2**20 / 4096, out
 
 
-def _frame_sender(addr: tuple[str, int], seconds: float, vni: int) -> None:
-    """Blast one valid 4096-byte-payload RoCE frame (10.0.0.1 -> 10.0.0.2) at ``addr``."""
+def _frame_sender(addr: tuple[str, int], seconds: float, vni: int, bind: tuple[str, int]) -> None:
+    """Blast one valid 4096-byte-payload RoCE frame (10.0.0.1 -> 10.0.0.2) at ``addr`` from
+    ``bind`` (a switch port takes frames only from its link's peer address)."""
     from rocev2_emu.wire.roce import FrameTemplate
 
     tpl = FrameTemplate(
@@ -136,6 +137,7 @@ def _frame_sender(addr: tuple[str, int], seconds: float, vni: int) -> None:
     )
     data = tpl.build(0x07, 1, 0, payload=bytes(4096))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(bind)
     sock.connect(addr)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -168,6 +170,7 @@ def _forwarding_rate(
     sink: tuple[str, int],
     seconds: float,
     vni: int,
+    source: tuple[str, int],
 ) -> float:
     ctx = mp.get_context("spawn")
     q: mp.Queue[tuple[int, float]] = ctx.Queue()
@@ -176,7 +179,7 @@ def _forwarding_rate(
     q.get(timeout=30)
     forwarder = start_forwarder()
     time.sleep(1.0)
-    tx = ctx.Process(target=_frame_sender, args=(listen, seconds, vni))
+    tx = ctx.Process(target=_frame_sender, args=(listen, seconds, vni, source))
     tx.start()
     tx.join(seconds + 30)
     count, elapsed = q.get(timeout=seconds + 30)
@@ -203,6 +206,7 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
         sink,
         seconds,
         1,
+        ("127.0.0.62", LINK_UDP_PORT),
     )
     with tempfile.TemporaryDirectory() as tmp:
         topo = f"{tmp}/bench.toml"
@@ -228,6 +232,7 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
             ("127.10.0.12", LINK_UDP_PORT),
             seconds,
             1,
+            ("127.10.0.11", LINK_UDP_PORT),  # h0, the peer of the switch's port 0
         )
     return plain, switch
 
@@ -247,6 +252,11 @@ def main(which: str, seconds: float) -> int:
         print(f"forwarder      blocking Python recv_into -> sendto   {plain:>10.0f} frames/s")
         print(f"switch         rocev2-emu node (unpaced links)       {switch:>10.0f} frames/s")
         print(f"ratio          switch / forwarder                    {switch / plain:>10.2f}")
+        if not switch or not plain:
+            print(
+                "error: no frame came through (see the drops: rocev2-emu node -v)", file=sys.stderr
+            )
+            return 1
         return 0
     baseline = udp_baseline(seconds)
     print(f"udp-baseline   blocking Python send -> recv_into     {baseline:>10.0f} datagrams/s")

@@ -74,6 +74,7 @@ class DeviceConfig:
     dcqcn: DcqcnParams | None = None  # DCQCN at this NIC (notification and reaction); None: off
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
     pacing_gbps: float = 0.0  # every QP paced at this rate (when DCQCN is off); 0: line rate
+    batch_io: bool = True  # UDP GSO/GRO where the kernel has them (runtime/ports.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,7 +137,7 @@ class Context:
             yield cls(core, EngineNic(core, engine, clock, info), clock, info)
             return
         if port is None:
-            port = UdpPort((config.bind, config.port), config.link_peer)
+            port = UdpPort((config.bind, config.port), config.link_peer, batch=config.batch_io)
         pcap = PcapWriter(config.pcap) if config.pcap else None
         driver = NicDriver(core, port, clock, faults=config.faults, pcap=pcap)
         ctx = cls(core, driver, clock, port)

@@ -50,7 +50,7 @@ def gid_str(ip: str) -> str:
     )
 
 
-def print_header(opts: PerftestOptions) -> None:
+def print_header(opts: PerftestOptions, batch_io: str = "off") -> None:
     print(LINE)
     print(f"                    {TITLES[opts.test]}")
     print(f" Number of qps   : {opts.qps}\t\tTransport type : IB")
@@ -60,6 +60,7 @@ def print_header(opts: PerftestOptions) -> None:
     print(" Link type       : Ethernet (RoCEv2 over VXLAN/UDP)")
     rate = f"{opts.rate_gbps:g} Gbit/s" if opts.rate_gbps else "unpaced"
     print(f" Emulation       : TDF {opts.tdf:g}, link {rate}; figures in emulated time")
+    print(f" Batched I/O     : {batch_io} (UDP GSO/GRO; --no-batch-io: one datagram a call)")
     print(" Data ex. method : Ethernet (msgpack over TCP)")
     print(LINE)
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.metrics import serve
+from rocev2_emu.runtime.ports import batch_mode
 from rocev2_emu.tools.perftest.loops import bandwidth, latency
 from rocev2_emu.tools.perftest.options import (
     LINE,
@@ -82,7 +83,7 @@ async def run(opts: PerftestOptions) -> int:
                 }
             )
         side = await _setup(ctx, chan, opts)
-        print_header(opts)
+        print_header(opts, batch_mode(ctx.port))
         print_addresses(side)
         print(LINE)
         await chan.barrier("connected")
