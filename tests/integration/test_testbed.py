@@ -173,6 +173,12 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         assert down_drops
         tdf = _query(prometheus, "query", query="max(rocev2_emulation_tdf)")
         assert float(tdf[0]["value"][1]) == topo.tdf
+        # batched I/O across the bridge: every node says its mode, and the kernel's GSO/GRO
+        # worked between containers (a refused GSO send would have dropped a node to "gro")
+        batch = _query(prometheus, "query", query="rocev2_batch_io == 1")
+        modes = {r["metric"]["node"]: r["metric"]["mode"] for r in batch}
+        assert set(modes) == set(names), modes
+        assert set(modes.values()) == {"gso+gro"}, modes
     finally:
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
 
