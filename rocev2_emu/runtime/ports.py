@@ -249,9 +249,9 @@ class UdpPort:
             cmsg = [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(segment))]
             try:
                 if peer is None:
-                    self.sock.sendmsg([b"".join(datagrams[i:j])], cmsg)
+                    self.sock.sendmsg(datagrams[i:j], cmsg)  # gathered by the kernel
                 else:
-                    self.sock.sendmsg([b"".join(datagrams[i:j])], cmsg, 0, peer)
+                    self.sock.sendmsg(datagrams[i:j], cmsg, 0, peer)
             except BlockingIOError:
                 return i
             except OSError as exc:
