@@ -1,9 +1,7 @@
 """A hand-stepped fabric for the sans-IO cores: NICs and switches from a topology file on the
-product's event engine (:mod:`rocev2_emu.runtime.engine`), stepped by hand without trio;
-links with their propagation delay, a seeded loss, and links that can go down.
-
-Tests call the cores directly, so every step first services every node (a kick each), as a
-hand-stepped harness always did.
+product's event engine (:mod:`rocev2_emu.runtime.engine`), stepped by hand without trio
+(:mod:`tests.unit.hand_stepped`); links with their propagation delay, a seeded loss, and links
+that can go down.
 """
 
 from __future__ import annotations
@@ -15,10 +13,11 @@ from rocev2_emu.fabric.topology import Link, Topology
 from rocev2_emu.nic.core import NicConfig, NicCore
 from rocev2_emu.nic.driver import nic_node
 from rocev2_emu.nic.ingress import IngressConfig
-from rocev2_emu.runtime.engine import Engine, Node
+from rocev2_emu.runtime.engine import Node
 from rocev2_emu.wire.ethernet import ip_to_int
 from switch.driver import switch_node
 from switch.pipeline import SwitchCore
+from tests.unit.hand_stepped import HandStepped
 
 
 class _SimLink:
@@ -36,10 +35,10 @@ class _SimLink:
         return [(now + link.delay, datagram)]
 
 
-class NetSim:
+class NetSim(HandStepped):
     def __init__(self, topo: Topology, *, seed: int = 0) -> None:
+        super().__init__()
         self.topo = topo
-        self.engine = Engine()
         self.rng = random.Random(seed)
         self.nics: dict[str, NicCore] = {}
         self.switches: dict[str, SwitchCore] = {}
@@ -74,18 +73,6 @@ class NetSim:
     def _port(self, node: str, link: Link) -> int:
         return next(i for i, (lk, _) in enumerate(self.topo.nodes[node].ports) if lk is link)
 
-    @property
-    def now(self) -> float:
-        return self.engine.now
-
-    def _kick(self) -> None:
-        for node in self.nodes:  # the tests post on the cores directly
-            self.engine.kick(node)
-
-    def step(self) -> bool:
-        self._kick()
-        return self.engine.step()
-
     def run(
         self, until: Callable[[], bool], max_time: float = 5.0, max_steps: int = 5_000_000
     ) -> None:
@@ -96,10 +83,6 @@ class NetSim:
                 break
         if not until():
             raise AssertionError(f"condition not met by t={self.now * 1e6:.1f} us")
-
-    def advance_to(self, t: float) -> None:
-        self._kick()
-        self.engine.advance_to(t)
 
     def set_link(self, link: Link, up: bool) -> None:
         """Take a link down at both ends (switch ports lose their queues) or up again."""

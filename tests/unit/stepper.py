@@ -4,7 +4,8 @@ product's event engine (:mod:`rocev2_emu.runtime.engine`) stepped by hand, witho
 Time is advanced explicitly to the next event (a frame's arrival or a NIC timer), so every test
 is exact and independent of the machine.  ``tamper`` sees each datagram in flight and returns
 the datagrams to deliver instead (drop: ``[]``, duplicate: ``[d, d]``, corrupt: ``[d']``).
-Tests call the NIC cores directly, so every step first services both NICs (a kick each).
+Tests call the NIC cores directly, so every step first services both NICs
+(:mod:`tests.unit.hand_stepped`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from dataclasses import dataclass, field
 
 from rocev2_emu.nic.core import NicConfig, NicCore
 from rocev2_emu.nic.driver import nic_node
-from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, WorkCompletion
 from rocev2_emu.wire.roce import RoceFrame, decode_datagram_untrusted
+from tests.unit.hand_stepped import HandStepped
 
 Tamper = Callable[[int, bytes, float], list[bytes]]
 
@@ -62,7 +63,7 @@ class _TamperedLink:
         return [(now + st.delay, x) for x in out]
 
 
-class Stepper:
+class Stepper(HandStepped):
     def __init__(
         self,
         *,
@@ -77,11 +78,10 @@ class Stepper:
         tamper: Tamper | None = None,
         psn: tuple[int, int] | None = None,
     ) -> None:
-        self.engine = Engine()
+        super().__init__()
         self.delay = delay
         self.tamper = tamper
         self.sent: list[list[bytes]] = [[], []]
-        self.nodes: list[Node] = []
         self.eps: list[Endpoint] = []
         for i in range(2):
             nic = NicCore(NicConfig(ip=f"10.0.0.{i + 1}", link_bps=link_bps))
@@ -154,24 +154,6 @@ class Stepper:
         mr = ep.nic.reg_mr(ep.pd, buf, access)  # type: ignore[arg-type]
         ep.mrs.append(mr)
         return mr
-
-    @property
-    def now(self) -> float:
-        return self.engine.now
-
-    def _kick(self) -> None:
-        for node in self.nodes:  # the tests post on the cores directly
-            self.engine.kick(node)
-
-    def step(self) -> bool:
-        """Advance to the next event; False when nothing is left to happen."""
-        self._kick()
-        return self.engine.step()
-
-    def advance_to(self, t: float) -> None:
-        """Process every event up to emulated time ``t``, then set the clock to ``t``."""
-        self._kick()
-        self.engine.advance_to(t)
 
     def run(
         self,
