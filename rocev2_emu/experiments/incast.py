@@ -14,7 +14,7 @@ import math
 import statistics
 import tomllib
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from rocev2_emu.experiments.harness import (
     G,
@@ -38,25 +38,24 @@ SETTINGS: Final = {  # name: (PFC, DCQCN, NIC pacing: each sender at C/N)
 }
 
 
-def incast_fabric(mode: Mode, senders: int) -> tuple[str, list[str], str]:
-    """The topology text, the senders and the receiver: the scenario's one switch with
-    ``senders + 1`` hosts, or ``mode.topology``'s first ``senders`` hosts into its last."""
-    if mode.topology is None:
-        return single_switch(senders + 1), [f"h{i}" for i in range(senders)], f"h{senders}"
-    text = Path(mode.topology).read_text()
-    hosts = [h["name"] for h in tomllib.loads(text).get("host", [])]
+def incast_fabric(mode: Mode, senders: int) -> tuple[str, dict[str, Any], list[str], str]:
+    """The topology (text, and parsed), the senders and the receiver: the scenario's one switch
+    with ``senders + 1`` hosts, or ``mode.topology``'s first ``senders`` hosts into its last."""
+    text = single_switch(senders + 1) if mode.topology is None else Path(mode.topology).read_text()
+    data = tomllib.loads(text)
+    hosts = [h["name"] for h in data.get("host", [])]
     if len(hosts) < senders + 1:
         raise ValueError(
             f"{mode.topology}: {len(hosts)} hosts, too few for {senders} senders and a receiver"
         )
-    return text, hosts[:senders], hosts[-1]
+    return text, data, hosts[:senders], hosts[-1]
 
 
-def buffer_bytes(text: str) -> int:
+def buffer_bytes(data: dict[str, Any]) -> int:
     """2 MiB per switch, or more where a switch has many ports: each port takes 96 KiB of PFC
     headroom and 32 KiB of reserve, and the shared pool keeps at least 32 KiB a port."""
     ports: dict[str, int] = {}
-    for link in tomllib.loads(text).get("link", []):
+    for link in data.get("link", []):
         for end in (link["a"], link["b"]):
             ports[end] = ports.get(end, 0) + 1
     return max(2 << 20, max(ports.values(), default=0) * 160 * 1024)
@@ -81,7 +80,8 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
     unknown = sorted(set(chosen) - set(SETTINGS))
     if unknown:
         raise ValueError(f"unknown incast settings {unknown} (known: {', '.join(SETTINGS)})")
-    text, senders, receiver = incast_fabric(mode, n)
+    text, parsed, senders, receiver = incast_fabric(mode, n)
+    buffer = {"size_bytes": buffer_bytes(parsed), "headroom_bytes": 96 * 1024}
     flows = [FlowSpec(i, src, receiver, size) for i, src in enumerate(senders)]
     runs: dict[str, Run] = {}
     lines: list[str] = []
@@ -92,7 +92,7 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
             text,
             seed,
             **settings(pfc, dcqcn, dcqcn),
-            buffer={"size_bytes": buffer_bytes(text), "headroom_bytes": 96 * 1024},
+            buffer=buffer,
             transport={
                 "qp_timeout": qp_timeout(n, size),
                 "max_inflight": 256,
@@ -112,7 +112,7 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
             f"{len(fcts) == n}"
         )
         ok = ok and len(fcts) == n
-    rtt = base_rtt(text, senders, receiver)
+    rtt = base_rtt(parsed, senders, receiver)
     long_flows = size * 8 / (100 * G) >= DCQCN_RTTS * rtt
     check, good = check_lines(_checks(runs, n, size, mode, long_flows))
     lines += check
@@ -129,10 +129,9 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
 DCQCN_RTTS: Final = 10  # a flow this many base RTTs long gives DCQCN time to act
 
 
-def base_rtt(text: str, senders: list[str], receiver: str) -> float:
+def base_rtt(data: dict[str, Any], senders: list[str], receiver: str) -> float:
     """Twice the longest sender's propagation delay to the receiver (emulated seconds), over
     the topology's links (their delay, else the default's)."""
-    data = tomllib.loads(text)
     default = data.get("link_defaults", {}).get("delay_us", 1.0) * 1e-6
     adj: dict[str, list[tuple[str, float]]] = {}
     for link in data.get("link", []):

@@ -48,7 +48,7 @@ class LinkModel(Protocol):
 class Wire:
     """One direction of a link: where a port's frames go, after which delay and faults."""
 
-    __slots__ = ("_first", "delay", "faulty", "frames", "peer", "peer_port")
+    __slots__ = ("_first", "delay", "faulty", "peer", "peer_port")
 
     def __init__(self, peer: Node, peer_port: int, faults: LinkFaults | None) -> None:
         self.peer = peer
@@ -56,7 +56,6 @@ class Wire:
         self.delay = 0.0
         # only while something besides the delay is set (or a harness's own model)
         self.faulty: LinkModel | None = None
-        self.frames = 0  # frames that entered this wire: its frame-hops
         self._first = faults
         self.set_faults(faults)
 
@@ -68,11 +67,9 @@ class Wire:
         self.delay = faults.delay
         if isinstance(self.faulty, FaultyLink):
             self.faulty.update(faults)
-            return
-        link = FaultyLink(self._first or faults)
-        link.update(faults)
-        if not link.delay_only:
-            self.faulty = link
+        elif not faults.delay_only:
+            self.faulty = FaultyLink(self._first or faults)
+            self.faulty.update(faults)
 
 
 class Node:
@@ -129,7 +126,6 @@ class Engine:
         self._seq = 0
         self._touched: list[Node] = []
         self._scope: trio.CancelScope | None = None
-        self.events = 0
         self.hops = 0  # frames that crossed a link
         self.progress: Callable[[Engine], None] | None = None
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
@@ -203,7 +199,6 @@ class Engine:
                 else:
                     node.receive(port, data, now)
                     node.received += 1
-                self.events += 1
                 if not node.touched:
                     node.touched = True
                     touched.append(node)
@@ -228,7 +223,6 @@ class Engine:
             wire = wires[port]
             if wire is None:
                 continue
-            wire.frames += 1
             self.hops += 1
             data = datagram if type(datagram) is bytes else bytes(datagram)
             if wire.faulty is None:

@@ -41,6 +41,11 @@ class LinkFaults:
                 raise ValueError(f"link fault {name}={getattr(self, name)} is not a probability")
 
     @property
+    def delay_only(self) -> bool:
+        """Every frame arrives, once, intact, in order, after the fixed delay."""
+        return not (self.loss or self.duplicate or self.reorder or self.corrupt or self.jitter)
+
+    @property
     def active(self) -> bool:
         return any(
             getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay", "jitter")
@@ -60,12 +65,6 @@ class FaultyLink:
     def update(self, faults: LinkFaults) -> None:
         """New fault settings at run time; frames already held keep their release times."""
         self.faults = faults
-
-    @property
-    def delay_only(self) -> bool:
-        """Every frame arrives, once, intact, in order, after the fixed delay."""
-        f = self.faults
-        return not (f.loss or f.duplicate or f.reorder or f.corrupt or f.jitter)
 
     def fates(self, datagram: bytes | bytearray, now: float) -> list[tuple[float, bytes]]:
         """What becomes of one datagram sent at ``now``: (arrival time, datagram) for each copy

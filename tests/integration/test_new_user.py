@@ -63,11 +63,14 @@ def fabric(topo: Path) -> Iterator[subprocess.Popen[str]]:
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        for stream in (proc.stdout, proc.stderr):  # what the block did not read
+            if stream is not None and not stream.closed:
+                stream.close()
 
 
 def interrupt_after(proc: subprocess.Popen[str], ready: str) -> tuple[str, str]:
@@ -116,21 +119,11 @@ def test_ctrl_c_in_a_virtual_run_is_one_line_and_exit_130(
 
 
 def test_ctrl_c_stops_a_running_fabric_and_leaves_no_node_behind(topo: Path) -> None:
-    proc = subprocess.Popen(
-        [*CLI, "up", str(topo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
-    )
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "Ctrl-C stops the fabric" in line:
-                break
+    with fabric(topo) as proc:
         nodes = children(proc.pid)
         assert len(nodes) == 3  # a switch and two hosts
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130
     assert err.strip().splitlines() == ["rocev2-emu up: stopped"], err
     assert not [pid for pid in nodes if alive(pid)]

@@ -19,7 +19,7 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, WorkCompletion
-from rocev2_emu.wire.roce import RoceFrame, decode_datagram_untrusted
+from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, decode_datagram_untrusted
 from tests.unit.hand_stepped import HandStepped
 
 Tamper = Callable[[int, bytes, float], list[bytes]]
@@ -140,6 +140,20 @@ class Stepper(HandStepped):
     @property
     def b(self) -> Endpoint:
         return self.eps[1]
+
+    def template(
+        self, dst: Endpoint, src: Endpoint | None = None, *, src_ip: int | None = None
+    ) -> FrameTemplate:
+        """Headers of frames to ``dst`` as ``src``'s NIC would write them (UDP source port
+        0xC000), or from ``src_ip`` with no MAC: for tests that forge a frame."""
+        return FrameTemplate(
+            vni=1,
+            src_mac=src.nic.mac if src is not None else bytes(6),
+            dst_mac=dst.nic.mac,
+            src_ip=src_ip if src_ip is not None else src.nic.ip if src is not None else 0,
+            dst_ip=dst.nic.ip,
+            sport=0xC000,
+        )
 
     def reg(
         self,

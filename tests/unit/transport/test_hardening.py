@@ -24,14 +24,7 @@ def test_a_reserved_aeth_syndrome_acknowledges_nothing() -> None:
     while s.a.nic.next_datagram(0.0) is not None:  # the four packets leave; none is acked
         pass
     una = s.a.qp.requester.una
-    tpl = FrameTemplate(
-        vni=1,
-        src_mac=s.b.nic.mac,
-        dst_mac=s.a.nic.mac,
-        src_ip=s.b.nic.ip,
-        dst_ip=s.a.nic.ip,
-        sport=0xC000,
-    )
+    tpl = s.template(s.a, s.b)
     last = (una + 3) & 0xFFFFFF
     for syndrome in (0x40, 0x80, 0xC0):  # type 10, and the reserved top bit
         forged = tpl.build(
@@ -85,10 +78,7 @@ def test_deregistering_an_mr_revokes_a_write_in_progress() -> None:
 
 
 def _from(s: Stepper, src_ip: int, to_a: bool) -> FrameTemplate:
-    dst = s.a if to_a else s.b
-    return FrameTemplate(
-        vni=1, src_mac=bytes(6), dst_mac=dst.nic.mac, src_ip=src_ip, dst_ip=dst.nic.ip, sport=0xC000
-    )
+    return s.template(s.a if to_a else s.b, src_ip=src_ip)
 
 
 def test_a_write_from_anyone_but_the_peer_is_dropped_not_written() -> None:

@@ -14,7 +14,7 @@ from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.timers import local_ack_timeout, rnr_delay
 from rocev2_emu.transport.work import RecvWR, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
 from rocev2_emu.wire.bth import Opcode, psn_add
-from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, pack_reth
+from rocev2_emu.wire.roce import RoceFrame, pack_reth
 from tests.unit.stepper import Stepper, decode, gather
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
@@ -473,14 +473,7 @@ def test_read_of_deregistered_memory_is_refused() -> None:
 def test_invalid_opcode_sequence_gets_invalid_request_nak() -> None:
     s = Stepper(mtu=1024, psn=(0, 50))
     mb = s.reg(s.b, np.zeros(4096, dtype=np.uint8))
-    tpl = FrameTemplate(
-        vni=1,
-        src_mac=s.a.nic.mac,
-        dst_mac=s.b.nic.mac,
-        src_ip=s.a.nic.ip,
-        dst_ip=s.b.nic.ip,
-        sport=0xC000,
-    )
+    tpl = s.template(s.b, s.a)
     # a WRITE MIDDLE with the expected PSN but no WRITE FIRST before it
     bogus = tpl.build(Opcode.RC_RDMA_WRITE_MIDDLE, dqpn=s.b.qp.qpn, psn=0, payload=bytes(1024))
     s.b.nic.receive_datagram(bytes(bogus), 0.0)
@@ -655,9 +648,7 @@ def test_unsignaled_work_requests_complete_silently() -> None:
 def test_nic_counts_and_drops_bad_frames() -> None:
     s = Stepper()
     nic = s.b.nic
-    tpl = FrameTemplate(
-        vni=1, src_mac=s.a.nic.mac, dst_mac=nic.mac, src_ip=s.a.nic.ip, dst_ip=nic.ip, sport=0xC000
-    )
+    tpl = s.template(s.b, s.a)
     good = bytes(tpl.build(Opcode.RC_SEND_ONLY, dqpn=s.b.qp.qpn, psn=99, payload=b"x"))
     bad_icrc = bytearray(good)
     bad_icrc[-1] ^= 1
