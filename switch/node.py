@@ -16,6 +16,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
+from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
 from rocev2_emu.runtime.link import LinkFaults
@@ -54,8 +55,11 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
     }
 
 
-async def serve_control(stream: trio.SocketStream, driver: SwitchDriver) -> None:
-    """One control connection to the switch."""
+async def serve_control(
+    stream: trio.SocketStream, driver: SwitchDriver, secret: bytes | None = None
+) -> None:
+    """One control connection to the switch; the client must prove ``secret`` (default: this
+    process's fabric secret)."""
 
     async def reply(msg: Any) -> Any:
         cmd = msg.get("cmd") if isinstance(msg, dict) else None
@@ -74,7 +78,7 @@ async def serve_control(stream: trio.SocketStream, driver: SwitchDriver) -> None
             return {"error": f"unknown command {msg!r}"}
         return {"ok": True}
 
-    await serve_requests(stream, reply, timeout=3600.0)
+    await serve_requests(stream, reply, timeout=3600.0, secret=secret or auth.current())
 
 
 async def run_switch(
@@ -93,6 +97,7 @@ async def run_switch(
     """Run the switch on ``address`` until cancelled; print ``ready`` once it is serving
     (its ``{batch_io}`` filled with the batched I/O in use).  ``batch_io``: UDP GSO/GRO on its
     socket where the kernel has them."""
+    secret = auth.current()  # no secret, no switch: fail before serving anything
     port = UdpPort((address, vxlan_port), batch=batch_io)
     driver = SwitchDriver(SwitchCore(config), port, clock, peers, faults)
     if metrics is not None:
@@ -104,5 +109,5 @@ async def run_switch(
         listeners = await trio.open_tcp_listeners(control_port, host=address)
         print(ready.format(batch_io=port.batch_mode), flush=True)
         await trio.serve_listeners(
-            connection_limit(partial(serve_control, driver=driver)), listeners
+            connection_limit(partial(serve_control, driver=driver, secret=secret)), listeners
         )

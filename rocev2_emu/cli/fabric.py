@@ -10,6 +10,7 @@ from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
 from rocev2_emu.fabric.compose import generate
 from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.runtime import auth
 
 
 def _load(path: str) -> Topology:
@@ -57,6 +58,7 @@ def _node(args: argparse.Namespace) -> int:
     opts = nodes.NodeOptions(
         args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
     )
+    auth.use(auth.load_or_create(args.topology)[0])  # a node by hand makes the fabric's secret
     trio.run(nodes.run_node, topo, args.name, opts)
     return 0
 

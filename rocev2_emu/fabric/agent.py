@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
+from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
@@ -204,7 +205,7 @@ class RemotePeer:
         self._chans: dict[int, OobChannel] = {}
 
     async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
-        chan = await OobChannel.connect(self.host, self.port, timeout=30)
+        chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
         self._chans[spec.id] = chan
         await chan.send({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
         return QPInfo.from_wire((await chan.recv())["qp"])
@@ -225,9 +226,11 @@ class AgentServer:
         self,
         agent: HostAgent,
         handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         self.agent = agent
         self.handlers = handlers or {}  # more commands (the node adds "collective")
+        self.secret = secret  # what clients must prove (None: this process's fabric secret)
 
     async def serve(
         self,
@@ -236,12 +239,14 @@ class AgentServer:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        self.secret = self.secret or auth.current()  # no secret, no server
         listeners = await trio.open_tcp_listeners(port, host=host)
         task_status.started()
         await trio.serve_listeners(connection_limit(self._handle), listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        await serve_requests(stream, self._dispatch, timeout=3600.0)
+        secret = self.secret or auth.current()
+        await serve_requests(stream, self._dispatch, timeout=3600.0, secret=secret)
 
     async def _dispatch(self, msg: Any) -> dict[str, Any]:
         cmd = msg.get("cmd") if isinstance(msg, dict) else None

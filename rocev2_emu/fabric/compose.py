@@ -19,6 +19,11 @@ Writes, under ``--out`` (default ``.``):
   the metrics carry ``node`` themselves).
 * ``deploy/grafana/`` - the datasource (fixed uid) and the three dashboards of
   :mod:`rocev2_emu.fabric.dashboards`, the same for every topology.
+* ``deploy/fabric.secret`` - the fabric's control-plane secret (:mod:`rocev2_emu.runtime.auth`,
+  mode 0600, never checked in), made once and kept when the files are written again.  Every
+  node and the job read it as their ``env_file`` (compose reads it on this machine, so the
+  containers' user needs no access to the file); the host's ``rocev2-emu link
+  deploy/topology.toml ...`` finds it beside the topology.
 
 The checked-in files at the repository root are this module's output for the
 shipped leaf-spine; a test fails when they drift.
@@ -35,6 +40,7 @@ from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.runtime import auth
 
 DEFAULT_SUBNET = "172.30.0.0/24"
 IMAGE = "rocev2-emu:latest"
@@ -90,6 +96,7 @@ def compose_file(topo: Topology, source: str, subnet: str) -> str:
             f"  {node.name}:",
             f"    image: {IMAGE}",
             f"    command: {_list(command)}",
+            "    env_file: ./deploy/fabric.secret",
             "    volumes:",
             f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
             "    networks:",
@@ -100,6 +107,7 @@ def compose_file(topo: Topology, source: str, subnet: str) -> str:
         "  job:",
         f"    image: {IMAGE}",
         f"    command: {_list(JOB_COMMAND)}",
+        "    env_file: ./deploy/fabric.secret",
         "    volumes:",
         f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
         "    depends_on:",
@@ -172,6 +180,7 @@ def stack_file(topo: Topology, source: str) -> str:
             f"  {name}:",
             f"    image: {IMAGE}",
             f"    command: {_list(argv)}",
+            f"    env_file: ./{auth.BESIDE_TOPOLOGY}",
             "    configs:",
             "      - source: topology",
             f"        target: {TOPOLOGY_IN_CONTAINER}",
@@ -237,4 +246,7 @@ def generate(topology_path: str, out: str, subnet: str = DEFAULT_SUBNET) -> list
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return list(files)
+    secret = root / "deploy" / auth.BESIDE_TOPOLOGY
+    if not secret.exists():  # a running testbed keeps its secret when the files are rewritten
+        auth.write(secret, auth.new(), exclusive=True)
+    return [*files, secret]

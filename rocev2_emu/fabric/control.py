@@ -13,6 +13,7 @@ import trio
 
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.topology import Link, Topology, TopologyError
+from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.verbs.oob import OobChannel, OobError
 
@@ -20,7 +21,9 @@ from rocev2_emu.verbs.oob import OobChannel, OobError
 async def control(address: str, msg: dict[str, Any], *, timeout: float = 10.0) -> Any:
     """One request to the node at ``address`` and its reply."""
     try:
-        chan = await OobChannel.connect(address, CONTROL_PORT, timeout=timeout)
+        chan = await OobChannel.connect(
+            address, CONTROL_PORT, timeout=timeout, secret=auth.current()
+        )
     except OobError as exc:
         raise OobError(f"{exc}: is the fabric running (rocev2-emu up, or the testbed)?") from exc
     try:
@@ -61,6 +64,7 @@ async def _set_link(topo: Topology, a: str, b: str, up: bool) -> str:
 
 def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
     """``rocev2-emu link``: take a link of a running fabric down or up, and reroute."""
+    auth.use_fabric(topo.path)
     print(trio.run(_set_link, topo, a, b, up))
     return 0
 
@@ -87,6 +91,7 @@ async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) 
 
 def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
     """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
+    auth.use_fabric(topo.path)
     print(trio.run(_set_faults, topo, a, b, faults))
     return 0
 
@@ -95,6 +100,7 @@ def stop_node(topo: Topology, name: str) -> int:
     """``rocev2-emu stop``: end one node of a running fabric (as a crash or docker stop)."""
     if name not in topo.nodes:
         raise TopologyError(f"{topo.path}: no node named {name!r}")
+    auth.use_fabric(topo.path)
     reply = trio.run(control, topo.nodes[name].address, {"cmd": "stop"})
     if not isinstance(reply, dict) or not reply.get("ok"):
         raise RuntimeError(f"node {name}: {reply!r}")

@@ -18,6 +18,7 @@ from rocev2_emu.fabric.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.verbs.oob import OobChannel
 
@@ -98,7 +99,10 @@ class FlowsJob:
         results: list[FlowResult] = []
 
         async def source(name: str, specs: list[FlowSpec]) -> None:
-            chan = await OobChannel.connect(topo.nodes[name].address, CONTROL_PORT, timeout=30)
+            address = topo.nodes[name].address
+            chan = await OobChannel.connect(
+                address, CONTROL_PORT, timeout=30, secret=auth.current()
+            )
             chan.timeout = 3600.0
             try:
                 await chan.send(

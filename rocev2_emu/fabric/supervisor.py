@@ -27,6 +27,7 @@ from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report
 from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.fabric.virtual import run_virtual
+from rocev2_emu.runtime import auth
 
 READY_TIMEOUT = 60.0
 
@@ -142,6 +143,9 @@ async def _supervise(
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
     outcome: Any = None
+    secret, created = auth.load_or_create(topo_path)
+    auth.use(secret)  # the job's own requests prove it too
+    env = {**os.environ, auth.ENV: secret.hex()}  # the environment, not argv: ps shows argv
     try:
         async with trio.open_nursery() as nursery:
             tails: dict[str, deque[str]] = {}
@@ -150,6 +154,7 @@ async def _supervise(
                     _node_command(topo_path, name, tdf, epoch),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
+                    env=env,
                 )
                 tails[name] = deque(maxlen=8)
                 nursery.start_soon(_drain, procs[name].stderr, tails[name])
@@ -173,6 +178,8 @@ async def _supervise(
     finally:
         stopping.set()
         await _stop(procs)
+        if created is not None:
+            created.unlink(missing_ok=True)  # the fabric is gone; so is the secret it made
     return outcome
 
 

@@ -9,11 +9,17 @@ A server holds at most :data:`MAX_CONNECTIONS` clients at once (:func:`connectio
 next is closed at once), and a client that starts a message must finish it within
 :data:`MESSAGE_DEADLINE` seconds (a slow or stalled sender is dropped), so a few sockets
 cannot exhaust a node.  Both are counted in ``rocev2_control_connections_dropped_total``
-by ``reason`` (``connection_limit``, ``slow_sender``).
+by ``reason`` (``connection_limit``, ``slow_sender``, ``auth_failed``).
+
+A server given the fabric secret (:mod:`rocev2_emu.runtime.auth`) opens every connection with
+a challenge and serves nothing until the client proves it holds the secret; a client given the
+secret answers before its first request.  A failed or late proof is answered with an error,
+counted (``auth_failed``) and the connection closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -27,6 +33,8 @@ import msgpack
 import trio
 from prometheus_client import Counter
 
+from rocev2_emu.runtime import auth
+
 log = logging.getLogger(__name__)
 
 _LEN: Final = struct.Struct("!I")  # message length, network order
@@ -34,6 +42,7 @@ MAX_MESSAGE: Final = 1 << 20
 S = TypeVar("S", bound=trio.abc.Stream)
 MAX_CONNECTIONS: Final = 256  # clients one control server holds at once
 MESSAGE_DEADLINE: Final = 30.0  # seconds from a message's first byte to its last
+AUTH_DEADLINE: Final = 10.0  # seconds a client has to prove it holds the fabric secret
 
 
 # every node's /metrics serves it beside its own families (rocev2_emu.runtime.metrics.serve)
@@ -132,15 +141,19 @@ async def serve_requests(
     reply: Callable[[Any], Awaitable[Any]],
     timeout: float = math.inf,
     message_deadline: float = MESSAGE_DEADLINE,
+    secret: bytes | None = None,
 ) -> None:
     """Answer each message on ``stream`` with ``await reply(message)`` until the client goes:
     the loop of every control server.  A request the handler cannot take (a missing field, a
     wrong type, a value out of range) is answered with an error and counted in
     ``rocev2_control_requests_rejected_total``; a client that resets the connection, sends
     garbage, or starts a message and does not finish it within ``message_deadline`` is dropped;
-    none of them ends the server."""
+    none of them ends the server.  With ``secret``, the client must first prove it holds it
+    (:func:`_authenticate`); one that does not is refused before any request is read."""
     chan = MessageChannel(stream, timeout=timeout)
     try:
+        if secret is not None and not await _authenticate(chan, secret):
+            return
         while True:
             try:
                 msg = await chan.recv(message_deadline=message_deadline)
@@ -160,6 +173,32 @@ async def serve_requests(
                 return
     finally:
         await chan.aclose()
+
+
+async def _authenticate(chan: MessageChannel, secret: bytes) -> bool:
+    """Challenge the client; True if it answered with the proof in time (else it is told,
+    counted and the caller closes)."""
+    message, nonce = auth.challenge_message()
+    timeout, chan.timeout = chan.timeout, AUTH_DEADLINE
+    try:
+        await chan.send(message)
+        answer = await chan.recv(message_deadline=AUTH_DEADLINE)
+    except ControlError:
+        DROPPED.labels(reason="auth_failed").inc()
+        return False
+    finally:
+        chan.timeout = timeout
+    if not auth.check_answer(secret, nonce, answer):
+        DROPPED.labels(reason="auth_failed").inc()
+        log.info("control client failed the fabric-secret challenge")
+        with trio.move_on_after(1.0), contextlib.suppress(ControlError):
+            await chan.send({"error": "authentication failed: not this fabric's secret"})
+        return False
+    try:
+        await chan.send({"ok": True})
+    except ControlError:
+        return False
+    return True
 
 
 def connection_limit(
@@ -197,10 +236,12 @@ async def open_channel(
     timeout: float,
     channel: type[MessageChannel] = MessageChannel,
     wait_for_listener: bool = True,
+    secret: bytes | None = None,
 ) -> MessageChannel:
     """Connect to a server, retrying until ``timeout`` (wall seconds) while nothing listens
     yet; with ``wait_for_listener=False`` a refused connection is an error at once.  A name
-    that does not resolve is an error at once either way."""
+    that does not resolve is an error at once either way.  With ``secret``, answer the
+    server's challenge before returning (a refusal is an error naming the secret)."""
     with trio.move_on_after(timeout):
         while True:
             try:
@@ -215,8 +256,30 @@ async def open_channel(
                     ) from exc
                 await trio.sleep(0.05)
                 continue
-            return channel(stream, timeout)
+            chan = channel(stream, timeout)
+            if secret is not None:
+                await prove_secret(chan, secret, f"{host}:{port}")
+            return chan
     raise channel.error(f"no {channel.what} peer listening on {host}:{port} within {timeout:g} s")
+
+
+async def prove_secret(chan: MessageChannel, secret: bytes, where: str) -> None:
+    """Answer a server's challenge; close and raise if it refuses."""
+    try:
+        try:
+            await chan.send(auth.answer_message(secret, await chan.recv()))
+        except auth.AuthError as exc:
+            raise chan.error(f"{where}: {exc}") from exc
+        reply = await chan.recv()
+        if reply != {"ok": True}:
+            said = reply.get("error") if isinstance(reply, dict) else reply
+            raise chan.error(
+                f"{where} refused this client: {said!r:.120} (not this fabric's secret? "
+                "docs/security.md)"
+            )
+    except BaseException:
+        await chan.aclose()
+        raise
 
 
 async def stop_soon(msg: object = None) -> dict[str, object]:

@@ -109,11 +109,18 @@ class OobChannel(MessageChannel):
         *,
         timeout: float = 10.0,
         wait_for_listener: bool = True,
+        secret: bytes | None = None,
     ) -> OobChannel:
         """Connect to a peer, retrying until ``timeout`` (wall seconds) while nothing listens
-        (``wait_for_listener=False``: a refused connection fails at once, as perftest does)."""
+        (``wait_for_listener=False``: a refused connection fails at once, as perftest does);
+        with ``secret``, prove it to a server that demands it (the fabric's control plane)."""
         chan = await open_channel(
-            host, port, timeout=timeout, channel=cls, wait_for_listener=wait_for_listener
+            host,
+            port,
+            timeout=timeout,
+            channel=cls,
+            wait_for_listener=wait_for_listener,
+            secret=secret,
         )
         assert isinstance(chan, OobChannel)
         return chan

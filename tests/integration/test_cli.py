@@ -15,6 +15,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from rocev2_emu.runtime import auth
 from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
@@ -225,3 +226,4 @@ def test_stop_ends_a_running_node(tmp_path: Path) -> None:
             node.wait(10)
         if node.stdout is not None:
             node.stdout.close()
+        auth.run_file(str(topo)).unlink(missing_ok=True)  # the secret the node made

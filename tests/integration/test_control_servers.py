@@ -1,10 +1,13 @@
 """Every control server survives what a careless or hostile client sends: resets, garbage,
-wrong types, out-of-range values (issue: hardening).  Each server runs for real on loopback in
-a thread of its own; the client is a plain socket.  After every bad request a good probe must
-still be answered."""
+wrong types, out-of-range values (issue: hardening), and serves only clients that prove the
+fabric secret.  Each server runs for real on loopback in a thread of its own; the client is a
+plain socket that answers the challenge itself (HMAC-SHA256, as :mod:`rocev2_emu.runtime.auth`
+documents).  After every bad request a good probe must still be answered."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import socket
 import struct
 import threading
@@ -25,7 +28,9 @@ from rocev2_emu.fabric.agent import AgentServer, HostAgent
 from rocev2_emu.fabric.nodes import switch_driver
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.control import DROPPED
 from rocev2_emu.runtime.ports import MemoryNetwork
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from switch.node import serve_control
@@ -34,6 +39,14 @@ pytestmark = pytest.mark.integration
 LEN = struct.Struct("!I")
 
 Serve = Callable[[trio.SocketStream], Awaitable[None]]
+SECRET = bytes(range(32))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_secret() -> Iterator[None]:
+    auth.use(SECRET)  # what this process's servers demand
+    yield
+    auth.use(None)
 
 
 def serve_in_thread(make: Callable[[], AbstractAsyncContextManager[Serve]]) -> Iterator[int]:
@@ -73,16 +86,37 @@ def serve_in_thread(make: Callable[[], AbstractAsyncContextManager[Serve]]) -> I
     assert not errors, errors  # the server never died
 
 
-def request(port: int, payload: bytes, *, read: bool = True) -> Any:
+def request(port: int, payload: bytes, *, secret: bytes | None = SECRET) -> Any:
+    """``payload`` on a fresh connection after proving ``secret`` (None: sent as the answer to
+    the challenge, proving nothing), and the reply (None: the server hung up)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        if secret is not None:
+            prove(s, secret)
+        else:
+            assert "challenge" in receive(s)
         s.sendall(payload)
-        if not read:
-            return None
-        head = _read(s, 4)
-        if head is None:
-            return None  # the server closed the connection: allowed for garbage
-        body = _read(s, LEN.unpack(head)[0])
-        return None if body is None else msgpack.unpackb(body, raw=False)
+        return receive(s)
+
+
+def receive(s: socket.socket) -> Any:
+    head = _read(s, 4)
+    if head is None:
+        return None  # the server closed the connection: allowed for garbage
+    body = _read(s, LEN.unpack(head)[0])
+    return None if body is None else msgpack.unpackb(body, raw=False)
+
+
+def prove(s: socket.socket, secret: bytes) -> Any:
+    """Answer the server's challenge with an HMAC under ``secret``; the server's verdict."""
+    challenge = receive(s)
+    assert challenge["auth"] == "hmac-sha256" and len(challenge["challenge"]) == 32, challenge
+    label = b"rocev2-emu control v1\0"
+    mac = hmac.new(secret, label + challenge["challenge"], hashlib.sha256).digest()
+    s.sendall(frame({"proof": mac}))
+    verdict = receive(s)
+    if secret == SECRET:
+        assert verdict == {"ok": True}, verdict
+    return verdict
 
 
 def _read(s: socket.socket, n: int) -> bytes | None:
@@ -100,10 +134,13 @@ def frame(obj: Any) -> bytes:
     return LEN.pack(len(data)) + data
 
 
-def reset(port: int, payload: bytes) -> None:
-    """Send ``payload`` and reset the connection (RST) before any reply."""
+def reset(port: int, payload: bytes, *, authenticated: bool = True) -> None:
+    """Send ``payload`` (after the proof, or as the answer to the challenge) and reset the
+    connection (RST) before any reply."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if authenticated:
+        prove(s, SECRET)
     s.sendall(payload)
     s.close()
 
@@ -214,6 +251,8 @@ def test_bad_requests_get_an_error_and_the_server_goes_on(server: tuple[str, int
 
 def test_resets_garbage_and_huge_lengths_never_end_the_server(server: tuple[str, int]) -> None:
     name, port = server
+    reset(port, b"", authenticated=False)  # before the challenge is answered
+    reset(port, LEN.pack(100) + b"half an answer", authenticated=False)
     reset(port, b"")
     reset(port, LEN.pack(100) + b"half a message")
     reset(port, frame({"cmd": "stats", "op": "get", "key": "k", "timeout": 30}))  # reply to no one
@@ -262,3 +301,54 @@ def test_any_msgpack_is_answered_or_closed_and_the_server_still_serves(
     answer = request(port, frame(message))
     assert answer is None or isinstance(answer, dict)
     probe(name, port)
+
+
+def dropped(reason: str) -> float:
+    return float(DROPPED.labels(reason=reason)._value.get())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"op": "set", "key": "unproven", "value": 1},  # a request instead of a proof
+        {"cmd": "stop"},
+        {"proof": b"\0" * 32},
+        {"proof": "not bytes"},
+        [1, 2],
+        None,
+    ],
+)
+def test_a_client_that_does_not_prove_the_secret_is_refused_before_any_request(
+    server: tuple[str, int], answer: Any
+) -> None:
+    name, port = server
+    before = dropped("auth_failed")
+    refused = request(port, frame(answer), secret=None)
+    assert refused == {"error": "authentication failed: not this fabric's secret"}
+    assert dropped("auth_failed") == before + 1
+    probe(name, port)
+    if name == "store":  # and what it asked for did not happen
+        assert request(port, frame({"op": "get", "key": "unproven", "timeout": 0})) == {
+            "timeout": "rendezvous key 'unproven' did not appear within 0 s"
+        }
+
+
+def test_another_fabrics_secret_is_refused(server: tuple[str, int]) -> None:
+    name, port = server
+    before = dropped("auth_failed")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        verdict = prove(s, bytes(32))
+        assert verdict == {"error": "authentication failed: not this fabric's secret"}
+        assert receive(s) is None  # and the server hung up
+    assert dropped("auth_failed") == before + 1
+    probe(name, port)
+
+
+def test_every_challenge_is_fresh(server: tuple[str, int]) -> None:
+    """A recorded answer is worth nothing on the next connection."""
+    _, port = server
+    seen = set()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            seen.add(receive(s)["challenge"])
+    assert len(seen) == 3

@@ -9,6 +9,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -16,9 +17,20 @@ import trio
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.topogen import leaf_spine, single_switch
 from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.runtime import auth
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "rocev2_emu"]
+
+
+def node_stats(topo: Path, address: str) -> dict[str, Any]:
+    """A running node's counters, asked as ``rocev2-emu`` would (with the fabric's secret)."""
+    auth.use_fabric(str(topo))
+    try:
+        stats: dict[str, Any] = trio.run(control, address, {"cmd": "stats"})
+        return stats
+    finally:
+        auth.use(None)
 
 
 def write_topology(path: Path, text: str, **sections: dict[str, object]) -> Path:
@@ -143,7 +155,7 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
         assert "ready" in seen, seen
         # the flows are running once leaf0 forwards data towards a spine (readiness, not a sleep)
         leaf0 = load(topo).nodes["leaf0"].address
-        while trio.run(control, leaf0, {"cmd": "stats"})["tx_packets"] < 100:
+        while node_stats(topo, leaf0)["tx_packets"] < 100:
             assert time.monotonic() < deadline + 60, "the flows never started"
         down = subprocess.run(
             [*CLI, "link", str(topo), "leaf0", "spine0", "down"],
@@ -218,9 +230,6 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
     import socket
     import time as clock
 
-    import trio
-
-    from rocev2_emu.fabric.control import control
     from rocev2_emu.wire.ethernet import LINK_UDP_PORT, encode_vxlan
     from rocev2_emu.wire.pfc import encode_pfc
 
@@ -238,7 +247,7 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
             )
         deadline = clock.monotonic() + 30  # the switch reads it at its next wake-up
         while True:
-            stats = trio.run(control, "127.10.0.10", {"cmd": "stats"})
+            stats = node_stats(topo, "127.10.0.10")
             if stats["drops"].get("not_from_peer") or clock.monotonic() > deadline:
                 break
         assert stats["drops"].get("not_from_peer") == 1, stats
@@ -248,3 +257,4 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
         node.wait(30)
         if node.stdout is not None:
             node.stdout.close()
+        auth.run_file(str(topo)).unlink(missing_ok=True)  # the secret the node made

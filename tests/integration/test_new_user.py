@@ -49,10 +49,10 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def fabric(topo: Path) -> Iterator[subprocess.Popen[str]]:
+def fabric(topo: Path, env: dict[str, str] = ENV) -> Iterator[subprocess.Popen[str]]:
     """``rocev2-emu up TOPO`` running until the block ends (then Ctrl-C, or kill on failure)."""
     proc = subprocess.Popen(
-        [*CLI, "up", str(topo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        [*CLI, "up", str(topo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         assert proc.stdout is not None

@@ -27,6 +27,7 @@ import pytest
 
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.runtime import auth
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,21 @@ def _compose(
     *argv: str, timeout: float = 300, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     return _run("docker-compose", "-p", PROJECT, *argv, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def testbed_secret() -> Iterator[bytes]:
+    """deploy/fabric.secret, as ``rocev2-emu compose`` makes it (kept if there is one): every
+    container reads it as its env_file, the host's ``rocev2-emu link`` beside the topology."""
+    path = ROOT / "deploy" / auth.BESIDE_TOPOLOGY
+    made = not path.exists()
+    if made:
+        auth.write(path, auth.new(), exclusive=True)
+    try:
+        yield auth.read(path)
+    finally:
+        if made:
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +215,7 @@ def test_swarm_stack_runs_the_job(image: str) -> None:
     short = text.replace('"-e", "4M"', '"-e", "64K"').replace('"-n", "5"', '"-n", "2"')
     assert short != text
     (where / "docker-stack.yml").write_text(short)
+    auth.write(where / auth.BESIDE_TOPOLOGY, auth.new())  # the stack's env_file
     try:
         _run("docker", "stack", "deploy", "-c", f"{tmp_dir}/docker-stack.yml", stack, timeout=120)
         deadline = time.monotonic() + 240
@@ -232,3 +249,4 @@ def test_swarm_stack_runs_the_job(image: str) -> None:
             _run("docker", "network", "rm", *nets.split(), check=False)
         if joined:
             _run("docker", "swarm", "leave", "--force", check=False)
+        shutil.rmtree(where, ignore_errors=True)

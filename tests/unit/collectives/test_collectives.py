@@ -22,6 +22,8 @@ from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.runtime import auth
+from rocev2_emu.transport.errors import RemoteVerbsError
 
 
 def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:
@@ -153,7 +155,7 @@ def test_topology_aware_and_hierarchical_cross_the_spine_less_than_a_naive_ring(
     assert hier < naive / 1.5
 
 
-async def test_tcp_store_set_get_add_and_deadlines() -> None:
+async def test_tcp_store_set_get_add_and_deadlines(fabric_secret: bytes) -> None:
     server = StoreServer("127.0.0.1", 0)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve)
@@ -171,6 +173,9 @@ async def test_tcp_store_set_get_add_and_deadlines() -> None:
             await b.get("missing", 0.05)
         await a.aclose()
         await b.aclose()
+        auth.use(auth.new())  # a rank of another fabric is refused, and told why
+        with pytest.raises(RemoteVerbsError, match=r"refused this client.*authentication failed"):
+            await TcpStore.connect("127.0.0.1", port)
         nursery.cancel_scope.cancel()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import tomllib
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.compose import generate
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
+from rocev2_emu.runtime import auth
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "examples/topologies/leaf-spine.toml"
@@ -23,8 +25,10 @@ def test_checked_in_testbed_is_the_generators_output(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
     written = generate(SHIPPED, str(tmp_path))
-    assert len(written) == 11
+    assert len(written) == 12
     for path in written:
+        if path.name == "fabric.secret":
+            continue  # made per testbed, never checked in
         rel = path.relative_to(tmp_path)
         assert (ROOT / rel).read_text() == path.read_text(), (
             f"{rel} drifted: rocev2-emu compose {SHIPPED}"
@@ -44,6 +48,34 @@ def test_compose_file_runs_every_node_and_waits_for_health() -> None:
     assert '"--attach"' in job
     prom = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
     assert all(f'"{n.address}:9100"' in prom for n in topo.nodes.values())
+
+
+def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    generate(SHIPPED, str(tmp_path))
+    secret_file = tmp_path / "deploy" / "fabric.secret"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    secret = auth.read(secret_file)
+    generate(SHIPPED, str(tmp_path))  # the files again: a running testbed keeps its secret
+    assert auth.read(secret_file) == secret
+    assert secret.hex() not in (tmp_path / "docker-compose.yml").read_text()
+    # the host's commands find it beside the testbed's topology
+    monkeypatch.delenv(auth.ENV, raising=False)
+    monkeypatch.delenv(auth.ENV_FILE, raising=False)
+    assert auth.load(str(tmp_path / "deploy" / "topology.toml")) == secret
+    for name, text in (
+        ("docker-compose.yml", (ROOT / "docker-compose.yml").read_text()),
+        ("deploy/docker-stack.yml", (ROOT / "deploy" / "docker-stack.yml").read_text()),
+    ):
+        topo = load(ROOT / "deploy" / "topology.toml")
+        services = [*topo.nodes, "job"]
+        for service in services:
+            block = re.search(rf"\n  {service}:\n((?:    .*\n)*)", text)
+            assert block is not None, (name, service)
+            assert "    env_file: ./" in block.group(1), (name, service)
+            assert "fabric.secret" in block.group(1), (name, service)
 
 
 def test_dashboards_name_the_fixed_datasource_and_set_units() -> None:

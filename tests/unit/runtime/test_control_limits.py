@@ -83,9 +83,9 @@ def test_connections_beyond_the_limit_are_closed_at_once_and_counted() -> None:
         handle = connection_limit(lambda s: serve_requests(s, echo), limit=2)
         pairs = [trio.testing.memory_stream_pair() for _ in range(3)]
         async with trio.open_nursery() as nursery:
-            for server, _ in pairs:
+            for server, _ in pairs:  # one by one: trio may run a batch of new tasks reversed
                 nursery.start_soon(handle, server)
-            await trio.testing.wait_all_tasks_blocked()
+                await trio.testing.wait_all_tasks_blocked()
             assert await pairs[2][1].receive_some() == b""  # the third: closed unserved
             for _, client in pairs[:2]:  # the first two are served
                 await client.send_all(frame("x"))
