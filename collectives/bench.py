@@ -1,15 +1,19 @@
-"""``rocev2-emu bench all-reduce`` (and all-gather, reduce-scatter, broadcast): nccl-tests.
+"""``rocev2-emu bench all-reduce`` (and all-gather, reduce-scatter, broadcast, all-to-all,
+sendrecv): nccl-tests.
 
 Flags and output follow NVIDIA's nccl-tests: sizes from ``-b`` to ``-e`` by factor ``-f``,
 ``-n`` timed iterations after ``-w`` warm-up ones, ``-c`` checks the results, ``-o`` the
 reduction, ``-d`` the type, ``-r`` the root; one line per size with the out-of-place and the
 in-place time, algbw and busbw, and the count of wrong elements; then ``# Out of bounds
 values`` and ``# Avg bus bandwidth``.  algbw = size / time; busbw = algbw x 2(n-1)/n for
-all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast (nccl-tests'
-doc/PERFORMANCE.md).  Times are emulated microseconds: each rank times its ``-n`` operations
-from a common barrier, and the line shows the slowest rank's mean (the collective is done when
-its last rank is).  After the table comes the fabric summary: pauses, ECN marks, CNPs,
-retransmissions and drops - the interconnect tax.
+all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for broadcast and
+sendrecv (nccl-tests' doc/PERFORMANCE.md).  all-to-all's size is what each rank sends in all
+(size / n to each peer, rounded down to whole elements as nccl-tests does); sendrecv's is what
+each rank sends its successor (rank r + 1) while it receives from its predecessor.  Times are
+emulated microseconds: each rank times its ``-n`` operations from a common barrier, and the
+line shows the slowest rank's mean (the collective is done when its last rank is).  After the
+table comes the fabric summary: pauses, ECN marks, CNPs, retransmissions and drops - the
+interconnect tax.
 
 Inputs follow a pattern every rank can reproduce, so each rank checks its own result exactly
 (``(rank + i) mod 5``, and for ``prod`` 1 or 2, so every product is exact).
@@ -26,7 +30,8 @@ from collectives import ops
 from collectives.communicator import BUS_FACTOR, Communicator
 from collectives.registry import job
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+SPLIT = ("all_gather", "reduce_scatter", "all_to_all")  # size is n blocks: a count per block
 
 
 def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -70,6 +75,10 @@ def expected(
         return np.concatenate([pattern(k, count, dtype, op) for k in range(n)])
     if coll == "broadcast":
         return pattern(root, count, dtype, op)
+    if coll == "all_to_all":  # block i from rank i: its block for this rank
+        return np.concatenate([pattern(k, count, dtype, op, offset=rank * count) for k in range(n)])
+    if coll == "send_recv":
+        return pattern((rank - 1) % n, count, dtype, op)
     total = count * n if coll == "reduce_scatter" else count
     # every pattern repeats with period PATTERN_PERIOD: reduce one period, then repeat it
     period = min(total, PATTERN_PERIOD)
@@ -84,7 +93,13 @@ def expected(
 async def _once(
     comm: Communicator, coll: str, x: np.ndarray, inplace: bool, p: dict[str, Any]
 ) -> np.ndarray:
-    out = x if inplace and coll in ("all_reduce", "broadcast") else None
+    out = x if inplace and coll in ("all_reduce", "broadcast", "all_to_all", "send_recv") else None
+    if coll == "all_to_all":
+        return await comm.all_to_all(x, out=out)
+    if coll == "send_recv":
+        n, r = comm.size, comm.rank
+        into = out if out is not None else np.empty_like(x)
+        return await comm.send_recv(x, (r + 1) % n, into, (r - 1) % n)
     if coll == "all_reduce":
         return await comm.all_reduce(x, p["op"], out=out, algo=p["algo"])
     if coll == "all_gather":
@@ -103,10 +118,12 @@ async def bench(comm: Communicator, p: dict[str, Any]) -> list[dict[str, Any]]:
     dtype = ops.DTYPES[p["dtype"]]
     rows = []
     for size in p["sizes"]:
-        per_rank = size // dtype.itemsize // (n if coll in ("all_gather", "reduce_scatter") else 1)
+        per_rank = size // dtype.itemsize // (n if coll in SPLIT else 1)
         row: dict[str, Any] = {"size": size, "count": size // dtype.itemsize}
+        if coll == "all_to_all":  # whole elements per peer, as nccl-tests rounds
+            row = {"size": per_rank * n * dtype.itemsize, "count": per_rank * n}
         for inplace in (False, True):
-            total = per_rank * n if coll == "reduce_scatter" else per_rank
+            total = per_rank * n if coll in ("reduce_scatter", "all_to_all") else per_rank
             x = (
                 pattern(comm.rank, total, dtype, p["op"])
                 if coll != "reduce_scatter"

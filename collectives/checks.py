@@ -42,7 +42,9 @@ def _close(got: np.ndarray, want: np.ndarray) -> bool:
 async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
     """Every op x dtype x size in ``params`` (sizes, dtypes, ops, seed): all-reduce by ring
     (out of place) and hierarchically (in place, when hosts hold several ranks), reduce,
-    reduce-scatter, all-gather and broadcast (from a root that moves with the size)."""
+    reduce-scatter, all-gather and broadcast (from a root that moves with the size); and per
+    dtype x size: all-to-all (``size`` elements per peer), all-to-all-v (counts that differ
+    per pair, zeros among them), send/recv between neighbours and a ring shift (send_recv)."""
     n, r = comm.size, comm.rank
     seed = int(params.get("seed", 1))
     sizes = [int(x) for x in params.get("sizes", [0, 1, 2, n - 1, n + 1, 1000, 12345])]
@@ -50,7 +52,8 @@ async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
     op_names = list(params.get("ops", ops.OPS))
     which = set(
         params.get(
-            "collectives", ["all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast"]
+            "collectives",
+            ["all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"],
         )
     )
     bad: list[str] = []
@@ -91,20 +94,61 @@ async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
             if "broadcast" in which:
                 got = await comm.broadcast(inputs[r], root=root)
                 expect(f"broadcast root {root} {dtype} x{count}", got, inputs[root])
+            if "p2p" in which:
+                await _check_p2p(comm, count, dtype, seed, expect)
     await comm.barrier()
     return bad
 
 
+def v_counts(src: int, dst: int, count: int) -> int:
+    """What rank ``src`` sends rank ``dst`` in the all-to-all-v check: differs per pair."""
+    return (src + 2 * dst + count) % 4 * count // 2 + (src * dst) % 3
+
+
+async def _check_p2p(comm: Communicator, count: int, dtype: Any, seed: int, expect: Any) -> None:
+    n, r = comm.size, comm.rank
+    blocks = [rank_input(k, count * n, dtype, seed, "sum") for k in range(n)]
+    got = await comm.all_to_all(blocks[r])
+    want = np.concatenate([blocks[k][r * count : (r + 1) * count] for k in range(n)])
+    expect(f"all_to_all {dtype} x{count}", got, want)
+
+    sends = [v_counts(r, j, count) for j in range(n)]
+    recvs = [v_counts(i, r, count) for i in range(n)]
+    mine = rank_input(r, sum(sends), dtype, seed + 1, "sum")
+    got = await comm.all_to_all_v(mine, sends, recvs)
+    parts = []
+    for i in range(n):  # what rank i sent rank r: its slice for r
+        theirs = rank_input(i, sum(v_counts(i, j, count) for j in range(n)), dtype, seed + 1, "sum")
+        at = sum(v_counts(i, j, count) for j in range(r))
+        parts.append(theirs[at : at + recvs[i]])
+    expect(f"all_to_all_v {dtype} x{count}", got, np.concatenate(parts))
+
+    inputs = [rank_input(k, count, dtype, seed + 2, "sum") for k in range(n)]
+    if n > 1:
+        got = await comm.send_recv(inputs[r], (r + 1) % n, np.empty(count, dtype), (r - 1) % n)
+        expect(f"send_recv shift {dtype} x{count}", got, inputs[(r - 1) % n])
+    if r % 2 == 0 and r + 1 < n:  # pairs (0, 1), (2, 3), ...: the even rank sends twice
+        await comm.send(inputs[r], r + 1)
+        await comm.send(inputs[r][::-1].copy(), r + 1)
+    elif r % 2 == 1:
+        first = await comm.recv(np.empty(count, dtype), r - 1)
+        second = await comm.recv(np.empty(count, dtype), r - 1)
+        expect(f"send/recv {dtype} x{count}", first, inputs[r - 1])
+        expect(f"send/recv second {dtype} x{count}", second, inputs[r - 1][::-1])
+
+
 @job("stop")
 async def stop_at(comm: Communicator, params: dict[str, Any]) -> str:
-    """All-reduces until rank ``params["rank"]`` stops taking part before operation
-    ``params["at"]`` (it leaves, as a crashed rank would); the others must raise."""
-    x = np.ones(int(params.get("count", 4096)), np.float32)
+    """All-reduces (or ``params["op"]``: ``all_to_all``) until rank ``params["rank"]`` stops
+    taking part before operation ``params["at"]`` (it leaves, as a crashed rank would); the
+    others must raise."""
+    x = np.ones(int(params.get("count", 4096)) // comm.size * comm.size, np.float32)
+    op = comm.all_to_all if params.get("op") == "all_to_all" else comm.all_reduce
     for k in range(int(params["at"]) + 1):
         if comm.rank == int(params["rank"]) and k == int(params["at"]):
             return "stopped"
         try:
-            await comm.all_reduce(x)
+            await op(x)
         except Exception as exc:
             return f"{type(exc).__name__} at {comm.ctx.now() * 1e3:.3f} ms: {exc}"
     return "finished"

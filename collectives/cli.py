@@ -1,4 +1,5 @@
-"""``rocev2-emu bench all-reduce | all-gather | reduce-scatter | broadcast``: nccl-tests' flags,
+"""``rocev2-emu bench all-reduce | all-gather | reduce-scatter | broadcast | all-to-all |
+sendrecv``: nccl-tests' flags,
 and the all-reduce demo (registered with the CLI by :mod:`collectives.plugin`).
 
 Over a topology file (default: the shipped leaf-spine, 2 spines, 4 leaves, 2 hosts per leaf,
@@ -122,7 +123,7 @@ def demo(tdf: float | None) -> int:
 
 
 def main(which: str, args: BenchOptions) -> int:
-    coll = which.replace("-", "_")
+    coll = {"sendrecv": "send_recv"}.get(which, which.replace("-", "_"))
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
     topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
     params = bench.params(
@@ -173,7 +174,14 @@ def main(which: str, args: BenchOptions) -> int:
     return 1 if wrong else 0
 
 
-COLLECTIVE_BENCHES = ["all-reduce", "all-gather", "reduce-scatter", "broadcast"]
+COLLECTIVE_BENCHES = [
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "broadcast",
+    "all-to-all",
+    "sendrecv",
+]
 
 
 def _run_bench(which: str, args: argparse.Namespace) -> int:

@@ -14,6 +14,13 @@ ranks on the same host share a :class:`HostGroup` (shared memory, the seed's NVL
   ranks on every host.
 * ``algo="auto"``: hierarchical when hosts hold more than one rank and the message is at least
   one slot per rank, else the ring.
+* All-to-all (``all_to_all``, and ``all_to_all_v`` with per-peer counts, as MPI's
+  ``MPI_Alltoallv`` and torch's ``all_to_all_single`` with splits) and point to point
+  (``send``, ``recv``, ``send_recv``): one link each way with every peer, made on first use
+  (NCCL connects its point-to-point peers lazily too); all-to-all runs every peer's exchange at
+  once, as NCCL's grouped sends and receives.  Messages between two ranks arrive in the order
+  they were sent; each direction of a pair counts its own messages, so ranks that do not take
+  part are not held up.
 * Errors, not hangs: every operation has a deadline (emulated seconds, scaled with its size);
   a failed link, a QP in error or a passed deadline raises :class:`CollectiveError` naming the
   rank, the operation, its sequence number and the peer, and posts an abort to the store so the
@@ -229,6 +236,135 @@ class Communicator(RankSession):
 
         await self._guard("reduce", flat.nbytes, body)
         return self._deliver(work, x, out)
+
+    async def all_to_all(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``x`` holds ``size`` equal blocks; block j goes to rank j, and block i of the result
+        came from rank i (torch's ``all_to_all_single``, MPI's ``MPI_Alltoall``)."""
+        flat = self._check(x)
+        if flat.size % self.size:
+            raise ValueError(
+                f"all_to_all: {flat.size} elements do not split into {self.size} equal blocks"
+            )
+        counts = [flat.size // self.size] * self.size
+        result = await self.all_to_all_v(flat, counts, counts)
+        return self._deliver(result, x, out)
+
+    async def all_to_all_v(
+        self,
+        x: np.ndarray,
+        send_counts: list[int],
+        recv_counts: list[int],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``x`` cut into ``send_counts[j]`` elements for each rank j, in rank order; the result
+        holds ``recv_counts[i]`` elements from each rank i, in rank order.  Both sides must
+        agree on every count (a mismatch fails the operation on both)."""
+        flat = self._check(x)
+        sends, recvs = self._counts("send", send_counts), self._counts("recv", recv_counts)
+        if sum(sends) != flat.size:
+            raise ValueError(f"all_to_all_v: send counts add up to {sum(sends)}, x has {flat.size}")
+        if sends[self.rank] != recvs[self.rank]:
+            raise ValueError(
+                f"all_to_all_v: rank {self.rank} sends itself {sends[self.rank]} elements and "
+                f"expects {recvs[self.rank]}"
+            )
+        send_at = np.concatenate([[0], np.cumsum(sends)]).astype(int).tolist()
+        base = flat.size  # one buffer: the input, then the output (one registration)
+        recv_at = (base + np.concatenate([[0], np.cumsum(recvs)])).astype(int).tolist()
+        work = np.empty(base + sum(recvs), flat.dtype)
+        work[:base] = flat
+        me = self.rank
+        work[recv_at[me] : recv_at[me + 1]] = flat[send_at[me] : send_at[me + 1]]
+        peers = [r for r in range(self.size) if r != me]
+        await self._pairs(peers)
+        pending: dict[int, list[str]] = {}  # peer -> what its exchange waits for
+
+        async def exchange(peer: int) -> None:
+            send = (send_at[peer], send_at[peer + 1]) if sends[peer] else None
+            recv = (recv_at[peer], recv_at[peer + 1]) if recvs[peer] else None
+            pending[peer] = ["the start"]
+            steps = [ring.Step(send, recv, False, None)]
+            await self._ring(self.pair_name(me, peer), steps, work, "sum", pending[peer])
+            del pending[peer]
+
+        async def body(progress: list[str]) -> None:
+            try:
+                async with trio.open_nursery() as nursery:
+                    for peer in peers:
+                        nursery.start_soon(exchange, peer)
+            except BaseExceptionGroup as group:  # the first peer's failure: the others cancel
+                raise ring.first_error(group) from None
+
+        def waiting() -> str:
+            first = sorted(pending)[:3]
+            more = f" and {len(pending) - 3} more peers" if len(pending) > 3 else ""
+            return "; ".join(pending[p][0] for p in first) + more
+
+        await self._guard("all_to_all", flat.nbytes, body, waiting=waiting)
+        return self._deliver(work[base:], None, out)
+
+    def _counts(self, which: str, counts: list[int]) -> list[int]:
+        if len(counts) != self.size or not all(
+            isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 0 for c in counts
+        ):
+            raise ValueError(
+                f"all_to_all_v: {which} counts {counts!r:.80} are not {self.size} counts >= 0"
+            )
+        return [int(c) for c in counts]
+
+    async def send(self, x: np.ndarray, peer: int) -> None:
+        """``x`` to rank ``peer``, which must ``recv`` as many elements of the same type."""
+        flat = self._check(x)
+        await self._p2p("send", flat, [("send", self.check_peer(peer), (0, flat.size))])
+
+    async def recv(self, out: np.ndarray, peer: int) -> np.ndarray:
+        """Rank ``peer``'s next message into ``out`` (its size and type are the message's)."""
+        work = self._check(out).copy()
+        await self._p2p("recv", work, [("recv", self.check_peer(peer), (0, work.size))])
+        return self._deliver(work, out, out)
+
+    async def send_recv(self, x: np.ndarray, to: int, out: np.ndarray, frm: int) -> np.ndarray:
+        """``send(x, to)`` and ``recv(out, frm)`` at once, as one operation (nccl-tests'
+        sendrecv; a pipeline stage passing activations on while it takes the next ones)."""
+        flat, into = self._check(x), self._check(out)
+        if flat.dtype != into.dtype:
+            raise ValueError(f"send_recv: x is {flat.dtype}, out is {into.dtype}")
+        to, frm = self.check_peer(to), self.check_peer(frm)
+        work = np.empty(flat.size + into.size, flat.dtype)
+        work[: flat.size] = flat
+        both = [("send", to, (0, flat.size)), ("recv", frm, (flat.size, work.size))]
+        await self._p2p("send_recv", work, both)
+        return self._deliver(work[flat.size :], out, out)
+
+    async def _p2p(
+        self, name: str, work: np.ndarray, parts: list[tuple[str, int, tuple[int, int]]]
+    ) -> None:
+        """Point-to-point ``parts`` (send or recv, peer, element range of ``work``) as one
+        operation: each numbered by its direction's own count of messages."""
+        await self._pairs(sorted({peer for _, peer, _ in parts}))
+        runs = []
+        for kind, peer, (lo, hi) in parts:
+            key = (kind, peer)
+            self.p2p_seq[key] = self.p2p_seq.get(key, 0) + 1
+            rng = (lo, hi) if hi > lo else None
+            step = ring.Step(
+                rng if kind == "send" else None, rng if kind == "recv" else None, False, None
+            )
+            runs.append((self.pair_name(self.rank, peer), [step], self.p2p_seq[key]))
+
+        async def body(progress: list[str]) -> None:
+            try:
+                async with trio.open_nursery() as nursery:
+                    for ring_name, steps, seq in runs:
+                        nursery.start_soon(self._ring, ring_name, steps, work, "sum", progress, seq)
+            except BaseExceptionGroup as group:
+                raise ring.first_error(group) from None
+
+        # the bytes sent (nccl-tests' size for sendrecv), or received when only receiving
+        moved = [hi - lo for kind, _, (lo, hi) in parts if kind == "send"] or [
+            hi - lo for _, _, (lo, hi) in parts
+        ]
+        await self._guard(name, sum(moved) * work.itemsize, body, seq=runs[0][2])
 
     async def barrier(self) -> None:
         """Every rank has reached this call (through the store, like NCCL's bootstrap)."""

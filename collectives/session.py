@@ -35,6 +35,10 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
 }
 
 
@@ -71,6 +75,8 @@ class RankSession(abc.ABC):
         self.rings: dict[str, Ring] = {}
         self.local_ring: str | None = None  # this rank's ring across hosts (hierarchical)
         self.seq = 0
+        self.p2p_seq: dict[tuple[str, int], int] = {}  # ("send" | "recv", peer) -> messages
+        self._connecting = trio.Lock()
         self.aborted: str | None = None
         self.last: dict[str, Any] = {}
         self._nursery: trio.Nursery | None = None
@@ -85,7 +91,10 @@ class RankSession(abc.ABC):
         but at least 60 s of wall time (processes start at their own pace)."""
         return max(self._wall(self.options.timeout), 60.0)
 
-    async def _connect(self, rings: dict[str, list[int]]) -> None:
+    async def _connect(self, rings: dict[str, list[int]], *, barrier: bool = True) -> None:
+        """One link per hop of each ring this rank is in, through the store; then a barrier
+        of the job (``barrier=False``: of the links' peers only, for point-to-point links made
+        while other ranks do something else)."""
         pending: list[tuple[Ring, str]] = []
         for name, members in rings.items():
             if self.rank not in members:
@@ -141,7 +150,40 @@ class RankSession(abc.ABC):
                 assert isinstance(ring_.tx, RdmaTx)
                 self._connect_qp(ring_.tx, peer)
                 ring_.tx.remote_addr, ring_.tx.rkey = peer.vaddr, peer.rkey
-        await self.barrier()
+        if barrier:
+            await self.barrier()
+            return
+        # no write may reach a QP before it is ready to receive: each end says when it is
+        for name in rings:
+            await self.store.set(f"{self.options.job}/{name}/ready/{self.rank}", 1)
+        for name, members in rings.items():
+            for peer_rank in set(members) - {self.rank}:
+                await self._get(f"{self.options.job}/{name}/ready/{peer_rank}", wait)
+
+    @staticmethod
+    def pair_name(a: int, b: int) -> str:
+        """The two-member ring that links ranks ``a`` and ``b`` both ways (point to point)."""
+        return f"pair:{min(a, b)}-{max(a, b)}"
+
+    def check_peer(self, peer: object) -> int:
+        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise ValueError(f"rank {self.rank}: peer {peer!r} is no rank of 0..{self.size - 1}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank}: a rank cannot send to or receive from itself")
+        return peer
+
+    async def _pairs(self, peers: list[int]) -> None:
+        """Links with each of ``peers`` (both ways), made on first use as NCCL makes its
+        point-to-point connections: each pair waits only for itself, so ranks may connect
+        different peers at different times."""
+        async with self._connecting:  # a send and a recv to one peer at once connect it once
+            missing = {
+                self.pair_name(self.rank, p): sorted((self.rank, p))
+                for p in peers
+                if self.pair_name(self.rank, p) not in self.rings
+            }
+            if missing:
+                await self._connect(missing, barrier=False)
 
     def _connect_qp(self, end: RdmaRx | RdmaTx, peer: QPInfo) -> None:
         end.connect(
@@ -181,9 +223,21 @@ class RankSession(abc.ABC):
                         end.fail(f"aborted: {why}")
             return
 
-    async def _guard(self, name: str, nbytes: int, body: Callable[[list[str]], Awaitable[T]]) -> T:
-        self.seq += 1
-        seq = self.seq
+    async def _guard(
+        self,
+        name: str,
+        nbytes: int,
+        body: Callable[[list[str]], Awaitable[T]],
+        seq: int | None = None,
+        waiting: Callable[[], str] | None = None,
+    ) -> T:
+        """Run ``body`` under the operation's deadline; a failure raises CollectiveError and
+        aborts the job.  ``seq``: a point-to-point operation's own number (the job's sequence
+        counts the collectives, which every rank runs).  A passed deadline names what was
+        awaited: ``body``'s progress string, or ``waiting()`` for a body with many peers."""
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
         if self.aborted:
             raise CollectiveError(f"rank {self.rank}: {name} #{seq}: job aborted: {self.aborted}")
         # deadline: the base, plus ten times what the bytes need at the link rate
@@ -196,7 +250,8 @@ class RankSession(abc.ABC):
                 result = await body(progress)
         except (trio.TooSlowError, LinkError, ring.ProtocolError) as exc:
             what = (
-                f"deadline of {deadline * 1e3:.1f} ms (emulated) passed waiting for {progress[0]}"
+                f"deadline of {deadline * 1e3:.1f} ms (emulated) passed waiting for "
+                f"{waiting() if waiting else progress[0]}"
                 if isinstance(exc, trio.TooSlowError)
                 else str(exc)
             )
@@ -236,7 +291,13 @@ class RankSession(abc.ABC):
         return mr
 
     async def _ring(
-        self, name: str, steps: list[ring.Step], work: np.ndarray, op: str, progress: list[str]
+        self,
+        name: str,
+        steps: list[ring.Step],
+        work: np.ndarray,
+        op: str,
+        progress: list[str],
+        seq: int | None = None,
     ) -> None:
         r = self.rings[name]
         if not any(s.send or s.recv for s in steps):
@@ -250,7 +311,7 @@ class RankSession(abc.ABC):
             r.tx,
             r.rx,
             op=op,
-            seq=self.seq,
+            seq=self.seq if seq is None else seq,
             progress=progress,
             pred=f"rank {r.members[(pos - 1) % n]}",
             succ=f"rank {r.members[(pos + 1) % n]}",

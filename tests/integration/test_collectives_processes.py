@@ -73,17 +73,18 @@ def _kill_host_when_busy(topo: Topology, path: str, host: str) -> None:
             return
 
 
-def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline() -> None:
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
+def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline(op: str) -> None:
     topo, path = leaf_spine_file()
     killer = threading.Thread(target=_kill_host_when_busy, args=(topo, path, "h3"), daemon=True)
     killer.start()
-    params = {"rank": -1, "at": 10**6, "count": 16384, "qp_timeout": 6, "timeout": 0.02}
+    params = {"rank": -1, "at": 10**6, "count": 16384, "qp_timeout": 6, "timeout": 0.02, "op": op}
     results, _ = run_local(topo, path, 1000.0, "stop", params)  # a hang fails on the timeout
     dead = {6, 7}  # h3's ranks
     assert set(results) == set(range(8)) - dead
     for rank, outcome in results.items():
         assert outcome.startswith("CollectiveError"), (rank, outcome)
-        assert "all_reduce #" in outcome  # names the operation and its sequence number
+        assert f"{op} #" in outcome  # names the operation and its sequence number
     # the launcher saw h3 die and said so through the store; or a neighbour named rank 6/7
     assert any(
         "host h3 (ranks [6, 7]) died" in o or "rank 6" in o or "rank 7" in o

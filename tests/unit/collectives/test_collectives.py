@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry
 from collectives import ops, ring
 from collectives.bench import expected, pattern, sizes
 from collectives.bench import params as bench_params
-from collectives.communicator import RankPlace, ring_order
+from collectives.communicator import Communicator, RankPlace, ring_order
 from collectives.job import places_for, run_virtual
 from collectives.metrics import HostCollectiveMetrics
+from collectives.registry import job
+from collectives.session import CollectiveError
 from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
@@ -116,15 +118,67 @@ def test_all_reduce_on_64_ranks() -> None:
     assert fabric_["switch_tx_bytes"]["spine0"] + fabric_["switch_tx_bytes"]["spine1"] > 0
 
 
-def test_a_rank_that_stops_makes_every_other_rank_raise_in_bounded_time() -> None:
+def test_all_to_all_v_and_point_to_point_on_64_ranks() -> None:
+    topo = fabric(2, 4, 4, 4)  # 16 hosts x 4 ranks: pairs in shared memory and across spines
+    params = {"sizes": [3], "dtypes": ["int32"], "collectives": ["p2p"], "slot_bytes": 4096}
+    results, fabric_ = run_virtual(topo, "check", params)
+    assert len(results) == 64 and all(v == [] for v in results.values()), [
+        v for v in results.values() if v
+    ][:1]
+    assert fabric_["switch_tx_bytes"]["spine0"] + fabric_["switch_tx_bytes"]["spine1"] > 0
+
+
+@job("p2p_misuse")
+async def p2p_misuse(comm: Communicator, params: dict[str, Any]) -> list[str]:
+    """What a careless caller gets: a clear error at once, and (for a size the peer does not
+    expect) a CollectiveError on both ranks."""
+    said = []
+    for call in (
+        lambda: comm.all_to_all(np.zeros(comm.size + 1, np.float32)),
+        lambda: comm.all_to_all_v(np.zeros(4, np.float32), [1] * comm.size, [-1] * comm.size),
+        lambda: comm.all_to_all_v(np.zeros(3, np.float32), [2] * comm.size, [2] * comm.size),
+        lambda: comm.send(np.zeros(4, np.float32), comm.rank),
+        lambda: comm.recv(np.zeros(4, np.float32), comm.size),
+    ):
+        try:
+            await call()
+        except ValueError as exc:
+            said.append(str(exc))
+    try:  # rank 0 sends 8 elements, rank 1 expects 4
+        if comm.rank == 0:
+            await comm.send(np.zeros(8, np.float32), 1)
+        elif comm.rank == 1:
+            await comm.recv(np.zeros(4, np.float32), 0)
+    except CollectiveError as exc:
+        said.append(f"CollectiveError: {exc}")
+    return said
+
+
+def test_point_to_point_misuse_is_a_clear_error() -> None:
+    results, _ = run_virtual(fabric(1, 2, 1, 1), "p2p_misuse", {"timeout": 0.001})
+    for rank in (0, 1):
+        said = results[rank]
+        assert len(said) == 6, said
+        assert "12 elements do not split into 2 equal blocks" not in said[0]
+        assert "3 elements do not split into 2 equal blocks" in said[0]
+        assert "recv counts [-1, -1] are not 2 counts >= 0" in said[1]
+        assert "send counts add up to 4, x has 3" in said[2]
+        assert "cannot send to or receive from itself" in said[3]
+        assert "peer 2 is no rank of 0..1" in said[4]
+    assert results[1][-1].startswith("CollectiveError: rank 1: recv #1 failed: expected step 0")
+    assert results[0][-1].startswith("CollectiveError: rank 0: send #1 failed")
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
+def test_a_rank_that_stops_makes_every_other_rank_raise_in_bounded_time(op: str) -> None:
     topo = fabric(2, 4, 2, 2)
-    results, _ = run_virtual(topo, "stop", {"rank": 5, "at": 2, "timeout": 0.02})
+    results, _ = run_virtual(topo, "stop", {"rank": 5, "at": 2, "timeout": 0.02, "op": op})
     assert results[5] == "stopped"
     for rank, outcome in results.items():
         if rank == 5:
             continue
         assert outcome.startswith("CollectiveError"), outcome
-        assert "all_reduce #4" in outcome  # the operation and its sequence number
+        assert f"{op} #4" in outcome  # the operation and its sequence number
         ms = float(outcome.split(" at ")[1].split(" ms")[0])
         assert ms < 25.0  # the deadline (20 ms) plus a little: no hang
     # the neighbours name the rank that went away
