@@ -187,9 +187,18 @@ def table(
     return lines, wrong_total
 
 
-def fabric_summary(fab: dict[str, Any]) -> list[str]:
+def fabric_summary(fab: dict[str, Any], upper: set[str] | None = None) -> list[str]:
+    """The fabric's counters for the run; ``upper``: the switches above the leaves, whose
+    bytes say how much of the run crossed the expensive tiers."""
     drops = sum(fab.get("drops", {}).values())
     senders = ", ".join(fab.get("pfc_senders", []))
+    crossed = []
+    if upper:
+        sent = sum(v for k, v in fab.get("switch_tx_bytes", {}).items() if k in upper)
+        crossed = [
+            f"#   bytes through the tiers above the leaves ({', '.join(sorted(upper)[:3])}"
+            f"{', ...' if len(upper) > 3 else ''}) {sent / 1e6:.2f} MB in this run"
+        ]
     return [
         "#",
         "# Fabric (the interconnect tax):",
@@ -201,6 +210,7 @@ def fabric_summary(fab: dict[str, Any]) -> list[str]:
         f"{fab.get('timeouts', 0)}, drops {drops} {dict(fab.get('drops', {})) or ''}".rstrip(),
         f"#   late wake-ups {fab.get('late_wakeups', 0)}, datagrams the kernel dropped "
         f"{fab.get('socket_drops', 0)}",
+        *crossed,
     ]
 
 

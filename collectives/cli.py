@@ -112,7 +112,9 @@ class BenchOptions:
 
 def demo(tdf: float | None) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node."""
-    opts = BenchOptions(minbytes=1 << 10, maxbytes=4 << 20, iters=2, tdf=tdf, show_nodes=True)
+    opts = BenchOptions(
+        minbytes=1 << 10, maxbytes=4 << 20, iters=2, algo="ring", tdf=tdf, show_nodes=True
+    )
     print(
         "rocev2-emu demo: ring all-reduce across the shipped leaf-spine (2 spines, 4 leaves, "
         "8 hosts): every switch and host a process on 127.10.x.y, real RoCEv2 frames over "
@@ -166,7 +168,10 @@ def main(which: str, args: BenchOptions) -> int:
         return 1
     lines, wrong = bench.table(coll, params, results)
     print("#")
-    for line in lines + bench.fabric_summary(fabric):
+    upper = {  # switches with no host below them: spines, aggregation, cores
+        s.name for s in topo.switches if all(topo.nodes[p].kind == "switch" for _, p in s.ports)
+    }
+    for line in lines + bench.fabric_summary(fabric, upper):
         print(line)
     warning = bench.faithfulness_warning(fabric, topo.tdf if args.attach else tdf)
     if warning:

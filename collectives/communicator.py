@@ -8,12 +8,17 @@ ranks on the same host share a :class:`HostGroup` (shared memory, the seed's NVL
   (``order="topology"``), so a ring crosses each spine link as few times as it can; ``order=
   "rank"`` keeps rank order (the naive ring).  The chosen order is logged.  Hops between ranks
   of one host go through shared memory, the others over one RC QP pair each.
-* Hierarchical all-reduce (as Horovod's hierarchical allreduce and NCCL's tree of rings): a
-  reduce-scatter inside each host through shared memory, then one ring per local rank across
-  hosts on that rank's shard, then an all-gather inside each host.  Needs the same number of
-  ranks on every host.
-* ``algo="auto"``: hierarchical when hosts hold more than one rank and the message is at least
-  one slot per rank, else the ring.
+* Hierarchical all-reduce by level (the seed's "reduce within a rack first"; Horovod's
+  hierarchical allreduce and NCCL's tree of rings do it within a host): a reduce-scatter in
+  each host (through shared memory), then in each rack (the hosts under one leaf), then in
+  each pod (a fat-tree's), each on the shard the level below left; an all-reduce of the last
+  shard across the top (one ring per shard, so the spines carry several smaller flows); then
+  all-gathers back down.  The levels come from the topology (:func:`~collectives.placement.
+  hierarchy`); a level with one member is skipped, one of unequal groups refuses.
+* ``algo="auto"``: hierarchical when there is a level below the top and the message fits in
+  one slot (it crosses the spines less and takes fewer steps: faster where latency rules),
+  else the ring (the per-shard rings of a large message collide on ECMP paths; measured in
+  docs/collectives.md).
 * All-to-all (``all_to_all``, and ``all_to_all_v`` with per-peer counts, as MPI's
   ``MPI_Alltoallv`` and torch's ``all_to_all_single`` with splits) and point to point
   (``send``, ``recv``, ``send_recv``): one link each way with every peer, made on first use
@@ -89,12 +94,10 @@ class Communicator(RankSession):
                 "ring order (%s): %s", order, " -> ".join(f"{r}@{places[r].host}" for r in members)
             )
         rings = {"flat": members}
-        local_sizes = {sum(1 for p in places if p.host == h.host) for h in places}
-        if len(local_sizes) == 1 and local_sizes != {1}:
-            for j in range(next(iter(local_sizes))):
-                rings[f"local{j}"] = [r for r in members if places[r].local_rank == j]
-        if f"local{comm.place.local_rank}" in rings:
-            comm.local_ring = f"local{comm.place.local_rank}"
+        for level in comm.hierarchy.levels:
+            rings.update(comm.hierarchy.rings[level])
+        if rank == members[0] and comm.hierarchy.levels:
+            log.info("hierarchy: %s", " < ".join(comm.hierarchy.levels))
         await comm._connect(rings)
         nursery.start_soon(comm._watch_abort)
         return comm
@@ -111,17 +114,13 @@ class Communicator(RankSession):
     ) -> np.ndarray:
         """Reduce ``x`` over all ranks into ``out`` (a new array; ``out=x`` works in place)."""
         flat = self._check(x, op)
-        if algo == "auto":
-            hier = (
-                self.local_ring is not None and flat.nbytes >= self.options.slot_bytes * self.size
-            )
+        if algo == "auto":  # where it is faster (docs/collectives.md, Hierarchy)
+            hier = bool(self.hierarchy.levels) and flat.nbytes <= self.options.slot_bytes
             algo = "hierarchical" if hier else "ring"
         if algo not in ("ring", "hierarchical"):
             raise ValueError(f"algorithm {algo!r}: use ring, hierarchical or auto")
-        if algo == "hierarchical" and self.local_ring is None:
-            raise ValueError(
-                "hierarchical all-reduce needs the same number (> 1) of ranks per host"
-            )
+        if algo == "hierarchical" and not self.hierarchy.levels:
+            raise ValueError(f"no hierarchical all-reduce on this job: {self.hierarchy.refused}")
         work = flat.copy()
 
         async def body(progress: list[str]) -> None:
@@ -139,26 +138,25 @@ class Communicator(RankSession):
         return self._deliver(work, x, out)
 
     async def _hierarchical(self, work: np.ndarray, op: str, progress: list[str]) -> None:
-        g, j = self.group, self.place.local_rank
-        shards = ring.segments(work.size, g.size)
-        lo, hi = shards[j]
-        g.buffers[j] = work  # publish my input to the host's shared memory
-        progress[0] = "the host's other ranks (intra-host reduce-scatter)"
-        await g.barrier()
-        shard = g.buffers[0][lo:hi].copy() if j != 0 else work[lo:hi].copy()
-        for k in range(1, g.size):
-            ops.combine(op, shard, g.buffers[k][lo:hi])
-        await g.barrier()  # everyone has read the inputs
-        assert self.local_ring is not None
-        inter = self.rings[self.local_ring]
-        segs = ring.segments(shard.size, len(inter.members))
-        await self._ring(inter.name, ring.all_reduce_steps(segs, inter.pos), shard, op, progress)
-        g.buffers[j] = shard
-        progress[0] = "the host's other ranks (intra-host all-gather)"
-        await g.barrier()
-        for k, (a, b) in enumerate(shards):
-            work[a:b] = g.buffers[k]
-        await g.barrier()  # everyone has copied before buffers change
+        """Reduce-scatter up the levels (each level's group cuts the shard it shares into one
+        piece per member), all-reduce the last piece across the top, all-gather back down."""
+        names = self.hierarchy.rank_rings(self.rank)
+        spans = [(0, work.size)]  # the range this rank's group shares, level by level
+        cuts: list[list[tuple[int, int]]] = []
+        for name in names[:-1]:
+            r = self.rings[name]
+            lo, hi = spans[-1]
+            segs = [(lo + a, lo + b) for a, b in ring.segments(hi - lo, len(r.members))]
+            await self._ring(name, ring.reduce_scatter_steps(segs, r.pos), work, op, progress)
+            cuts.append(segs)
+            spans.append(segs[r.pos])
+        top = self.rings[names[-1]]
+        lo, hi = spans[-1]
+        segs = [(lo + a, lo + b) for a, b in ring.segments(hi - lo, len(top.members))]
+        await self._ring(top.name, ring.all_reduce_steps(segs, top.pos), work, op, progress)
+        for name, segs in zip(reversed(names[:-1]), reversed(cuts), strict=True):
+            r = self.rings[name]
+            await self._ring(name, ring.all_gather_steps(segs, r.pos), work, "sum", progress)
 
     async def reduce_scatter(
         self, x: np.ndarray, op: str = "sum", out: np.ndarray | None = None

@@ -44,11 +44,18 @@ from rocev2_emu.verbs import Context
 
 
 def places_for(topo: Topology) -> list[RankPlace]:
+    """Every rank's place; a leaf's pod is the set of switches above it (a fat-tree's edge
+    switches of one pod share their aggregation switches; a leaf-spine has one pod)."""
+    pods: dict[frozenset[str], str] = {}
     places: list[RankPlace] = []
     for host in topo.hosts:
         _, leaf = topo.host_link(host.name)
+        above = frozenset(
+            peer for _, peer in topo.nodes[leaf.name].ports if topo.nodes[peer].kind == "switch"
+        )
+        pod = pods.setdefault(above, f"pod{len(pods)}")
         for local in range(host.ranks):
-            places.append(RankPlace(len(places), host.name, leaf.name, local))
+            places.append(RankPlace(len(places), host.name, leaf.name, local, pod))
     return places
 
 

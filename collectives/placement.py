@@ -1,10 +1,18 @@
-"""Where a job's ranks are and how they are connected: each rank's place (host, leaf, local
-rank), the ranks of one host (shared memory and a barrier), the rings and their ends, the ring
-order, and a communicator's options.
+"""Where a job's ranks are and how they are connected: each rank's place (host, leaf, pod,
+local rank), the ranks of one host (shared memory and a barrier), the rings and their ends, the
+ring order, the levels of the hierarchical all-reduce, and a communicator's options.
 
 The ring order is leaf-major, then host-major, then by local rank (``order="topology"``), so a
 ring crosses each spine link as few times as it can; ``order="rank"`` keeps rank order (the
 naive ring).
+
+The hierarchy (:func:`hierarchy`) has up to three levels below the top: the ranks of one host,
+of one rack (the hosts under one leaf switch) and of one pod (the leaves that share their
+upstream switches, as a fat-tree's pod does).  At each level a rank's group is the ranks of its
+host, rack or pod that hold the same position in every level below, so that they hold the same
+shard; the top joins the ranks that hold the same position at every level.  A level whose
+groups have one member, or whose group is the whole job, is skipped; one whose groups differ
+in size cannot be cut into equal shards, and the hierarchy says why.
 """
 
 from __future__ import annotations
@@ -12,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import trio
 
 from collectives.links import LocalRx, Rx, Tx
@@ -26,6 +33,7 @@ class RankPlace:
     host: str
     leaf: str
     local_rank: int
+    pod: str = ""  # the leaves that share their upstream switches ("": one pod)
 
 
 @dataclass(slots=True)
@@ -33,7 +41,6 @@ class HostGroup:
     """The ranks of one host: shared memory between them, and a barrier."""
 
     size: int
-    buffers: dict[int, np.ndarray] = field(default_factory=dict)  # local rank -> its shard
     links: dict[tuple[int, int, str], LocalRx] = field(default_factory=dict)
     _arrived: int = 0
     _generation: int = 0
@@ -81,6 +88,66 @@ def ring_order(places: list[RankPlace], order: str) -> list[int]:
     return [
         p.rank for p in sorted(places, key=lambda p: (leaves[p.leaf], hosts[p.host], p.local_rank))
     ]
+
+
+LEVELS = ("host", "rack", "pod")
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """The rings of the hierarchical all-reduce: for each kept level (bottom up) and the top,
+    ``rings[level][ring name] = members in ring order``, and each rank's ring per level."""
+
+    levels: list[str]  # kept levels, bottom up, then "top"
+    rings: dict[str, dict[str, list[int]]]
+    ring_of: dict[str, dict[int, str]]
+    refused: str | None = None  # why there is no hierarchy (a level of unequal groups)
+
+    def rank_rings(self, rank: int) -> list[str]:
+        return [self.ring_of[level][rank] for level in self.levels]
+
+
+def hierarchy(places: list[RankPlace]) -> Hierarchy:
+    order = ring_order(places, "topology")
+    keys = {
+        "host": lambda p: p.host,
+        "rack": lambda p: p.leaf,
+        "pod": lambda p: p.pod,
+    }
+    path: dict[int, tuple[int, ...]] = {r: () for r in order}
+    levels: list[str] = []
+    rings: dict[str, dict[str, list[int]]] = {}
+    ring_of: dict[str, dict[int, str]] = {}
+
+    def cut(level: str, key: Any) -> dict[Any, list[int]]:
+        groups: dict[Any, list[int]] = {}
+        for r in order:
+            groups.setdefault((key(places[r]), path[r]), []).append(r)
+        return groups
+
+    for level in LEVELS:
+        if len({keys[level](p) for p in places}) == 1:
+            continue  # one host, rack or pod for the whole job: that is the top
+        groups = cut(level, keys[level])
+        sizes = sorted({len(g) for g in groups.values()})
+        if sizes == [1]:
+            continue
+        if len(sizes) > 1:
+            return Hierarchy([], {}, {}, f"its {level}s hold different numbers of ranks {sizes}")
+        levels.append(level)
+        rings[level], ring_of[level] = {}, {}
+        for members in groups.values():
+            name = f"{level}:{members[0]}"
+            rings[level][name] = members
+            for pos, r in enumerate(members):
+                ring_of[level][r] = name
+                path[r] += (pos,)
+    if not levels:
+        return Hierarchy([], {}, {}, "no level below the whole job has more than one rank")
+    top = cut("top", lambda p: "")
+    rings["top"] = {f"top:{m[0]}": m for m in top.values()}
+    ring_of["top"] = {r: f"top:{m[0]}" for m in top.values() for r in m}
+    return Hierarchy([*levels, "top"], rings, ring_of)
 
 
 @dataclass(frozen=True, slots=True)

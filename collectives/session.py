@@ -22,7 +22,7 @@ import trio
 from collectives import ring
 from collectives.links import Completions, LinkError, LocalTx, RdmaRx, RdmaTx
 from collectives.metrics import RankMetrics
-from collectives.placement import CommOptions, HostGroup, RankPlace, Ring
+from collectives.placement import CommOptions, HostGroup, RankPlace, Ring, hierarchy
 from collectives.store import Store, StoreTimeout
 from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
 
@@ -73,7 +73,7 @@ class RankSession(abc.ABC):
         self.cq = CQ(ctx, 1 << 16)
         self.completions = Completions(self.cq)
         self.rings: dict[str, Ring] = {}
-        self.local_ring: str | None = None  # this rank's ring across hosts (hierarchical)
+        self.hierarchy = hierarchy(places)  # the levels of the hierarchical all-reduce
         self.seq = 0
         self.p2p_seq: dict[tuple[str, int], int] = {}  # ("send" | "recv", peer) -> messages
         self._connecting = trio.Lock()

@@ -18,10 +18,11 @@ from collectives.bench import params as bench_params
 from collectives.communicator import Communicator, RankPlace, ring_order
 from collectives.job import places_for, run_virtual
 from collectives.metrics import HostCollectiveMetrics
+from collectives.placement import hierarchy
 from collectives.registry import job
 from collectives.session import CollectiveError
 from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
-from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime import auth
@@ -116,6 +117,61 @@ def test_all_reduce_on_64_ranks() -> None:
     results, fabric_ = run_virtual(topo, "check", params)
     assert len(results) == 64 and all(v == [] for v in results.values())
     assert fabric_["switch_tx_bytes"]["spine0"] + fabric_["switch_tx_bytes"]["spine1"] > 0
+
+
+def test_the_hierarchy_comes_from_the_topology_and_skips_single_member_levels() -> None:
+    shipped = hierarchy(places_for(fabric(2, 4, 2, 1)))  # one rank per host, 2 hosts per leaf
+    assert shipped.levels == ["rack", "top"]
+    assert sorted(shipped.rings["rack"].values()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert sorted(shipped.rings["top"].values()) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    two_per_host = hierarchy(places_for(fabric(2, 4, 2, 2)))
+    assert two_per_host.levels == ["host", "rack", "top"]
+    assert two_per_host.rings["rack"]["rack:0"] == [0, 2]  # local rank 0 of h0 and of h1
+    tree = hierarchy(places_for(parse(tomllib.loads(fat_tree(4)), "ft.toml")))
+    assert tree.levels == ["rack", "pod", "top"]  # edges of a pod share their aggregation
+    assert tree.rings["pod"]["pod:0"] == [0, 2]  # position 0 under edge0_0 and edge0_1
+    assert sorted(tree.rings["top"].values())[0] == [0, 4, 8, 12]  # one per pod
+    one_leaf = hierarchy(places_for(fabric(1, 1, 4, 1)))
+    assert one_leaf.levels == [] and "no level below the whole job" in str(one_leaf.refused)
+    uneven = [RankPlace(r, f"h{r}", "leaf0" if r < 2 else "leaf1", 0) for r in range(5)]
+    refused = hierarchy(uneven)
+    assert (
+        refused.levels == []
+        and refused.refused == "its racks hold different numbers of ranks [2, 3]"
+    )
+
+
+def test_hierarchical_all_reduce_by_rack_and_pod_on_a_fat_tree() -> None:
+    topo = parse(tomllib.loads(fat_tree(4)), "ft.toml")  # 16 hosts, 8 racks, 4 pods
+    params = {
+        "sizes": [0, 1, 13, 1000],
+        "dtypes": ["float16", "float32", "int64"],
+        "ops": ["sum", "prod", "max", "avg"],
+        "collectives": ["all_reduce"],
+    }
+    results, _ = run_virtual(topo, "check", params)
+    assert len(results) == 16 and all(v == [] for v in results.values()), [
+        v for v in results.values() if v
+    ][:1]
+
+
+@job("refused_hierarchy")
+async def refused_hierarchy(comm: Communicator, params: dict[str, Any]) -> str:
+    try:
+        await comm.all_reduce(np.ones(4, np.float32), algo="hierarchical")
+    except ValueError as exc:
+        return str(exc)
+    return "ran"
+
+
+def test_hierarchical_all_reduce_refuses_racks_of_unequal_size() -> None:
+    data = tomllib.loads(leaf_spine(2, 2, 2))
+    data["link"] = [lk for lk in data["link"] if "h3" not in (lk["a"], lk["b"])]
+    data["host"] = [h for h in data["host"] if h["name"] != "h3"]
+    results, _ = run_virtual(parse(data, "uneven.toml"), "refused_hierarchy", {})
+    assert set(results.values()) == {
+        "no hierarchical all-reduce on this job: its racks hold different numbers of ranks [1, 2]"
+    }
 
 
 def test_all_to_all_v_and_point_to_point_on_64_ranks() -> None:
