@@ -21,12 +21,11 @@ import trio
 from collectives.job import places_for
 from collectives.store import StoreServer
 from rocev2_emu.fabric.agent import CONTROL_PORT
-from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_processes
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.runtime import auth
-from rocev2_emu.verbs import OobChannel
+from rocev2_emu.verbs import OobChannel, fabric_secret
 
 
 class CollectiveJob:
@@ -57,7 +56,7 @@ class CollectiveJob:
 
             async def host(name: str, address: str) -> None:
                 chan = await OobChannel.connect(
-                    address, CONTROL_PORT, timeout=30, secret=auth.current()
+                    address, CONTROL_PORT, timeout=30, secret=fabric_secret()
                 )
                 chan.timeout = math.inf  # the job's own deadlines bound it
                 try:
@@ -125,7 +124,7 @@ def run_attached(
     """Job ``name`` on a fabric that is already running (the compose testbed's job service):
     the store listens on this machine's address on the route to the hosts (a loopback address
     for local fabrics, the container's for the testbed), never on every interface."""
-    auth.use_fabric(topo.path)
+    attach(topo)
     host = own_address(topo.hosts[0].address)
     job = CollectiveJob(name, params, store_host=host, bind_host=host)
     results, fabric = trio.run(job.run, topo, topo.tdf, 0.0)

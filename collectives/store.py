@@ -19,8 +19,13 @@ from typing import Any, Protocol
 
 import trio
 
-from rocev2_emu.runtime import auth
-from rocev2_emu.verbs import OobChannel, RemoteVerbsError, connection_limit, serve_requests
+from rocev2_emu.verbs import (
+    OobChannel,
+    RemoteVerbsError,
+    connection_limit,
+    fabric_secret,
+    serve_requests,
+)
 
 
 class StoreTimeout(Exception):
@@ -82,14 +87,14 @@ class StoreServer:
         self.secret = secret  # what clients must prove (None: this process's fabric secret)
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self.secret = self.secret or auth.current()  # no secret, no server
+        self.secret = self.secret or fabric_secret()  # no secret, no server
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
         task_status.started(self.port)
         await trio.serve_listeners(connection_limit(self._handle), listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        await serve_requests(stream, self._reply, secret=self.secret or auth.current())
+        await serve_requests(stream, self._reply, secret=self.secret or fabric_secret())
 
     async def _reply(self, msg: Any) -> dict[str, Any]:
         """One request, checked field by field: a bad one gets an error naming what is wrong."""
@@ -135,7 +140,7 @@ class TcpStore:
 
     @classmethod
     async def connect(cls, host: str, port: int, timeout: float = 30.0) -> TcpStore:
-        return cls(await OobChannel.connect(host, port, timeout=timeout, secret=auth.current()))
+        return cls(await OobChannel.connect(host, port, timeout=timeout, secret=fabric_secret()))
 
     async def _call(self, msg: dict[str, Any], timeout: float) -> Any:
         async with self._lock:  # one request at a time on the connection

@@ -33,6 +33,12 @@ async def control(address: str, msg: dict[str, Any], *, timeout: float = 10.0) -
         await chan.aclose()
 
 
+def attach(topo: Topology) -> None:
+    """Steer (or run a job on) the running fabric of ``topo``: use its secret, found from the
+    topology file as its nodes found it (:func:`rocev2_emu.runtime.auth.load`)."""
+    auth.use_fabric(topo.path)
+
+
 def _link(topo: Topology, a: str, b: str) -> Link:
     link = next((lk for lk in topo.links if {lk.a, lk.b} == {a, b}), None)
     if link is None:
@@ -64,7 +70,7 @@ async def _set_link(topo: Topology, a: str, b: str, up: bool) -> str:
 
 def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
     """``rocev2-emu link``: take a link of a running fabric down or up, and reroute."""
-    auth.use_fabric(topo.path)
+    attach(topo)
     print(trio.run(_set_link, topo, a, b, up))
     return 0
 
@@ -91,7 +97,7 @@ async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) 
 
 def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
     """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
-    auth.use_fabric(topo.path)
+    attach(topo)
     print(trio.run(_set_faults, topo, a, b, faults))
     return 0
 
@@ -100,7 +106,7 @@ def stop_node(topo: Topology, name: str) -> int:
     """``rocev2-emu stop``: end one node of a running fabric (as a crash or docker stop)."""
     if name not in topo.nodes:
         raise TopologyError(f"{topo.path}: no node named {name!r}")
-    auth.use_fabric(topo.path)
+    attach(topo)
     reply = trio.run(control, topo.nodes[name].address, {"cmd": "stop"})
     if not isinstance(reply, dict) or not reply.get("ok"):
         raise RuntimeError(f"node {name}: {reply!r}")

@@ -30,6 +30,7 @@ from rocev2_emu.verbs.oob import (
     QPInfo,
     connect_qp,
     connection_limit,
+    fabric_secret,
     serve_requests,
 )
 
@@ -61,5 +62,6 @@ __all__ = [
     "WrOpcode",
     "connect_qp",
     "connection_limit",
+    "fabric_secret",
     "serve_requests",
 ]

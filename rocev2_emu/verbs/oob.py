@@ -5,7 +5,9 @@ emulated IPv4), the UDP address of its NIC, and - for RDMA - an rkey, address an
 :class:`OobChannel` carries :mod:`rocev2_emu.runtime.control`'s length-prefixed msgpack maps
 over one TCP connection and raises :class:`OobError`, a :class:`RemoteVerbsError`.
 :meth:`OobChannel.exchange` swaps two :class:`QPInfo` lists; :func:`connect_qp` does that for one
-QP and brings it to RTS; :func:`serve_requests` answers requests on such a connection.
+QP and brings it to RTS; :func:`serve_requests` answers requests on such a connection, and
+:func:`fabric_secret` is the secret a fabric's control servers demand
+(:mod:`rocev2_emu.runtime.auth`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Final
 
 import trio
 
+from rocev2_emu.runtime.auth import current as fabric_secret
 from rocev2_emu.runtime.control import (
     ControlError,
     MessageChannel,
@@ -37,6 +40,7 @@ __all__ = [
     "QPInfo",
     "connect_qp",
     "connection_limit",
+    "fabric_secret",
     "serve_requests",
 ]
 
