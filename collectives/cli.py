@@ -57,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-r", "--root", type=int, default=0, help="broadcast root (0)")
     g.add_argument("--algo", default="auto", choices=["ring", "hierarchical", "auto"])
     g.add_argument("--order", default="topology", choices=["topology", "rank"], help="ring order")
+    g.add_argument(
+        "--qps-per-connection",
+        type=positive_int,
+        default=1,
+        help="RC QPs each link stripes its chunks over, each its own ECMP flow "
+        "(NCCL_IB_QPS_PER_CONNECTION; 1)",
+    )
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
     g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
     g.add_argument(
@@ -99,6 +106,7 @@ class BenchOptions:
     root: int = 0
     algo: str = "auto"
     order: str = "topology"
+    qps_per_connection: int = 1
     topology: str | None = None
     virtual: bool = False
     attach: bool = False
@@ -139,6 +147,7 @@ def main(which: str, args: BenchOptions) -> int:
         root=args.root,
         algo=args.algo,
         order=args.order,
+        qps_per_connection=args.qps_per_connection,
     )
     ranks = sum(h.ranks for h in topo.hosts)
     tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)
@@ -152,7 +161,8 @@ def main(which: str, args: BenchOptions) -> int:
     print(
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {args.stepfactor}(factor) "
         f"warmup iters: {args.warmup_iters} iters: {args.iters} validation: {args.check} "
-        f"algo: {args.algo} order: {args.order}; times in emulated us"
+        f"algo: {args.algo} order: {args.order} qps per connection: {args.qps_per_connection}; "
+        "times in emulated us"
     )
     if args.virtual:
         results, fabric = run_virtual(topo, "bench", params)

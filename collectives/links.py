@@ -8,7 +8,10 @@ the slot.
 
 * :class:`RdmaTx` / :class:`RdmaRx` - across hosts, over the verbs API only: the data is an RDMA
   WRITE with immediate into the receiver's registered slot (the immediate names the operation,
-  step and chunk), the credit a zero-length SEND with immediate on the same RC QP pair back.
+  step and chunk), the credit a zero-length SEND with immediate back.  A link may stripe its
+  items over several RC QP pairs (NCCL's ``NCCL_IB_QPS_PER_CONNECTION``): item k goes on QP
+  k mod q, each QP with its own UDP source port, so ECMP sees q flows; each QP delivers in
+  order, so the receiver takes item k from QP k mod q's arrivals and the order is whole again.
   Completions arrive on the rank's one CQ and are handed to the right link by
   :class:`Completions`.
 * :class:`LocalTx` / :class:`LocalRx` - ranks on the same host, through shared memory (the
@@ -69,27 +72,29 @@ class _Waitable:
 class _Receiver(_Waitable):
     """The receiving end's slots and the arrivals waiting in them, in write order."""
 
-    def __init__(self, slots: int, slot_bytes: int) -> None:
+    def __init__(self, slots: int, slot_bytes: int, lanes: int = 1) -> None:
         super().__init__()
         self.slots = slots
         self.slot_bytes = slot_bytes
         self.memory = np.zeros(slots * slot_bytes, np.uint8)
-        self.arrivals: deque[tuple[int, int]] = deque()  # (immediate, bytes)
+        # (immediate, bytes) per lane (QP) in arrival order; item k is on lane k mod lanes
+        self.arrivals: list[deque[tuple[int, int]]] = [deque() for _ in range(lanes)]
         self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
 
     def slot(self, index: int, nbytes: int) -> np.ndarray:
         start = index * self.slot_bytes
         return self.memory[start : start + nbytes]
 
-    def deliver(self, imm: int, nbytes: int) -> None:
-        self.arrivals.append((imm, nbytes))
+    def deliver(self, imm: int, nbytes: int, lane: int = 0) -> None:
+        self.arrivals[lane].append((imm, nbytes))
         self.changed.unpark_all()
 
     async def arrival(self) -> tuple[int, int, int]:
         """The next (immediate, bytes, slot), in the order they were written."""
-        while not self.arrivals:
+        lane = self.arrivals[self.taken % len(self.arrivals)]
+        while not lane:
             await self._park()
-        imm, nbytes = self.arrivals.popleft()
+        imm, nbytes = lane.popleft()
         self.taken += 1
         return imm, nbytes, (self.taken - 1) % self.slots
 
@@ -164,76 +169,98 @@ class Completions:
             for wc in wcs:
                 link = self.by_qpn.get(wc.qp_num)
                 if link is not None:
-                    link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data)
+                    link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data, wc.qp_num)
 
 
 class _Rdma(_Waitable):
-    """One RC QP of a link (mixed into both ends)."""
+    """The RC QPs of a link (mixed into both ends): one, or ``qps`` to stripe over."""
 
     slots: int
-    qp: QP
+    qps: list[QP]
+    lane_of: dict[int, int]  # QPN -> its index in qps
     peer: str
 
-    def _open_qp(self, pd: PD, cq: CQ, peer: str) -> None:
+    def _open_qps(self, pd: PD, cq: CQ, peer: str, qps: int) -> None:
         self.peer = peer  # "rank N", for errors
-        self.qp = QP(pd, cq, max_send_wr=4 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
+        self.qps = [
+            QP(pd, cq, max_send_wr=4 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
+            for _ in range(qps)
+        ]
+        self.lane_of = {qp.qp_num: k for k, qp in enumerate(self.qps)}
 
-    def connect(self, peer: QPInfo, *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
-        """Bring the QP to RTS towards ``peer`` and post the receives its immediates need."""
-        self.qp.connect(peer.remote(), path_mtu=path_mtu, timeout=timeout, retry_cnt=retry_cnt)
-        self.qp.post_recv([RecvWR(k) for k in range(2 * self.slots)])
+    def connect(self, peers: list[QPInfo], *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
+        """Bring each QP to RTS towards the peer's QP of the same index and post the receives
+        its immediates need."""
+        if len(peers) != len(self.qps):
+            raise LinkError(
+                f"link with {self.peer}: the peer has {len(peers)} QPs for it, this rank "
+                f"{len(self.qps)} (every rank must use the same qps_per_connection)"
+            )
+        for qp, peer in zip(self.qps, peers, strict=True):
+            qp.connect(peer.remote(), path_mtu=path_mtu, timeout=timeout, retry_cnt=retry_cnt)
+            qp.post_recv([RecvWR(k) for k in range(2 * self.slots)])
 
     def on_completion(
-        self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None
+        self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None, qpn: int
     ) -> None:
         if status is not WcStatus.SUCCESS:
             self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
             return
         if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
-            self.qp.post_recv(RecvWR(0))
-            self.on_receive(nbytes, imm)
+            lane = self.lane_of[qpn]
+            self.qps[lane].post_recv(RecvWR(0))
+            self.on_receive(nbytes, imm, lane)
         elif opcode is WcOpcode.RDMA_WRITE:
             self.on_written()
 
-    def on_receive(self, nbytes: int, imm: int | None) -> None:
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
         raise NotImplementedError
 
     def on_written(self) -> None:
         pass
 
     def close(self) -> None:
-        self.qp.close()
+        for qp in self.qps:
+            qp.close()
 
 
 class RdmaRx(_Rdma, _Receiver):
     """The receiving end: registered slots the sender writes into."""
 
-    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
-        super().__init__(slots, slot_bytes)
-        self._open_qp(pd, cq, peer)
+    def __init__(
+        self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str, qps: int = 1
+    ) -> None:
+        super().__init__(slots, slot_bytes, lanes=qps)
+        self._open_qps(pd, cq, peer, qps)
         self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        self.released = 0
 
-    def on_receive(self, nbytes: int, imm: int | None) -> None:
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
         if imm is None:
             self.fail(f"link with {self.peer}: a data write arrived without an immediate")
             return
-        self.deliver(imm, nbytes)
+        self.deliver(imm, nbytes, lane)
 
     def release(self, index: int) -> None:
-        self.qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
+        qp = self.qps[self.released % len(self.qps)]  # credits spread as the data does
+        self.released += 1
+        qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
 
 
 class RdmaTx(_Rdma, _Sender):
     """The sending end: holds credits, writes chunks into the receiver's slots."""
 
-    def __init__(self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str) -> None:
+    def __init__(
+        self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str, qps: int = 1
+    ) -> None:
         super().__init__(slots, slot_bytes)
-        self._open_qp(pd, cq, peer)
+        self._open_qps(pd, cq, peer, qps)
         self.remote_addr = 0
         self.rkey = 0
+        self.written = 0  # items posted: item k goes on QP k mod len(qps)
         self.outstanding = 0  # writes posted and not yet completed: their source is in use
 
-    def on_receive(self, nbytes: int, imm: int | None) -> None:
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
         self.credit()
 
     def on_written(self) -> None:
@@ -248,7 +275,9 @@ class RdmaTx(_Rdma, _Sender):
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
         assert mr is not None
         self.outstanding += 1
-        self.qp.post_send(
+        qp = self.qps[self.written % len(self.qps)]
+        self.written += 1
+        qp.post_send(
             SendWR(
                 2,
                 WrOpcode.RDMA_WRITE_WITH_IMM,

@@ -163,13 +163,18 @@ class CommOptions:
     mtu: int = 4096
     qp_timeout: int = 10  # QP local ACK timeout code: 4.096 us * 2^N
     retry_cnt: int = 7
+    qps_per_connection: int = 1  # RC QPs a link stripes over (NCCL_IB_QPS_PER_CONNECTION)
 
     @classmethod
     def for_job(
         cls, link_gbps: float, mtu: int, retry_cnt: int, params: dict[str, Any]
     ) -> CommOptions:
         """A job's options: the fabric's link rate, MTU and retries, and the job's parameters
-        (``job_id``, ``order``, ``slots``, ``slot_bytes``, ``timeout``, ``qp_timeout``)."""
+        (``job_id``, ``order``, ``slots``, ``slot_bytes``, ``timeout``, ``qp_timeout``,
+        ``qps_per_connection``)."""
+        qps = int(params.get("qps_per_connection", 1))
+        if not 1 <= qps <= 64:
+            raise ValueError(f"qps_per_connection {qps}: from 1 to 64")
         return cls(
             job=str(params.get("job_id", "job")),
             order=str(params.get("order", "topology")),
@@ -180,4 +185,5 @@ class CommOptions:
             mtu=mtu,
             qp_timeout=int(params.get("qp_timeout", 10)),
             retry_cnt=retry_cnt,
+            qps_per_connection=qps,
         )

@@ -112,13 +112,12 @@ class RankSession(abc.ABC):
                     prv, self.rank, name, self.options.slots, self.options.slot_bytes
                 )
             else:
-                rx = RdmaRx(
-                    self.pd, self.cq, self.options.slots, self.options.slot_bytes, f"rank {prv}"
-                )
-                self.completions.by_qpn[rx.qp.qp_num] = rx
+                rx = RdmaRx(self.pd, self.cq, *self._link_shape(), f"rank {prv}", self._qps)
+                self.completions.by_qpn.update((qp.qp_num, rx) for qp in rx.qps)
                 ring_.rx = rx
                 await self.store.set(
-                    f"{self.options.job}/{name}/rx/{self.rank}", asdict(QPInfo.of(rx.qp, rx.mr))
+                    f"{self.options.job}/{name}/rx/{self.rank}",
+                    [asdict(QPInfo.of(qp, rx.mr)) for qp in rx.qps],
                 )
                 pending.append((ring_, "rx"))
             if self.places[nxt].host == me.host:
@@ -127,13 +126,12 @@ class RankSession(abc.ABC):
                 )
                 ring_.tx = shared.tx or LocalTx(shared)
             else:
-                tx = RdmaTx(
-                    self.pd, self.cq, self.options.slots, self.options.slot_bytes, f"rank {nxt}"
-                )
-                self.completions.by_qpn[tx.qp.qp_num] = tx
+                tx = RdmaTx(self.pd, self.cq, *self._link_shape(), f"rank {nxt}", self._qps)
+                self.completions.by_qpn.update((qp.qp_num, tx) for qp in tx.qps)
                 ring_.tx = tx
                 await self.store.set(
-                    f"{self.options.job}/{name}/tx/{self.rank}", asdict(QPInfo.of(tx.qp))
+                    f"{self.options.job}/{name}/tx/{self.rank}",
+                    [asdict(QPInfo.of(qp)) for qp in tx.qps],
                 )
                 pending.append((ring_, "tx"))
         wait = self._store_wait()
@@ -141,15 +139,16 @@ class RankSession(abc.ABC):
             n = len(ring_.members)
             if end == "rx":
                 prv = ring_.members[(ring_.pos - 1) % n]
-                peer = QPInfo(**await self._get(f"{self.options.job}/{ring_.name}/tx/{prv}", wait))
+                peers = await self._get(f"{self.options.job}/{ring_.name}/tx/{prv}", wait)
                 assert isinstance(ring_.rx, RdmaRx)
-                self._connect_qp(ring_.rx, peer)
+                self._connect_qps(ring_.rx, [QPInfo(**p) for p in peers])
             else:
                 nxt = ring_.members[(ring_.pos + 1) % n]
-                peer = QPInfo(**await self._get(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait))
+                peers = await self._get(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait)
                 assert isinstance(ring_.tx, RdmaTx)
-                self._connect_qp(ring_.tx, peer)
-                ring_.tx.remote_addr, ring_.tx.rkey = peer.vaddr, peer.rkey
+                infos = [QPInfo(**p) for p in peers]
+                self._connect_qps(ring_.tx, infos)
+                ring_.tx.remote_addr, ring_.tx.rkey = infos[0].vaddr, infos[0].rkey
         if barrier:
             await self.barrier()
             return
@@ -185,9 +184,16 @@ class RankSession(abc.ABC):
             if missing:
                 await self._connect(missing, barrier=False)
 
-    def _connect_qp(self, end: RdmaRx | RdmaTx, peer: QPInfo) -> None:
+    def _link_shape(self) -> tuple[int, int]:
+        return self.options.slots, self.options.slot_bytes
+
+    @property
+    def _qps(self) -> int:
+        return self.options.qps_per_connection
+
+    def _connect_qps(self, end: RdmaRx | RdmaTx, peers: list[QPInfo]) -> None:
         end.connect(
-            peer,
+            peers,
             path_mtu=self.options.mtu,
             timeout=self.options.qp_timeout,
             retry_cnt=self.options.retry_cnt,

@@ -14,6 +14,10 @@ from typing import Final
 from switch.mmu import MmuConfig
 
 DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
+# how a switch picks among equal-cost ports: the 5-tuple (RFC 2992 ECMP); the 5-tuple and the
+# BTH destination QP (Meta's E-ECMP, a switch UDF on the RoCE header); or by destination alone
+# (path pinning: every flow to one host takes one path)
+ECMP_MODES: Final = ("5-tuple", "5-tuple+qpn", "destination")
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +59,7 @@ class SwitchConfig:
     watchdog_restore: float = 0.200
     watchdog_action: str = "drop"  # or "forward"
     seed: int = 0
+    ecmp: str = "5-tuple"  # one of ECMP_MODES
 
     def priority_of(self, dscp: int) -> int:
         return self.dscp_map.get(dscp, dscp >> 3)

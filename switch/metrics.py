@@ -102,4 +102,11 @@ class SwitchCollector(Collector):
         )
         buf.add_metric([name], core.mmu.total)
         yield buf
+        mode = GaugeMetricFamily(
+            "rocev2_switch_ecmp_mode",
+            "How the switch picks among equal-cost ports (1 for the mode in use)",
+            labels=["node", "mode"],
+        )
+        mode.add_metric([name, core.config.ecmp], 1)
+        yield mode
         yield from pump_metrics(self.driver, name)

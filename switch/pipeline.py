@@ -33,7 +33,7 @@ from rocev2_emu.wire.ethernet import (
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
 from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS, decode_pfc_untrusted, encode_pfc
-from switch.config import EcnThresholds, SwitchConfig
+from switch.config import ECMP_MODES, EcnThresholds, SwitchConfig
 from switch.mmu import PRIORITIES, Mmu
 from switch.watchdog import Watchdog
 
@@ -106,6 +106,9 @@ class SwitchCore:
         self.watchdog = Watchdog(len(config.ports), config.watchdog_detect, config.watchdog_restore)
         self._rng = random.Random(config.seed)
         self._ecmp_salt = config.seed & 0xFFFFFFFF
+        if config.ecmp not in ECMP_MODES:
+            raise ValueError(f"switch {config.name}: ecmp {config.ecmp!r}: one of {ECMP_MODES}")
+        self._ecmp_mode = ECMP_MODES.index(config.ecmp)
         self._flows: dict[bytes, int] = {}
         # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
@@ -218,18 +221,28 @@ class SwitchCore:
     def _ecmp(
         self, header: bytes, data: bytes | bytearray | memoryview, ports: tuple[int, ...]
     ) -> int | None:
-        """One of several equal-cost ports, by a seeded hash of the 5-tuple, sticky per flow."""
+        """One of several equal-cost ports, sticky per flow: by a seeded hash of the 5-tuple
+        (and of the BTH destination QP in E-ECMP), or pinned by the destination address."""
         if not ports:
             return None
         if len(ports) == 1:
             return None  # its one port is down
-        key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])  # src, dst, sport, dport
+        mode = self._ecmp_mode
+        if mode == 2:  # path pinning: the destination alone
+            key = bytes(header[16:20])
+        else:  # src, dst, sport, dport (and the destination QP: BTH bytes 5-7 after UDP)
+            key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])
+            if mode == 1:
+                key += bytes(data[_IP + 33 : _IP + 36])
         out = self._flows.get(key)
         if out is None or not self.ports[out].up:
             live = [p for p in ports if self.ports[p].up]
             if not live:
                 return None
-            out = live[crc32(key, self._ecmp_salt) % len(live)]
+            if mode == 2:  # consecutive destinations spread over the ports in turn
+                out = live[int.from_bytes(key, "big") % len(live)]
+            else:
+                out = live[crc32(key, self._ecmp_salt) % len(live)]
             if len(self._flows) > 65536:
                 self._flows.clear()
             self._flows[key] = out

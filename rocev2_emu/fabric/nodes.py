@@ -146,7 +146,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
             control_port=CONTROL_PORT,
             metrics=metrics_at,
             batch_io=topo.batch_io,
-            ready=ready,
+            ready=f"{ready} ecmp={topo.ecmp}",
         )
         return
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:

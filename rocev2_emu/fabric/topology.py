@@ -68,6 +68,7 @@ class Topology:
     routes: dict[str, dict[str, tuple[int, ...]]]  # switch -> host -> egress ports
     subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
     batch_io: bool = True  # node processes batch their datagrams (UDP GSO/GRO)
+    ecmp: str = "5-tuple"  # how switches pick among equal-cost ports (switch.config.ECMP_MODES)
 
     @property
     def hosts(self) -> list[Node]:
@@ -126,6 +127,7 @@ class Topology:
             watchdog_restore=self.pfc["watchdog_restore_ms"] / 1e3,
             watchdog_action=self.pfc["watchdog_action"],
             seed=self.seed + node.index,
+            ecmp=self.ecmp,
         )
 
     def routes_by_ip(

@@ -6,7 +6,9 @@ routes computed (:mod:`rocev2_emu.fabric.topology`), from which the switch pipel
 configurations are built.  Layout of the file::
 
     [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y),
-                    batch_io (UDP GSO/GRO between node processes; default true)
+                    batch_io (UDP GSO/GRO between node processes; default true),
+                    ecmp ("5-tuple", default; "5-tuple+qpn": Meta's E-ECMP, the BTH destination
+                    QP hashed too; "destination": path pinning, one path per destination host)
     [link_defaults] rate_gbps, delay_us, loss
     [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
@@ -42,6 +44,7 @@ from rocev2_emu.fabric.topology import (
     dcqcn_overrides,
     shortest_path_routes,
 )
+from switch.config import ECMP_MODES
 from switch.mmu import MmuConfig
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -52,6 +55,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "mtu": 4096,
         "subnet": "",
         "batch_io": True,
+        "ecmp": "5-tuple",
     },
     "link_defaults": {"rate_gbps": 100.0, "delay_us": 1.0, "loss": 0.0},
     "buffer": {
@@ -81,6 +85,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "seed": int,
     "mtu": int,
     "batch_io": bool,
+    "ecmp": str,
     "rate_gbps": (int, float),
     "delay_us": (int, float),
     "loss": (int, float),
@@ -178,6 +183,8 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
     fab, ld, pfc, ecn = sec["fabric"], sec["link_defaults"], sec["pfc"], sec["ecn"]
     if not fab["tdf"] > 0:
         raise fail("[fabric].tdf", fab["tdf"], "must be > 0")
+    if fab["ecmp"] not in ECMP_MODES:
+        raise fail("[fabric].ecmp", fab["ecmp"], f"must be one of {', '.join(ECMP_MODES)}")
     if fab["mtu"] not in (256, 512, 1024, 2048, 4096):
         raise fail("[fabric].mtu", fab["mtu"], "must be one of 256, 512, 1024, 2048, 4096")
     for key in ("rate_gbps", "delay_us"):
@@ -346,4 +353,5 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         routes,
         fab["subnet"],
         fab["batch_io"],
+        fab["ecmp"],
     )

@@ -39,8 +39,10 @@ def leaf_spine_file(loss_link: tuple[str, str] | None = None) -> tuple[Topology,
 
 
 def test_every_op_dtype_and_awkward_size_is_right_with_one_percent_loss() -> None:
+    """Every collective (ring, hierarchical by host and rack, all-to-all, send/recv) with two
+    QPs per connection, through a lossy spine link."""
     topo, path = leaf_spine_file(loss_link=("leaf0", "spine0"))
-    params = {"sizes": [0, 1, 9, 1000], "qp_timeout": 6}
+    params = {"sizes": [0, 1, 9, 1000], "qp_timeout": 6, "qps_per_connection": 2}
     results, fabric = run_local(topo, path, 1000.0, "check", params)
     assert sorted(results) == list(range(8))
     assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]

@@ -17,6 +17,7 @@ from collectives.bench import expected, pattern, sizes
 from collectives.bench import params as bench_params
 from collectives.communicator import Communicator, RankPlace, ring_order
 from collectives.job import places_for, run_virtual
+from collectives.links import RdmaRx, RdmaTx
 from collectives.metrics import HostCollectiveMetrics
 from collectives.placement import hierarchy
 from collectives.registry import job
@@ -27,6 +28,7 @@ from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime import auth
 from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.wire.roce import rxe_udp_sport
 
 
 def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:
@@ -172,6 +174,35 @@ def test_hierarchical_all_reduce_refuses_racks_of_unequal_size() -> None:
     assert set(results.values()) == {
         "no hierarchical all-reduce on this job: its racks hold different numbers of ranks [1, 2]"
     }
+
+
+@job("links_qps")
+async def links_qps(comm: Communicator, params: dict[str, Any]) -> list[list[int]]:
+    """The QPNs of each of this rank's RDMA links (after one all-to-all made the pairs)."""
+    await comm.all_to_all(np.zeros(comm.size * 4, np.float32))
+    return [
+        [qp.qp_num for qp in end.qps]
+        for r in comm.rings.values()
+        for end in (r.tx, r.rx)
+        if isinstance(end, RdmaTx | RdmaRx)
+    ]
+
+
+def test_qps_per_connection_stripes_every_link_and_every_operation_stays_exact() -> None:
+    topo = fabric(2, 4, 2, 2)  # 16 ranks: links in shared memory and over RDMA
+    results, _ = run_virtual(topo, "links_qps", {"qps_per_connection": 3})
+    for links in results.values():
+        assert links and all(len(qpns) == 3 for qpns in links)
+        # three flows for ECMP: three UDP source ports, as rxe derives them from the QPN
+        assert all(len({rxe_udp_sport(q) for q in qpns}) == 3 for qpns in links)
+    params = {
+        "sizes": [1, 70000],  # 70000 float32: two chunks of a 256 KiB slot
+        "dtypes": ["float32"],
+        "ops": ["sum"],
+        "qps_per_connection": 3,
+    }
+    results, _ = run_virtual(topo, "check", params)
+    assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
 
 
 def test_all_to_all_v_and_point_to_point_on_64_ranks() -> None:

@@ -314,3 +314,53 @@ def test_a_slow_receiver_pauses_its_switch_and_the_pause_spreads_upstream() -> N
     assert h2.counters.rx_drops["rx_buffer_full"] == 0
     # the transfer took about as long as the slow host needs, not the 100 Gbit/s link
     assert sim.now == pytest.approx((2 << 20) * 8 / 25e9, rel=0.1)
+
+
+def _spine_ports_used(ecmp: str, pairs: list[tuple[str, str]]) -> list[int]:
+    """Packets leaf0 sent up each spine port for 32 QPs per (src, dst) pair, under ``ecmp``."""
+    t = topo(leaf_spine(2, 2, 2), fabric={"ecmp": ecmp})
+    sim = NetSim(t)
+    flows = [connect(sim, a, b, 4096, i) for i, (a, b) in enumerate(pairs * 32)]
+    counts = [start(f) for f in flows]
+    finish(sim, flows, counts)
+    assert all(np.array_equal(f.src, f.dst) for f in flows)
+    leaf0 = sim.switches["leaf0"]
+    return [leaf0.ports[p].tx_packets for p in range(2)]  # ports 0, 1 lead to the spines
+
+
+def test_path_pinning_sends_every_flow_to_one_host_on_one_path() -> None:
+    to_h2 = _spine_ports_used("destination", [("h0", "h2"), ("h1", "h2")])
+    assert sorted(to_h2)[0] == 0 and sorted(to_h2)[1] >= 64  # 64 QPs, one spine
+    to_both = _spine_ports_used("destination", [("h0", "h2"), ("h0", "h3")])
+    assert min(to_both) > 0.4 * sum(to_both) / 2  # consecutive hosts: the other spine
+    hashed = _spine_ports_used("5-tuple", [("h0", "h2"), ("h1", "h2")])
+    assert min(hashed) > 0.2 * sum(hashed) / 2  # the 5-tuple spreads the same QPs
+
+
+def test_e_ecmp_hashes_the_destination_qp_and_keeps_each_flow_on_one_path() -> None:
+    from switch.config import PortConfig, SwitchConfig
+    from switch.pipeline import SwitchCore
+
+    def frame(dst_qp: int, opcode: int, length: int) -> bytes:
+        ip = bytes(12) + bytes([10, 0, 0, 1, 10, 0, 0, 2])  # src, dst
+        udp = (49152).to_bytes(2, "big") + (4791).to_bytes(2, "big") + length.to_bytes(2, "big")
+        bth = bytes([opcode, 0, 0xFF, 0xFF, 0]) + dst_qp.to_bytes(3, "big") + bytes(4)
+        return bytes(22) + ip + udp + bytes(2) + bth
+
+    def paths(ecmp: str) -> dict[int, set[int]]:
+        ports = [PortConfig(i, i + 1, 100e9, bytes(6), bytes(6)) for i in range(4)]
+        core = SwitchCore(SwitchConfig("s", ports, {}, ecmp=ecmp, seed=3))
+        chosen: dict[int, set[int]] = {}
+        for qp in range(1, 65):
+            for opcode, length in ((6, 4136), (7, 4136), (8, 100)):  # FIRST, MIDDLE, LAST
+                data = frame(qp, opcode, length)
+                out = core._ecmp(data[22:42], data, (0, 1, 2, 3))
+                assert out is not None
+                chosen.setdefault(qp, set()).add(out)
+        return chosen
+
+    five = paths("5-tuple")
+    assert len(set().union(*five.values())) == 1  # one 5-tuple: one path for every QP
+    qpn = paths("5-tuple+qpn")
+    assert all(len(p) == 1 for p in qpn.values())  # a flow's packets never change path
+    assert len(set().union(*qpn.values())) == 4  # the destination QPs spread over all four
