@@ -12,6 +12,11 @@ Modelled on the ns-3 HPCC simulator's ``switch-mmu.cc`` (itself after Broadcom's
   exhausted (then it is counted: it means the headroom was sized too small).
 * Lossy priorities tail-drop when their shared use would exceed ``alpha x free`` (the classic
   dynamic threshold) or the pool is full.
+* ``mode = "static"``: no sharing between ports.  The pool is cut into one equal partition per
+  ingress port (a deep-buffer spine's static split, as Meta describes its spines); a port's
+  priorities draw only from its partition, a lossless one XOFFs when the partition is full
+  (or at ``xoff_bytes``) and a lossy one tail-drops there.  The buffer may be gigabytes: this
+  is accounting, nothing is allocated.
 
 Counts are bytes of Ethernet frames.  No I/O, no clock: the pipeline calls in and acts.
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 PRIORITIES: Final = 8
+BUFFER_MODES: Final = ("shared", "static")
 
 
 @dataclass(slots=True)
@@ -32,6 +38,7 @@ class MmuConfig:
     alpha: float = 1 / 8  # dynamic threshold factor (HPCC: pfc_a_shift 3)
     xoff_bytes: int = 0  # > 0: static XOFF threshold instead of the dynamic one
     xon_offset_bytes: int = 2 * 4200  # hysteresis: XON this far below the threshold
+    mode: str = "shared"  # or "static": one fixed partition of the pool per ingress port
 
 
 class Mmu:
@@ -43,6 +50,8 @@ class Mmu:
                 f"buffer of {config.buffer_bytes} bytes cannot hold the reserve and headroom of "
                 f"{ports} ports"
             )
+        if config.mode not in BUFFER_MODES:
+            raise ValueError(f"buffer mode {config.mode!r}: one of {BUFFER_MODES}")
         self.config = config
         self.lossless = lossless
         self.ingress = [[0] * PRIORITIES for _ in range(ports)]
@@ -52,6 +61,9 @@ class Mmu:
         self.paused = [[False] * PRIORITIES for _ in range(ports)]  # XOFF in force upstream
         reserved = ports * (config.headroom_bytes + PRIORITIES * config.reserve_bytes)
         self.shared_size = config.buffer_bytes - reserved
+        self.static = config.mode == "static"
+        self.partition = self.shared_size // ports if ports else 0  # static: each port's share
+        self.port_shared = [0] * ports  # shared bytes per ingress port (all priorities)
 
     def shared_used(self, port: int, prio: int) -> int:
         used = self.ingress[port][prio] - self.config.reserve_bytes
@@ -61,6 +73,8 @@ class Mmu:
         c = self.config
         if c.xoff_bytes:
             return c.xoff_bytes
+        if self.static:
+            return self.partition
         free = self.shared_size - self.shared_total
         return c.alpha * free if free > 0 else 0.0
 
@@ -79,8 +93,9 @@ class Mmu:
             return 0
         used = ing - reserve if ing > reserve else 0
         grow = after - reserve - used
+        full = self.static and self.port_shared[port] + grow > self.partition
         if prio in self.lossless:
-            if self.paused[port][prio] or used + grow > self.pfc_threshold():
+            if self.paused[port][prio] or used + grow > self.pfc_threshold() or full:
                 headroom = self.headroom_used[port]
                 if headroom[prio] + size > c.headroom_bytes:
                     return -1
@@ -89,12 +104,16 @@ class Mmu:
                 return 1
             if self.shared_total + grow > self.shared_size:
                 return -1
+        elif self.static:
+            if full:
+                return -1
         else:
             free = self.shared_size - self.shared_total
             if grow > free or used + grow > c.alpha * free:
                 return -1
         row[prio] = after
         self.shared_total += grow
+        self.port_shared[port] += grow
         self.total += size
         return 0
 
@@ -108,7 +127,9 @@ class Mmu:
         before = row[prio] - reserve
         row[prio] -= size
         after = row[prio] - reserve
-        self.shared_total -= (before if before > 0 else 0) - (after if after > 0 else 0)
+        freed = (before if before > 0 else 0) - (after if after > 0 else 0)
+        self.shared_total -= freed
+        self.port_shared[port] -= freed
 
     def should_pause(self, port: int, prio: int) -> bool:
         return (

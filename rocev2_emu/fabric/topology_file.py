@@ -10,7 +10,8 @@ configurations are built.  Layout of the file::
                     ecmp ("5-tuple", default; "5-tuple+qpn": Meta's E-ECMP, the BTH destination
                     QP hashed too; "destination": path pinning, one path per destination host)
     [link_defaults] rate_gbps, delay_us, loss
-    [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes
+    [buffer]        size_bytes, reserve_bytes, headroom_bytes, alpha, xoff_bytes, xon_offset_bytes,
+                    mode ("shared", default; "static": a fixed partition per ingress port)
     [pfc]           enabled, lossless_priorities, quanta, watchdog_detect_ms,
                     watchdog_restore_ms, watchdog_action
     [ecn]           enabled, priorities, kmin_kb, kmax_kb, pmax (default: scaled to link rate)
@@ -45,7 +46,7 @@ from rocev2_emu.fabric.topology import (
     shortest_path_routes,
 )
 from switch.config import ECMP_MODES
-from switch.mmu import MmuConfig
+from switch.mmu import BUFFER_MODES, MmuConfig
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "fabric": {
@@ -65,6 +66,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "alpha": 0.125,
         "xoff_bytes": 0,
         "xon_offset_bytes": 8400,
+        "mode": "shared",
     },
     "pfc": {
         "enabled": True,
@@ -95,6 +97,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "alpha": (int, float),
     "xoff_bytes": int,
     "xon_offset_bytes": int,
+    "mode": str,
     "enabled": bool,
     "lossless_priorities": list,
     "quanta": int,
@@ -183,6 +186,8 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
     fab, ld, pfc, ecn = sec["fabric"], sec["link_defaults"], sec["pfc"], sec["ecn"]
     if not fab["tdf"] > 0:
         raise fail("[fabric].tdf", fab["tdf"], "must be > 0")
+    if sec["buffer"]["mode"] not in BUFFER_MODES:
+        raise fail("[buffer].mode", sec["buffer"]["mode"], f"must be one of {BUFFER_MODES}")
     if fab["ecmp"] not in ECMP_MODES:
         raise fail("[fabric].ecmp", fab["ecmp"], f"must be one of {', '.join(ECMP_MODES)}")
     if fab["mtu"] not in (256, 512, 1024, 2048, 4096):
@@ -335,6 +340,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         float(sec["buffer"]["alpha"]),
         sec["buffer"]["xoff_bytes"],
         sec["buffer"]["xon_offset_bytes"],
+        sec["buffer"]["mode"],
     )
     routes = shortest_path_routes(nodes, path)
     return Topology(

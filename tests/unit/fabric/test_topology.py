@@ -53,6 +53,7 @@ def test_addresses_and_switch_config() -> None:
     [
         ({"fabric": {"tdf": -1}}, r"\[fabric\]\.tdf = -1: must be > 0"),
         ({"fabric": {"mtu": 1500}}, r"\[fabric\]\.mtu = 1500"),
+        ({"buffer": {"mode": "deep"}}, r"\[buffer\]\.mode = 'deep': must be one of"),
         ({"fabric": {"ecmp": "random"}}, r"\[fabric\]\.ecmp = 'random': must be one of 5-tuple"),
         ({"fabric": {"tdf": "fast"}}, r"\[fabric\]\.tdf = 'fast': wrong type str"),
         ({"pfc": {"lossless_priorities": [9]}}, r"\[pfc\]\.lossless_priorities = \[9\]"),

@@ -239,6 +239,47 @@ def test_static_xoff_and_xon_hysteresis() -> None:
     assert resumed_at == 6_000  # XON 4000 bytes below the XOFF threshold
 
 
+def test_a_static_partition_keeps_each_port_to_its_share_of_a_deep_buffer() -> None:
+    ports, gib = 4, 2**30
+    static = Mmu(MmuConfig(2 * gib, 1000, 20_000, mode="static"), ports, frozenset({3}))
+    shared = Mmu(MmuConfig(2 * gib, 1000, 20_000), ports, frozenset({3}))
+    assert static.partition == (2 * gib - ports * (20_000 + 8 * 1000)) // ports
+    size = 1 << 20
+    # lossy traffic from port 0 fills exactly its partition, then tail-drops, in static mode;
+    # the shared pool's dynamic threshold stops it at alpha x free instead
+    taken = 0
+    while static.admit_enqueue(0, 0, size) == 0:
+        taken += size
+    assert static.partition - size < taken - 1000 <= static.partition
+    assert static.admit_enqueue(1, 0, size) == 0  # port 1's partition is untouched
+    taken_shared = 0
+    while shared.admit_enqueue(0, 0, size) == 0:
+        taken_shared += size
+    assert taken_shared < taken / 2  # alpha = 1/8 of what is free
+    # lossless: XOFF when the port's partition is full, then the headroom, then drop
+    small = Mmu(
+        MmuConfig(buffer_bytes=1 << 20, reserve_bytes=1000, headroom_bytes=20_000, mode="static"),
+        ports,
+        frozenset({3}),
+    )
+    while (where := small.admit_enqueue(2, 3, 1000)) == 0:
+        pass
+    assert where == 1 and small.should_pause(2, 3)  # the partition is full: XOFF
+    assert small.shared_used(2, 3) == small.partition // 1000 * 1000
+    small.paused[2][3] = True
+    assert all(small.admit_enqueue(2, 3, 1000) == 1 for _ in range(19))  # the headroom
+    assert small.admit_enqueue(2, 3, 1000) == -1
+    for _ in range(20):
+        small.dequeue(2, 3, 1000, True)
+    resumed = 0
+    while not small.should_resume(2, 3):  # XON 8400 bytes below the partition
+        small.dequeue(2, 3, 1000, False)
+        resumed += 1
+    assert resumed == 9
+    with pytest.raises(ValueError, match="buffer mode 'deep'"):
+        Mmu(MmuConfig(mode="deep"), 2, frozenset())
+
+
 @pytest.mark.parametrize("gbps", [25, 100])
 def test_a_pause_stops_a_switch_port_for_quanta_times_512_bit_times(gbps: int) -> None:
     t = topo(single_switch(2, rate_gbps=gbps))
