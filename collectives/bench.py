@@ -49,7 +49,7 @@ def params(sizes: list[int], coll: str = "all_reduce", **overrides: Any) -> dict
     (one timed iteration, no warm-up, checked, sum of floats, root 0, algorithm auto)."""
     p = {"coll": coll, "sizes": sizes, "iters": 1, "warmup": 0, "check": True, "op": "sum"}
     p |= {"dtype": "float", "root": 0, "algo": "auto", "order": "topology"}
-    tuning = {"timeout", "qp_timeout", "slots", "slot_bytes", "qps_per_connection"}
+    tuning = {"timeout", "qp_timeout", "slots", "slot_bytes", "qps_per_connection", "grant_dscp"}
     unknown = set(overrides) - set(p) - tuning
     if unknown:
         raise ValueError(f"unknown bench parameters {sorted(unknown)}")

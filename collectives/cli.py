@@ -64,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="RC QPs each link stripes its chunks over, each its own ECMP flow "
         "(NCCL_IB_QPS_PER_CONNECTION; 1)",
     )
+    g.add_argument(
+        "--grant-dscp",
+        type=int,
+        choices=range(64),
+        metavar="DSCP",
+        help="send the receivers' clear-to-send grants (the slot credits) on a QP of their own "
+        "at this DSCP, e.g. 48 (priority 6) above the data's 26 (default: with the data)",
+    )
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
     g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
     g.add_argument(
@@ -107,6 +115,7 @@ class BenchOptions:
     algo: str = "auto"
     order: str = "topology"
     qps_per_connection: int = 1
+    grant_dscp: int | None = None
     topology: str | None = None
     virtual: bool = False
     attach: bool = False
@@ -148,6 +157,7 @@ def main(which: str, args: BenchOptions) -> int:
         algo=args.algo,
         order=args.order,
         qps_per_connection=args.qps_per_connection,
+        **({"grant_dscp": args.grant_dscp} if args.grant_dscp is not None else {}),
     )
     ranks = sum(h.ranks for h in topo.hosts)
     tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)

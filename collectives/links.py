@@ -12,6 +12,10 @@ the slot.
   items over several RC QP pairs (NCCL's ``NCCL_IB_QPS_PER_CONNECTION``): item k goes on QP
   k mod q, each QP with its own UDP source port, so ECMP sees q flows; each QP delivers in
   order, so the receiver takes item k from QP k mod q's arrivals and the order is whole again.
+  The credits are the receiver's clear-to-send grants (receiver-driven admission, as Meta's
+  collective library does instead of DCQCN): the sender never has more than ``slots`` chunks
+  in flight per link.  With ``grant_dscp`` they travel on a QP of their own at that DSCP (a
+  higher priority than the data, so a paused or queued data class does not hold them up).
   Completions arrive on the rank's one CQ and are handed to the right link by
   :class:`Completions`.
 * :class:`LocalTx` / :class:`LocalRx` - ranks on the same host, through shared memory (the
@@ -173,32 +177,52 @@ class Completions:
 
 
 class _Rdma(_Waitable):
-    """The RC QPs of a link (mixed into both ends): one, or ``qps`` to stripe over."""
+    """The RC QPs of a link (mixed into both ends): one, or ``qps`` to stripe over, and the
+    grants' own QP when ``grant_dscp`` is set."""
 
     slots: int
-    qps: list[QP]
-    lane_of: dict[int, int]  # QPN -> its index in qps
+    qps: list[QP]  # the data QPs
+    grant_qp: QP | None  # the credits' own QP (grant_dscp), or None: credits go on qps
+    grant_dscp: int | None
+    lane_of: dict[int, int]  # QPN -> its index in all_qps
     peer: str
 
-    def _open_qps(self, pd: PD, cq: CQ, peer: str, qps: int) -> None:
+    def _open_qps(self, pd: PD, cq: CQ, peer: str, qps: int, grant_dscp: int | None = None) -> None:
         self.peer = peer  # "rank N", for errors
         self.qps = [
             QP(pd, cq, max_send_wr=4 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
             for _ in range(qps)
         ]
-        self.lane_of = {qp.qp_num: k for k, qp in enumerate(self.qps)}
+        self.grant_dscp = grant_dscp
+        self.grant_qp = (
+            None
+            if grant_dscp is None
+            else QP(pd, cq, max_send_wr=2 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
+        )
+        self.lane_of = {qp.qp_num: k for k, qp in enumerate(self.all_qps)}
+
+    @property
+    def all_qps(self) -> list[QP]:
+        return self.qps + ([self.grant_qp] if self.grant_qp is not None else [])
 
     def connect(self, peers: list[QPInfo], *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
-        """Bring each QP to RTS towards the peer's QP of the same index and post the receives
-        its immediates need."""
-        if len(peers) != len(self.qps):
+        """Bring each QP to RTS towards the peer's QP of the same index (the grant QP at its
+        DSCP) and post the receives its immediates and grants need."""
+        if len(peers) != len(self.all_qps):
             raise LinkError(
                 f"link with {self.peer}: the peer has {len(peers)} QPs for it, this rank "
-                f"{len(self.qps)} (every rank must use the same qps_per_connection)"
+                f"{len(self.all_qps)} (every rank must use the same qps_per_connection and "
+                "grant_dscp)"
             )
-        for qp, peer in zip(self.qps, peers, strict=True):
-            qp.connect(peer.remote(), path_mtu=path_mtu, timeout=timeout, retry_cnt=retry_cnt)
-            qp.post_recv([RecvWR(k) for k in range(2 * self.slots)])
+        for k, (qp, peer) in enumerate(zip(self.all_qps, peers, strict=True)):
+            qp.connect(
+                peer.remote(),
+                path_mtu=path_mtu,
+                timeout=timeout,
+                retry_cnt=retry_cnt,
+                traffic_class=self.grant_dscp if k == len(self.qps) else None,
+            )
+            qp.post_recv([RecvWR(i) for i in range(2 * self.slots)])
 
     def on_completion(
         self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None, qpn: int
@@ -208,7 +232,7 @@ class _Rdma(_Waitable):
             return
         if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
             lane = self.lane_of[qpn]
-            self.qps[lane].post_recv(RecvWR(0))
+            self.all_qps[lane].post_recv(RecvWR(0))
             self.on_receive(nbytes, imm, lane)
         elif opcode is WcOpcode.RDMA_WRITE:
             self.on_written()
@@ -220,7 +244,7 @@ class _Rdma(_Waitable):
         pass
 
     def close(self) -> None:
-        for qp in self.qps:
+        for qp in self.all_qps:
             qp.close()
 
 
@@ -228,10 +252,17 @@ class RdmaRx(_Rdma, _Receiver):
     """The receiving end: registered slots the sender writes into."""
 
     def __init__(
-        self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str, qps: int = 1
+        self,
+        pd: PD,
+        cq: CQ,
+        slots: int,
+        slot_bytes: int,
+        peer: str,
+        qps: int = 1,
+        grant_dscp: int | None = None,
     ) -> None:
         super().__init__(slots, slot_bytes, lanes=qps)
-        self._open_qps(pd, cq, peer, qps)
+        self._open_qps(pd, cq, peer, qps, grant_dscp)
         self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         self.released = 0
 
@@ -242,7 +273,9 @@ class RdmaRx(_Rdma, _Receiver):
         self.deliver(imm, nbytes, lane)
 
     def release(self, index: int) -> None:
-        qp = self.qps[self.released % len(self.qps)]  # credits spread as the data does
+        """Grant the sender one more slot (clear to send): on the grant QP, else spread over
+        the data QPs as the data is."""
+        qp = self.grant_qp or self.qps[self.released % len(self.qps)]
         self.released += 1
         qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
 
@@ -251,10 +284,17 @@ class RdmaTx(_Rdma, _Sender):
     """The sending end: holds credits, writes chunks into the receiver's slots."""
 
     def __init__(
-        self, pd: PD, cq: CQ, slots: int, slot_bytes: int, peer: str, qps: int = 1
+        self,
+        pd: PD,
+        cq: CQ,
+        slots: int,
+        slot_bytes: int,
+        peer: str,
+        qps: int = 1,
+        grant_dscp: int | None = None,
     ) -> None:
         super().__init__(slots, slot_bytes)
-        self._open_qps(pd, cq, peer, qps)
+        self._open_qps(pd, cq, peer, qps, grant_dscp)
         self.remote_addr = 0
         self.rkey = 0
         self.written = 0  # items posted: item k goes on QP k mod len(qps)

@@ -164,6 +164,7 @@ class CommOptions:
     qp_timeout: int = 10  # QP local ACK timeout code: 4.096 us * 2^N
     retry_cnt: int = 7
     qps_per_connection: int = 1  # RC QPs a link stripes over (NCCL_IB_QPS_PER_CONNECTION)
+    grant_dscp: int | None = None  # the clear-to-send grants' own QP at this DSCP (None: none)
 
     @classmethod
     def for_job(
@@ -171,10 +172,13 @@ class CommOptions:
     ) -> CommOptions:
         """A job's options: the fabric's link rate, MTU and retries, and the job's parameters
         (``job_id``, ``order``, ``slots``, ``slot_bytes``, ``timeout``, ``qp_timeout``,
-        ``qps_per_connection``)."""
+        ``qps_per_connection``, ``grant_dscp``)."""
         qps = int(params.get("qps_per_connection", 1))
         if not 1 <= qps <= 64:
             raise ValueError(f"qps_per_connection {qps}: from 1 to 64")
+        grant = params.get("grant_dscp")
+        if grant is not None and not (isinstance(grant, int) and 0 <= grant < 64):
+            raise ValueError(f"grant_dscp {grant!r}: a DSCP, 0 to 63")
         return cls(
             job=str(params.get("job_id", "job")),
             order=str(params.get("order", "topology")),
@@ -186,4 +190,5 @@ class CommOptions:
             qp_timeout=int(params.get("qp_timeout", 10)),
             retry_cnt=retry_cnt,
             qps_per_connection=qps,
+            grant_dscp=grant,
         )

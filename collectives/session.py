@@ -112,12 +112,12 @@ class RankSession(abc.ABC):
                     prv, self.rank, name, self.options.slots, self.options.slot_bytes
                 )
             else:
-                rx = RdmaRx(self.pd, self.cq, *self._link_shape(), f"rank {prv}", self._qps)
-                self.completions.by_qpn.update((qp.qp_num, rx) for qp in rx.qps)
+                rx = RdmaRx(self.pd, self.cq, *self._link_shape(), f"rank {prv}", *self._qps)
+                self.completions.by_qpn.update((qp.qp_num, rx) for qp in rx.all_qps)
                 ring_.rx = rx
                 await self.store.set(
                     f"{self.options.job}/{name}/rx/{self.rank}",
-                    [asdict(QPInfo.of(qp, rx.mr)) for qp in rx.qps],
+                    [asdict(QPInfo.of(qp, rx.mr)) for qp in rx.all_qps],
                 )
                 pending.append((ring_, "rx"))
             if self.places[nxt].host == me.host:
@@ -126,12 +126,12 @@ class RankSession(abc.ABC):
                 )
                 ring_.tx = shared.tx or LocalTx(shared)
             else:
-                tx = RdmaTx(self.pd, self.cq, *self._link_shape(), f"rank {nxt}", self._qps)
-                self.completions.by_qpn.update((qp.qp_num, tx) for qp in tx.qps)
+                tx = RdmaTx(self.pd, self.cq, *self._link_shape(), f"rank {nxt}", *self._qps)
+                self.completions.by_qpn.update((qp.qp_num, tx) for qp in tx.all_qps)
                 ring_.tx = tx
                 await self.store.set(
                     f"{self.options.job}/{name}/tx/{self.rank}",
-                    [asdict(QPInfo.of(qp)) for qp in tx.qps],
+                    [asdict(QPInfo.of(qp)) for qp in tx.all_qps],
                 )
                 pending.append((ring_, "tx"))
         wait = self._store_wait()
@@ -188,8 +188,8 @@ class RankSession(abc.ABC):
         return self.options.slots, self.options.slot_bytes
 
     @property
-    def _qps(self) -> int:
-        return self.options.qps_per_connection
+    def _qps(self) -> tuple[int, int | None]:
+        return self.options.qps_per_connection, self.options.grant_dscp
 
     def _connect_qps(self, end: RdmaRx | RdmaTx, peers: list[QPInfo]) -> None:
         end.connect(

@@ -16,7 +16,7 @@ from collectives import ops, ring
 from collectives.bench import expected, pattern, sizes
 from collectives.bench import params as bench_params
 from collectives.communicator import Communicator, RankPlace, ring_order
-from collectives.job import places_for, run_virtual
+from collectives.job import comm_options, places_for, run_virtual
 from collectives.links import RdmaRx, RdmaTx
 from collectives.metrics import HostCollectiveMetrics
 from collectives.placement import hierarchy
@@ -203,6 +203,36 @@ def test_qps_per_connection_stripes_every_link_and_every_operation_stays_exact()
     }
     results, _ = run_virtual(topo, "check", params)
     assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
+
+
+@job("grant_qps")
+async def grant_qps(comm: Communicator, params: dict[str, Any]) -> list[int | None]:
+    """The DSCP of each RDMA link's grant QP, after an all-reduce."""
+    await comm.all_reduce(np.ones(4096, np.float32))
+    return [
+        end.grant_qp.qp.traffic_class if end.grant_qp else None
+        for r in comm.rings.values()
+        for end in (r.tx, r.rx)
+        if isinstance(end, RdmaTx | RdmaRx)
+    ]
+
+
+def test_receiver_grants_on_their_own_high_priority_qp_keep_every_operation_exact() -> None:
+    topo = fabric(2, 4, 2, 1)
+    results, _ = run_virtual(topo, "grant_qps", {"grant_dscp": 48})
+    assert all(dscps and set(dscps) == {48} for dscps in results.values()), results
+    params = {
+        "sizes": [1, 70000],
+        "dtypes": ["float32"],
+        "ops": ["sum"],
+        "grant_dscp": 48,
+        "slots": 2,  # a window of two chunks per link
+        "qps_per_connection": 2,
+    }
+    results, _ = run_virtual(topo, "check", params)
+    assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
+    with pytest.raises(ValueError, match="grant_dscp 99"):
+        comm_options(topo, {"grant_dscp": 99})
 
 
 def test_all_to_all_v_and_point_to_point_on_64_ranks() -> None:
