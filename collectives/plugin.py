@@ -4,12 +4,13 @@
 :func:`register`) before it runs a command.  Registering adds: the host agent's
 ``collective`` command (:mod:`rocev2_emu.fabric.services`), the ``bench`` kinds all-reduce,
 all-gather, reduce-scatter and broadcast and the all-reduce demo (:mod:`collectives.cli`), and
-the ``straggler`` scenario (:mod:`collectives.straggler`).
+the ``straggler`` and ``ecmp-entropy`` scenarios (:mod:`collectives.straggler`,
+:mod:`collectives.entropy`).
 """
 
 from __future__ import annotations
 
-from collectives import cli, straggler
+from collectives import cli, entropy, straggler
 from collectives.job import collective_handler
 from rocev2_emu.fabric.services import host_service
 
@@ -18,3 +19,4 @@ def register() -> None:
     host_service("collective")(collective_handler)
     cli.register()
     straggler.register()
+    entropy.register()

@@ -62,6 +62,9 @@ def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent])
         | {name: host_stats(a.ctx) for name, a in agents.items()}
     )
     stats["frame_hops"] = next(iter(drivers.values())).engine.hops if drivers else 0
+    stats["port_tx_bytes"] = {  # per switch, per port: how the load spread over the links
+        name: [p.tx_bytes for p in d.core.ports] for name, d in drivers.items()
+    }
     return stats
 
 

@@ -392,6 +392,27 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
     assert both["fabric"]["pfc_tx"] < pfc["fabric"]["pfc_tx"]  # DCQCN: fewer pauses
 
 
+# ten virtual runs of a 40-node fabric, five of them an 8 MiB ring over 32 ranks: a few
+# minutes here, so past the default per-test timeout (a hang still ends the test)
+@pytest.mark.timeout(900)
+def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
+    tmp_path: Path,
+) -> None:
+    from collectives.plugin import register
+    from rocev2_emu.experiments import harness
+
+    register()
+    assert harness.main("ecmp-entropy", seed=1, out=str(tmp_path), virtual=True) == 0
+    rows = json.loads((tmp_path / "ecmp-entropy.json").read_text())["runs"]
+    by = {(r["workload"], r["setting"]): r for r in rows}
+    assert len(rows) == 10 and all(r["wrong"] == 0 for r in rows)
+    one, spread = by["all-reduce", "5-tuple, 1 QP"], by["all-reduce", "QPN hashing, 8 QPs"]
+    assert one["imbalance"] >= 1.3 and spread["imbalance"] < one["imbalance"]
+    assert spread["busbw"] > one["busbw"]
+    # every spine link is counted once per direction: 4 leaves x 4 spines x 2
+    assert all(len(r["spine_loads"]) == 32 for r in rows)
+
+
 def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
     from collectives.links import LocalRx
 

@@ -1,0 +1,193 @@
+"""``rocev2-emu scenario ecmp-entropy --virtual``: ECMP collisions of collective traffic, and
+what Meta's fabric did about them (Gangidi et al., SIGCOMM 2024, section on routing).
+
+A leaf-spine of 32 hosts: 4 leaves of 8 hosts (100 Gbit/s), 4 spines, 200 Gbit/s uplinks, so a
+leaf's 8 hosts can send across the spines at full rate only if their flows spread evenly, two
+per uplink.  Two collectives, each run under five settings of path selection and QPs per
+connection (5-tuple ECMP with 1, 4 and 8 QPs; the 5-tuple and the destination QP (E-ECMP)
+with 8 QPs; path pinning by destination with 1 QP):
+
+* a ring all-reduce in rank order over ranks whose neighbours sit under other leaves (the
+  file lists the leaves' hosts in turn, as a scheduler that scatters a job does), 1 MiB: all
+  32 hops cross the spines at once, 8 flows out of every leaf - the "few, large flows" of
+  collective traffic, and the ring runs at its slowest hop;
+* all-to-all, 1 MiB per rank (32 KiB to each of 31 peers).
+
+Per run: the load of every spine link (bytes each leaf sent each spine and each spine sent each
+leaf) as max / mean - 1.0 is a perfect spread - and the busbw.  The checks: with 1 QP the
+5-tuple collides (max / mean of the all-reduce's spine links at least 1.3), and 8 QPs with QPN
+hashing spread it (a lower max / mean) and raise its busbw.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tomllib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collectives.communicator import Communicator
+from collectives.job import run_virtual
+from collectives.registry import job
+from collectives.session import BUS_FACTOR
+from rocev2_emu.experiments import harness
+from rocev2_emu.experiments.harness import Mode, Outcome, Scenario, check_lines
+from rocev2_emu.experiments.plots import pyplot
+from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
+
+SETTINGS = (  # name, [fabric] ecmp, QPs per connection
+    ("5-tuple, 1 QP", "5-tuple", 1),
+    ("5-tuple, 4 QPs", "5-tuple", 4),
+    ("5-tuple, 8 QPs", "5-tuple", 8),
+    ("QPN hashing, 8 QPs", "5-tuple+qpn", 8),
+    ("path pinning, 1 QP", "destination", 1),
+)
+WORKLOADS = (  # name, collective, bytes per rank
+    ("all-reduce", "all_reduce", 8 << 20),
+    ("all-to-all", "all_to_all", 1 << 20),
+)
+
+
+def entropy_topology(seed: int, ecmp: str) -> Topology:
+    """The leaf-spine, its hosts listed one leaf after another in turn (h0 under leaf0, h8
+    under leaf1, ...), so that rank order puts every ring neighbour under another leaf."""
+    data = tomllib.loads(leaf_spine(4, 4, 8))
+    data["fabric"].update(seed=seed, ecmp=ecmp)
+    data["host"].sort(key=lambda h: (int(h["name"][1:]) % 8, int(h["name"][1:]) // 8))
+    for link in data["link"]:
+        if link["a"].startswith("spine") or link["b"].startswith("spine"):
+            link["rate_gbps"] = 200.0
+    return parse(data, "ecmp-entropy.toml")
+
+
+def spine_loads(topo: Topology, port_tx: dict[str, list[int]]) -> list[int]:
+    """Bytes sent on every link between two switches (in a leaf-spine: a leaf and a spine),
+    both directions."""
+    return [
+        port_tx[sw.name][k]
+        for sw in topo.switches
+        for k, (_, peer) in enumerate(sw.ports)
+        if topo.nodes[peer].kind == "switch"
+    ]
+
+
+@job("entropy_op")
+async def entropy_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
+    """One warm-up operation of 4 KiB per rank (it makes the links), then the measured one of
+    ``p["bytes"]``: its time from a barrier to this rank's end, and whether it is right."""
+    n, r = comm.size, comm.rank
+    count = int(p["bytes"]) // 4 // n * n
+    x = np.full(count, r + 1, np.float32)
+    small = np.full(1024 // n * n or n, r + 1, np.float32)
+    op = comm.all_to_all if p["coll"] == "all_to_all" else comm.all_reduce
+    await op(small) if p["coll"] == "all_to_all" else await comm.all_reduce(small, algo="ring")
+    await comm.barrier()
+    start = comm.ctx.now()
+    got = await op(x) if p["coll"] == "all_to_all" else await comm.all_reduce(x, algo="ring")
+    elapsed = comm.ctx.now() - start
+    if p["coll"] == "all_to_all":
+        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count // n)
+    else:
+        want = np.full(count, n * (n + 1) / 2, np.float32)
+    return {"time": elapsed, "bytes": count * 4, "wrong": int(np.count_nonzero(got != want))}
+
+
+def one(seed: int, ecmp: str, qps: int, coll: str, size: int) -> dict[str, Any]:
+    topo = entropy_topology(seed, ecmp)
+    p = {
+        "coll": coll,
+        "bytes": size,
+        "order": "rank",  # the ring in rank order: every hop crosses the spines
+        "qps_per_connection": qps,
+        "slot_bytes": 64 << 10,  # 31 links per rank in the all-to-all: keep their slots small
+        "timeout": 1.0,
+    }
+    results, fab = run_virtual(topo, "entropy_op", p)
+    bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "time" in v)}
+    if bad:
+        raise RuntimeError(f"ecmp-entropy {coll} {ecmp} x{qps}: ranks failed: {bad}")
+    t = max(v["time"] for v in results.values())
+    n = len(results)
+    loads = spine_loads(topo, fab["port_tx_bytes"])
+    mean = statistics.fmean(loads)
+    return {
+        "time": t,
+        "busbw": results[0]["bytes"] / t * BUS_FACTOR[coll](n) / 1e9 if t else 0.0,
+        "imbalance": max(loads) / mean if mean else 0.0,
+        "spine_loads": loads,
+        "wrong": sum(v["wrong"] for v in results.values()),
+        "ecn_marked": fab["ecn_marked"],
+        "pfc_tx": fab["pfc_tx"],
+    }
+
+
+def entropy(seed: int) -> tuple[list[dict[str, Any]], list[str], bool]:
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for workload, coll, size in WORKLOADS:
+        for setting, ecmp, qps in SETTINGS:
+            got = one(seed, ecmp, qps, coll, size)
+            rows.append({"workload": workload, "setting": setting, **got})
+            lines.append(
+                f"{workload:>10}, {setting:<19}: spine links max/mean {got['imbalance']:.2f}, "
+                f"busbw {got['busbw']:.2f} GB/s ({got['time'] * 1e6:.0f} us), ECN marks "
+                f"{got['ecn_marked']}, PFC frames {got['pfc_tx']}, wrong {got['wrong']}"
+            )
+    by = {(r["workload"], r["setting"]): r for r in rows}
+    one_qp = by["all-reduce", "5-tuple, 1 QP"]
+    spread = by["all-reduce", "QPN hashing, 8 QPs"]
+    checks = [
+        ("every value right", all(r["wrong"] == 0 for r in rows)),
+        (
+            f"with 1 QP the 5-tuple collides: the all-reduce's spine links max/mean "
+            f"{one_qp['imbalance']:.2f} >= 1.3",
+            one_qp["imbalance"] >= 1.3,
+        ),
+        (
+            f"8 QPs with QPN hashing spread it: max/mean {spread['imbalance']:.2f} < "
+            f"{one_qp['imbalance']:.2f}, busbw {spread['busbw']:.2f} > {one_qp['busbw']:.2f} GB/s",
+            spread["imbalance"] < one_qp["imbalance"] and spread["busbw"] > one_qp["busbw"],
+        ),
+    ]
+    check, ok = check_lines(checks)
+    return rows, lines + check, ok
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Per workload: spine-link imbalance and busbw for each setting."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    names = [s for s, _, _ in SETTINGS]
+    for ax, key, label in (
+        (axes[0], "imbalance", "spine links: max / mean load"),
+        (axes[1], "busbw", "busbw (GB/s)"),
+    ):
+        for k, (workload, *_rest) in enumerate(WORKLOADS):
+            values = [r[key] for r in rows if r["workload"] == workload]
+            xs = [i + 0.4 * k for i in range(len(values))]
+            ax.bar(xs, values, width=0.4, label=workload)
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle("ecmp-entropy: 32 hosts, 4 leaves, 4 spines (200G uplinks)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def run(seed: int, mode: Mode) -> Outcome:
+    rows, lines, ok = entropy(seed)
+    return Outcome(rows, lines, ok, partial(plot, rows))
+
+
+def register() -> None:
+    """Add ``ecmp-entropy`` to ``rocev2-emu scenario`` (virtual time only, for now)."""
+    harness.register(Scenario("ecmp-entropy", run, virtual_only=True, units=""))
