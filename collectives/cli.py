@@ -72,6 +72,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="send the receivers' clear-to-send grants (the slot credits) on a QP of their own "
         "at this DSCP, e.g. 48 (priority 6) above the data's 26 (default: with the data)",
     )
+    g.add_argument(
+        "--slots",
+        type=positive_int,
+        default=4,
+        help="receive slots per link: the chunks a receiver grants at once (4)",
+    )
+    g.add_argument(
+        "--slot-bytes",
+        type=size_arg,
+        default=size_arg("256K"),
+        help="bytes per slot, a chunk (256K; NCCL_BUFFSIZE is slots x this); the window a "
+        "receiver admits per link is slots x slot bytes",
+    )
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
     g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
     g.add_argument(
@@ -116,6 +129,8 @@ class BenchOptions:
     order: str = "topology"
     qps_per_connection: int = 1
     grant_dscp: int | None = None
+    slots: int = 4
+    slot_bytes: int = 256 << 10
     topology: str | None = None
     virtual: bool = False
     attach: bool = False
@@ -157,6 +172,8 @@ def main(which: str, args: BenchOptions) -> int:
         algo=args.algo,
         order=args.order,
         qps_per_connection=args.qps_per_connection,
+        slots=args.slots,
+        slot_bytes=args.slot_bytes,
         **({"grant_dscp": args.grant_dscp} if args.grant_dscp is not None else {}),
     )
     ranks = sum(h.ranks for h in topo.hosts)
