@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import statistics
 import tomllib
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,8 @@ from collectives.job import run_virtual
 from collectives.registry import job
 from collectives.session import BUS_FACTOR
 from rocev2_emu.experiments import harness
-from rocev2_emu.experiments.harness import Mode, Outcome, Scenario, check_lines
-from rocev2_emu.experiments.plots import pyplot
+from rocev2_emu.experiments.harness import check_lines
+from rocev2_emu.experiments.plots import pyplot, save
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
@@ -82,15 +81,17 @@ async def entropy_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
     ``p["bytes"]``: its time from a barrier to this rank's end, and whether it is right."""
     n, r = comm.size, comm.rank
     count = int(p["bytes"]) // 4 // n * n
-    x = np.full(count, r + 1, np.float32)
-    small = np.full(1024 // n * n or n, r + 1, np.float32)
-    op = comm.all_to_all if p["coll"] == "all_to_all" else comm.all_reduce
-    await op(small) if p["coll"] == "all_to_all" else await comm.all_reduce(small, algo="ring")
+    a2a = p["coll"] == "all_to_all"
+
+    async def op(x: np.ndarray) -> np.ndarray:
+        return await (comm.all_to_all(x) if a2a else comm.all_reduce(x, algo="ring"))
+
+    await op(np.full(1024 // n * n, r + 1, np.float32))
     await comm.barrier()
     start = comm.ctx.now()
-    got = await op(x) if p["coll"] == "all_to_all" else await comm.all_reduce(x, algo="ring")
+    got = await op(np.full(count, r + 1, np.float32))
     elapsed = comm.ctx.now() - start
-    if p["coll"] == "all_to_all":
+    if a2a:
         want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count // n)
     else:
         want = np.full(count, n * (n + 1) / 2, np.float32)
@@ -177,17 +178,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     fig.suptitle("ecmp-entropy: 32 hosts, 4 leaves, 4 spines (200G uplinks)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
-
-
-def run(seed: int, mode: Mode) -> Outcome:
-    rows, lines, ok = entropy(seed)
-    return Outcome(rows, lines, ok, partial(plot, rows))
+    return save(plt, fig, path)
 
 
 def register() -> None:
     """Add ``ecmp-entropy`` to ``rocev2-emu scenario`` (virtual time only, for now)."""
-    harness.register(Scenario("ecmp-entropy", run, virtual_only=True, units=""))
+    harness.register(harness.virtual_scenario("ecmp-entropy", entropy, plot))

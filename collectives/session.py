@@ -27,6 +27,7 @@ from collectives.store import Store, StoreTimeout
 from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
 
 T = TypeVar("T")
+R = TypeVar("R", RdmaRx, RdmaTx)
 
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     # nccl-tests' busBw = algBw x factor (doc/PERFORMANCE.md)
@@ -112,8 +113,7 @@ class RankSession(abc.ABC):
                     prv, self.rank, name, self.options.slots, self.options.slot_bytes
                 )
             else:
-                rx = RdmaRx(self.pd, self.cq, *self._link_shape(), f"rank {prv}", *self._qps)
-                self.completions.by_qpn.update((qp.qp_num, rx) for qp in rx.all_qps)
+                rx = self._rdma(RdmaRx, prv)
                 ring_.rx = rx
                 await self.store.set(
                     f"{self.options.job}/{name}/rx/{self.rank}",
@@ -126,8 +126,7 @@ class RankSession(abc.ABC):
                 )
                 ring_.tx = shared.tx or LocalTx(shared)
             else:
-                tx = RdmaTx(self.pd, self.cq, *self._link_shape(), f"rank {nxt}", *self._qps)
-                self.completions.by_qpn.update((qp.qp_num, tx) for qp in tx.all_qps)
+                tx = self._rdma(RdmaTx, nxt)
                 ring_.tx = tx
                 await self.store.set(
                     f"{self.options.job}/{name}/tx/{self.rank}",
@@ -184,12 +183,21 @@ class RankSession(abc.ABC):
             if missing:
                 await self._connect(missing, barrier=False)
 
-    def _link_shape(self) -> tuple[int, int]:
-        return self.options.slots, self.options.slot_bytes
-
-    @property
-    def _qps(self) -> tuple[int, int | None]:
-        return self.options.qps_per_connection, self.options.grant_dscp
+    def _rdma(self, end: type[R], peer: int) -> R:
+        """One end of an RDMA link with ``peer``, shaped by the options, its QPs' completions
+        routed to it."""
+        o = self.options
+        link = end(
+            self.pd,
+            self.cq,
+            o.slots,
+            o.slot_bytes,
+            f"rank {peer}",
+            qps=o.qps_per_connection,
+            grant_dscp=o.grant_dscp,
+        )
+        self.completions.by_qpn.update((qp.qp_num, link) for qp in link.all_qps)
+        return link
 
     def _connect_qps(self, end: RdmaRx | RdmaTx, peers: list[QPInfo]) -> None:
         end.connect(

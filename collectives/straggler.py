@@ -22,7 +22,6 @@ import math
 import statistics
 import tomllib
 from collections import Counter
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,8 @@ from collectives.communicator import Communicator
 from collectives.job import run_virtual
 from collectives.registry import job
 from rocev2_emu.experiments import harness
-from rocev2_emu.experiments.harness import Mode, Outcome, Scenario, check_lines
-from rocev2_emu.experiments.plots import pyplot
+from rocev2_emu.experiments.harness import check_lines
+from rocev2_emu.experiments.plots import pyplot, save
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
@@ -172,17 +171,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("all-reduce iteration (us)")
     ax.set_title("straggler: 8-rank ring all-reduce, 256 KiB, beside micro-bursts")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
-
-
-def run(seed: int, mode: Mode) -> Outcome:
-    rows, lines, ok = straggler(seed)
-    return Outcome(rows, lines, ok, partial(plot, rows))
+    return save(plt, fig, path)
 
 
 def register() -> None:
     """Add ``straggler`` to ``rocev2-emu scenario`` (virtual time only)."""
-    harness.register(Scenario("straggler", run, virtual_only=True, units=""))
+    harness.register(harness.virtual_scenario("straggler", straggler, plot))

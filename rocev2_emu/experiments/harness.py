@@ -233,6 +233,20 @@ def fabric_scenario(
     return Scenario(name, run, takes=takes)
 
 
+def virtual_scenario(
+    name: str,
+    experiment: Callable[[int], tuple[list[dict[str, Any]], list[str], bool]],
+    plot: Callable[[list[dict[str, Any]], Path], bool],
+) -> Scenario:
+    """A scenario that runs in virtual time only and plots its own rows (a job's, not flows')."""
+
+    def run(seed: int, mode: Mode) -> Outcome:
+        rows, lines, ok = experiment(seed)
+        return Outcome(rows, lines, ok, partial(plot, rows))
+
+    return Scenario(name, run, virtual_only=True, units="")
+
+
 SCALE_FLAGS = {"senders": "--senders", "size": "--size", "topology": "--topology"}
 
 

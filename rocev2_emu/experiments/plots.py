@@ -21,6 +21,14 @@ def pyplot() -> Any | None:
     return plt
 
 
+def save(plt: Any, fig: Any, path: Path) -> bool:
+    """Lay ``fig`` out, write it to ``path`` and free it: the end of every scenario's plot."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
@@ -50,7 +58,4 @@ def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
         if any(r.queue_reference is not None for r in runs)
         else "time (emulated us); shaded: PFC pause in force"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save(plt, fig, path)
