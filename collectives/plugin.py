@@ -10,7 +10,7 @@ the ``straggler`` and ``ecmp-entropy`` scenarios (:mod:`collectives.straggler`,
 
 from __future__ import annotations
 
-from collectives import cli, entropy, straggler
+from collectives import cli, entropy, launcher, straggler
 from collectives.job import collective_handler
 from rocev2_emu.fabric.services import host_service
 
@@ -20,3 +20,4 @@ def register() -> None:
     cli.register()
     straggler.register()
     entropy.register()
+    launcher.register()

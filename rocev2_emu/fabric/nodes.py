@@ -16,10 +16,13 @@ This module also turns the topology into what the cores and drivers take (:func:
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent
 from rocev2_emu.fabric.services import HOST_SERVICES
@@ -149,13 +152,31 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
             ready=f"{ready} ecmp={topo.ecmp}",
         )
         return
+    async with host_node(topo, name, opts, {"stop": stop_soon}) as (ctx, _):
+        print(ready.format(batch_io=batch_mode(ctx.port)), flush=True)
+        await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def host_node(
+    topo: Topology,
+    name: str,
+    opts: NodeOptions,
+    extra: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+) -> AsyncIterator[tuple[Context, CollectorRegistry]]:
+    """Host ``name`` of the fabric in this process, for as long as the block runs: its NIC on
+    the host's address, its ``/metrics`` (``opts.metrics``) and its agent on the control port
+    (the registered host services, and ``extra`` commands).  The node process runs it, and so
+    does a PyTorch rank (:mod:`collectives.pytorch`), whose process is its host."""
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
         registry = nic_registry(ctx.driver, name)
         handlers = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
-        handlers["stop"] = stop_soon
-        if metrics_at is not None:
-            serve(registry, metrics_at[1], addr=metrics_at[0])
+        handlers.update(extra or {})
+        if opts.metrics:
+            serve(registry, METRICS_PORT, addr=opts.metrics_addr or topo.nodes[name].address)
         agent = host_agent(topo, ctx, name)
+        address = topo.nodes[name].address
         async with trio.open_nursery() as nursery:
-            await nursery.start(AgentServer(agent, handlers).serve, node.address, CONTROL_PORT)
-            print(ready.format(batch_io=batch_mode(ctx.port)), flush=True)
+            await nursery.start(AgentServer(agent, handlers).serve, address, CONTROL_PORT)
+            yield ctx, registry
+            nursery.cancel_scope.cancel()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Collection
 from typing import Any, Protocol
 
 import trio
@@ -135,10 +136,15 @@ async def _wait_ready(
 
 
 async def _supervise(
-    topo: Topology, topo_path: str, tdf: float, job: FabricJob | None, quiet: bool = False
+    topo: Topology,
+    topo_path: str,
+    tdf: float,
+    job: FabricJob | None,
+    quiet: bool = False,
+    only: Collection[str] | None = None,
 ) -> Any:
-    """Start every node, run ``job`` (or wait for Ctrl-C), stop; the job's outcome (None when
-    a node died and the job could not go on)."""
+    """Start every node (``only``: these), run ``job`` (or wait for Ctrl-C), stop; the job's
+    outcome (None when a node died and the job could not go on)."""
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
@@ -150,6 +156,8 @@ async def _supervise(
         async with trio.open_nursery() as nursery:
             tails: dict[str, deque[str]] = {}
             for name in topo.nodes:
+                if only is not None and name not in only:
+                    continue
                 procs[name] = await trio.lowlevel.open_process(
                     _node_command(topo_path, name, tdf, epoch),
                     stdout=subprocess.PIPE,
@@ -166,7 +174,7 @@ async def _supervise(
                 )
             if not quiet:
                 print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
-                for name in topo.nodes:
+                for name in procs:
                     print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
             if job is None:
                 print("# Ctrl-C stops the fabric", flush=True)
@@ -196,11 +204,17 @@ async def _stop(procs: dict[str, trio.Process]) -> None:
 
 
 def run_processes(
-    topo: Topology, topo_path: str, tdf: float, job: FabricJob, *, quiet: bool = True
+    topo: Topology,
+    topo_path: str,
+    tdf: float,
+    job: FabricJob,
+    *,
+    quiet: bool = True,
+    only: Collection[str] | None = None,
 ) -> Any:
-    """One process per node, ``job``, then stop; what the job returned (None: a node died and
-    the job could not go on)."""
-    return trio.run(_supervise, topo, topo_path, tdf, job, quiet)
+    """One process per node (``only``: for these nodes; the job runs the others), ``job``,
+    then stop; what the job returned (None: a node died and the job could not go on)."""
+    return trio.run(_supervise, topo, topo_path, tdf, job, quiet, only)
 
 
 def run_flow_job(

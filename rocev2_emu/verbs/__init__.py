@@ -25,6 +25,7 @@ from rocev2_emu.transport.work import (
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig, RemoteQP
 from rocev2_emu.verbs.oob import (
     DEFAULT_OOB_PORT,
+    FABRIC_SECRET_ENV,
     OobChannel,
     OobError,
     QPInfo,
@@ -37,6 +38,7 @@ from rocev2_emu.verbs.oob import (
 __all__ = [
     "CQ",
     "DEFAULT_OOB_PORT",
+    "FABRIC_SECRET_ENV",
     "MR",
     "PD",
     "QP",

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import trio
 
+from rocev2_emu.runtime.auth import ENV as FABRIC_SECRET_ENV
 from rocev2_emu.runtime.auth import current as fabric_secret
 from rocev2_emu.runtime.control import (
     ControlError,
@@ -35,6 +36,7 @@ _FIELD_BITS: Final = {"qpn": 24, "psn": 24, "rkey": 32, "vaddr": 64, "length": 6
 
 __all__ = [
     "DEFAULT_OOB_PORT",
+    "FABRIC_SECRET_ENV",
     "OobChannel",
     "OobError",
     "QPInfo",

@@ -1,0 +1,272 @@
+"""``rocev2-emu launch TOPOLOGY -- COMMAND...``: a program on every host of a fabric, as torchrun
+starts one.
+
+The fabric's switches run as node processes (:func:`rocev2_emu.fabric.supervisor.run_processes`
+with ``only`` the switches); each host is the process of one rank, running ``COMMAND`` with
+torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_RUN_ID``; ``OMP_NUM_THREADS=1`` unless set, as torchrun does for several ranks)
+and where the fabric is (``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``,
+``ROCEV2_STORE``, ``ROCEV2_JOB``, ``ROCEV2_COMPUTE_MS`` and the fabric's secret), which the
+``rocev2`` torch backend (:mod:`collectives.pytorch`) reads: rank r becomes host r of the
+topology.  The launcher serves the rendezvous store the ranks connect through.
+
+Every line a rank prints comes out with torchrun's ``[rankN]:`` prefix.  The first rank to fail
+ends the job: the launcher posts an abort naming it, so every other rank's collective in flight
+raises at once (as torch's watchdog would, naming rank, operation and sequence), waits
+:data:`GRACE` seconds for the others to exit, kills what is left, and exits with that rank's
+code (128 + N for a signal N).  Ctrl-C stops every process.  The fabric's counters are printed
+at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import trio
+
+from collectives.store import StoreServer
+from rocev2_emu.cli import commands
+from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
+from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
+
+GRACE = 30.0  # wall seconds the other ranks get to exit after the first failure
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class RankLauncher:
+    """The job of ``rocev2-emu launch``: one process per rank, over running switches."""
+
+    def __init__(
+        self,
+        command: list[str],
+        ranks: int | None = None,
+        compute_ms: float = 0.0,
+        env: dict[str, str] | None = None,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        self.command = command
+        self.ranks = ranks
+        self.compute_ms = compute_ms
+        self.extra_env = env or {}
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.job = f"torch-{secrets.token_hex(4)}"
+        self.server = StoreServer("127.0.0.1", 0)
+        self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first failure
+        self.procs: dict[int, trio.Process] = {}
+        self.fabric: dict[str, Any] = {}
+        self.topo: Topology | None = None
+
+    def hosts(self, topo: Topology) -> list[str]:
+        n = len(topo.hosts) if self.ranks is None else self.ranks
+        if not 1 <= n <= len(topo.hosts):
+            raise ValueError(f"--ranks {n}: from 1 to the topology's {len(topo.hosts)} hosts")
+        return [h.name for h in topo.hosts[:n]]
+
+    def rank_env(
+        self, topo: Topology, tdf: float, epoch: float, rank: int, store: int, master: int
+    ) -> dict[str, str]:
+        world = len(self.hosts(topo))
+        env = {
+            **os.environ,
+            **self.extra_env,
+            FABRIC_SECRET_ENV: fabric_secret().hex(),
+            "ROCEV2_TOPOLOGY": str(Path(topo.path).resolve()),
+            "ROCEV2_TDF": repr(tdf),
+            "ROCEV2_EPOCH": repr(epoch),
+            "ROCEV2_STORE": f"127.0.0.1:{store}",
+            "ROCEV2_JOB": self.job,
+            "ROCEV2_COMPUTE_MS": repr(self.compute_ms),
+            "ROCEV2_HOST": topo.hosts[rank].name,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(rank),
+            "GROUP_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master),
+            "TORCHELASTIC_RUN_ID": self.job,
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    async def run(self, topo: Topology, tdf: float, epoch: float) -> int:
+        self.topo = topo
+        hosts = self.hosts(topo)
+        master = free_port()
+        async with trio.open_nursery() as nursery:
+            store = await nursery.start(self.server.serve)
+            async with trio.open_nursery() as ranks:
+                for rank in range(len(hosts)):
+                    env = self.rank_env(topo, tdf, epoch, rank, store, master)
+                    proc = await trio.lowlevel.open_process(
+                        self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+                    )
+                    self.procs[rank] = proc
+                    ranks.start_soon(self._stream, proc.stdout, f"[rank{rank}]:", self.out)
+                    ranks.start_soon(self._stream, proc.stderr, f"[rank{rank}]:", self.err)
+                    ranks.start_soon(self._watch, rank, proc, ranks)
+            self.fabric = await self._stats(topo, hosts)
+            nursery.cancel_scope.cancel()
+        if self.failed is None:
+            return 0
+        code = self.failed[1]
+        return 128 - code if code < 0 else code
+
+    async def _stream(self, stream: Any, prefix: str, to: TextIO) -> None:
+        buf = b""
+        async for chunk in stream:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                print(prefix, line.decode(errors="replace"), file=to, flush=True)
+        if buf:
+            print(prefix, buf.decode(errors="replace"), file=to, flush=True)
+
+    async def _watch(self, rank: int, proc: trio.Process, ranks: trio.Nursery) -> None:
+        try:
+            code = await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._kill(proc)
+        if code == 0 or self.failed is not None:
+            return
+        self.failed = (rank, code)
+        assert self.topo is not None
+        why = f"rank {rank} ({self.topo.hosts[rank].name}) exited with code {code}"
+        print(f"rocev2-emu launch: {why}; stopping the job", file=self.err, flush=True)
+        await self.server.store.set(f"{self.job}/abort", why)
+        ranks.start_soon(self._kill_after_grace)
+
+    async def _kill_after_grace(self) -> None:
+        await trio.sleep(GRACE)
+        for rank, proc in self.procs.items():
+            if proc.returncode is None:
+                print(f"rocev2-emu launch: killing rank {rank}", file=self.err, flush=True)
+                proc.kill()
+
+    @staticmethod
+    async def _kill(proc: trio.Process) -> None:
+        if proc.returncode is not None:
+            return
+        proc.terminate()
+        with trio.move_on_after(5):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    async def _stats(self, topo: Topology, hosts: list[str]) -> dict[str, Any]:
+        """The switches' counters (the ranks' hosts are gone with their processes)."""
+        stats = {}
+        for node in topo.nodes.values():
+            if node.kind == "switch":
+                with trio.move_on_after(10):
+                    stats[node.name] = await control(node.address, {"cmd": "stats"})
+        return merge_stats(stats)
+
+    async def node_died(self, name: str, code: int) -> bool:
+        """A switch died: the fabric is broken; the ranks' collectives fail."""
+        await self.server.store.set(f"{self.job}/abort", f"switch {name} died with code {code}")
+        return False
+
+
+def launch(
+    topo: Topology,
+    path: str,
+    tdf: float,
+    command: list[str],
+    *,
+    ranks: int | None,
+    compute_ms: float,
+) -> int:
+    """``rocev2-emu launch``: the switches, the ranks, their exit code."""
+    if not command:
+        raise ValueError("launch: no command; give it after --, e.g. -- python train.py")
+    job = RankLauncher(command, ranks, compute_ms)
+    job.hosts(topo)  # a bad --ranks fails before anything starts
+    switches = [n.name for n in topo.nodes.values() if n.kind == "switch"]
+    print(
+        f"# rocev2-emu launch: {len(job.hosts(topo))} ranks on {topo.name} "
+        f"({len(switches)} switch processes) at TDF {tdf:g}, job {job.job}",
+        flush=True,
+    )
+    code = run_processes(topo, path, tdf, job, only=switches)
+    if code is None:
+        print("rocev2-emu launch: a switch died", file=sys.stderr)
+        return 1
+    f = job.fabric
+    drops = sum(f.get("drops", {}).values())
+    print(
+        f"# switches: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
+        f"{f.get('ecn_marked', 0)} ECN marks, {drops} drops, "
+        f"{f.get('late_wakeups', 0)} late wake-ups at TDF {tdf:g}",
+        flush=True,
+    )
+    return int(code)
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", help="topology TOML file (see examples/topologies)")
+    p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
+    p.add_argument(
+        "--ranks", type=positive_int, help="ranks on the first N hosts (default: every host)"
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=nonnegative_float,
+        default=0.0,
+        help="modelled accelerator compute per training step, emulated ms, for the "
+        "interconnect tax (ROCEV2_COMPUTE_MS; docs/pytorch.md)",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its args")
+
+
+def _run(args: argparse.Namespace) -> int:
+    topo = load(args.topology)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return launch(
+        topo,
+        args.topology,
+        args.tdf or topo.tdf,
+        command,
+        ranks=args.ranks,
+        compute_ms=args.compute_ms,
+    )
+
+
+def register() -> None:
+    commands.register(
+        commands.Command(
+            "launch",
+            "run a program (a PyTorch script) on every host of a fabric, as torchrun does",
+            _args,
+            _run,
+            description="Start the topology's switches, then one process per host running "
+            'COMMAND with torchrun\'s environment; `dist.init_process_group("rocev2")` in it '
+            "makes that process the host's NIC (docs/pytorch.md).",
+        )
+    )

@@ -1,0 +1,498 @@
+"""The ``rocev2`` process group: torch.distributed's operations over the emulated fabric.
+
+A Python subclass of ``torch.distributed.ProcessGroup`` (torch supports one returned by a
+registered backend's creator, as torchft's process groups do).  Each method checks its tensors
+in the caller's thread (CPU, dense, one of the supported types: a clear ``TypeError`` or
+``ValueError`` otherwise), queues the operation on the rank's
+:class:`~collectives.pytorch.worker.FabricWorker`, and returns a :class:`FabricWork` at once;
+the operation writes its results into the caller's tensors in the fabric thread.
+
+Types: float16, float32, float64, int32 and int64 travel as they are.  bfloat16 travels as its
+16 bits where nothing is reduced; reductions of bfloat16 run in float32 (twice the bytes on the
+wire) and round back to bfloat16 at the end, since the collectives reduce only numpy's types.
+
+Reductions: SUM, PRODUCT, MIN, MAX and AVG (NCCL's set); the bitwise ops and PREMUL_SUM raise.
+``send`` / ``recv`` match messages in order per peer (tags are not matched); ``recv`` from any
+source is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from collectives.communicator import Communicator
+from collectives.pytorch.worker import FabricWorker, Run
+
+_MOVED = {  # torch dtype -> the dtype its bits travel as
+    torch.float16: torch.float16,
+    torch.bfloat16: torch.float16,  # 16 bits, not reduced
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+    torch.int32: torch.int32,
+    torch.int64: torch.int64,
+}
+_REDUCED = {**_MOVED, torch.bfloat16: torch.float32}  # bfloat16 reduces in float32
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+}
+SUPPORTED_DTYPES = tuple(str(t).removeprefix("torch.") for t in _MOVED)
+
+
+def reduce_op(op: Any) -> str:
+    for known, name in _OPS.items():
+        if op == known:
+            return name
+    raise ValueError(
+        f"rocev2 backend: reduce op {op} is not supported (SUM, PRODUCT, MIN, MAX, AVG)"
+    )
+
+
+class Staged:
+    """A tensor as a numpy array the collectives can read and write, and the way back.
+
+    A contiguous tensor of a type that travels as it is shares its memory with the array;
+    otherwise the array is a copy (bfloat16 reduced in float32, a strided tensor made
+    contiguous) and :meth:`finish` writes it back."""
+
+    def __init__(self, tensor: Any, *, reduced: bool, what: str) -> None:
+        check_tensor(tensor, what)
+        self.tensor = tensor
+        wire = (_REDUCED if reduced else _MOVED)[tensor.dtype]
+        if wire == tensor.dtype:
+            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+        elif wire.itemsize == tensor.dtype.itemsize:  # bfloat16's bits as float16's
+            buf = tensor.contiguous().view(wire)
+        else:
+            buf = tensor.to(wire)
+        self.buf = buf
+        self.array: np.ndarray = buf.detach().numpy().reshape(-1)
+        self._shared = buf.data_ptr() == tensor.data_ptr() and buf.dtype == tensor.dtype
+
+    def finish(self) -> None:
+        if self._shared:
+            return
+        with torch.no_grad():
+            if self.buf.dtype.itemsize == self.tensor.dtype.itemsize:
+                self.tensor.copy_(self.buf.view(self.tensor.dtype).reshape(self.tensor.shape))
+            else:
+                self.tensor.copy_(self.buf.reshape(self.tensor.shape))
+
+
+def check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"rocev2 backend: {what}: a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"rocev2 backend: {what}: a {t.device.type} tensor; the emulated NIC reads host "
+            "memory, so use CPU tensors"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(f"rocev2 backend: {what}: a {t.layout} tensor; only dense tensors")
+    if t.dtype not in _MOVED:
+        raise TypeError(
+            f"rocev2 backend: {what}: dtype {t.dtype} is not supported "
+            f"({', '.join(SUPPORTED_DTYPES)})"
+        )
+
+
+def _one_dtype(tensors: Sequence[Any], what: str) -> None:
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) > 1:
+        raise TypeError(
+            f"rocev2 backend: {what}: tensors of several dtypes {sorted(map(str, kinds))}"
+        )
+
+
+class FabricWork(dist.Work):  # type: ignore[misc]
+    """An operation in flight: ``wait()`` blocks until it is done and raises its error;
+    ``get_future()`` is the ``torch.futures.Future`` DDP's comm hooks chain on."""
+
+    def __init__(self, future: Any, op: str) -> None:
+        super().__init__()
+        self._future = future
+        self._op = op
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._future.wait()  # every operation has a deadline, so this returns or raises
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._future.done())
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> BaseException | None:
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as exc:
+            return exc
+        return None
+
+    def get_future(self) -> Any:
+        return self._future
+
+    def result(self) -> Any:
+        return self._future.wait()
+
+
+class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+    """One rank's process group over the fabric (the default group of ``init_process_group``)."""
+
+    def __init__(self, worker: FabricWorker, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.worker = worker
+        self._rank = rank
+        self._size = size
+
+    def getBackendName(self) -> str:
+        return "rocev2"
+
+    @property
+    def _device_types(self) -> list[Any]:
+        return [torch.device("cpu")]
+
+    def _submit(self, name: str, run: Run, value: Any) -> FabricWork:
+        future: Any = torch.futures.Future()
+
+        async def body(comm: Communicator) -> Any:
+            await run(comm)
+            return value
+
+        self.worker.submit(name, body, future)
+        return FabricWork(future, name)
+
+    # -- reductions ---------------------------------------------------------------------
+    def allreduce(self, tensors: Any, opts: Any = None) -> FabricWork:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        staged = [Staged(t, reduced=True, what="allreduce") for t in tensors]
+
+        async def run(comm: Communicator) -> None:
+            for s in staged:
+                await comm.all_reduce(s.array, op, out=s.array)
+                s.finish()
+
+        return self._submit("allreduce", run, tensors)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> FabricWork:
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> FabricWork:
+        tensors = list(tensors)
+        op = reduce_op(opts.reduceOp)
+        root = int(opts.rootRank)
+        staged = [Staged(t, reduced=True, what="reduce") for t in tensors]
+
+        async def run(comm: Communicator) -> None:
+            for s in staged:
+                await comm.reduce(s.array, root, op, out=s.array)
+                s.finish()
+
+        return self._submit("reduce", run, tensors)
+
+    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> FabricWork:
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _one_dtype([output, input], "reduce_scatter_tensor")
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"rocev2 backend: reduce_scatter_tensor: input has {input.numel()} elements, "
+                f"output {output.numel()}; the input must hold world size ({self._size}) outputs"
+            )
+        src = Staged(input, reduced=True, what="reduce_scatter_tensor input")
+        dst = Staged(output, reduced=True, what="reduce_scatter_tensor output")
+
+        async def run(comm: Communicator) -> None:
+            await comm.reduce_scatter(src.array, op, out=dst.array)
+            dst.finish()
+
+        return self._submit("reduce_scatter", run, [output])
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: Any, inputs: Any, opts: Any = None
+    ) -> FabricWork:
+        works = list(zip(outputs, inputs, strict=True))
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        pairs = [
+            (
+                Staged(i, reduced=True, what="reduce_scatter input"),
+                Staged(o, reduced=True, what="reduce_scatter output"),
+            )
+            for o, i in works
+        ]
+
+        async def run(comm: Communicator) -> None:
+            for src, dst in pairs:
+                await comm.reduce_scatter(src.array, op, out=dst.array)
+                dst.finish()
+
+        return self._submit("reduce_scatter", run, list(outputs))
+
+    def reduce_scatter(
+        self, output_tensors: Any, input_tensors: Any, opts: Any = None
+    ) -> FabricWork:
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        outs, ins = list(output_tensors), [list(x) for x in input_tensors]
+        if len(outs) != 1 or len(ins) != 1 or len(ins[0]) != self._size:
+            raise ValueError(
+                f"rocev2 backend: reduce_scatter: one output and {self._size} inputs per rank"
+            )
+        chunks = ins[0]
+        _one_dtype([outs[0], *chunks], "reduce_scatter")
+        if any(c.numel() != outs[0].numel() for c in chunks):
+            raise ValueError("rocev2 backend: reduce_scatter: every input as large as the output")
+        for c in chunks:
+            check_tensor(c, "reduce_scatter input")
+        whole = torch.cat([c.reshape(-1) for c in chunks]) if chunks else outs[0].new_empty(0)
+        src = Staged(whole, reduced=True, what="reduce_scatter input")
+        dst = Staged(outs[0], reduced=True, what="reduce_scatter output")
+
+        async def run(comm: Communicator) -> None:
+            await comm.reduce_scatter(src.array, op, out=dst.array)
+            dst.finish()
+
+        return self._submit("reduce_scatter", run, outs)
+
+    # -- data movement ------------------------------------------------------------------
+    def broadcast(self, tensors: Any, opts: Any = None) -> FabricWork:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        root = int(opts.rootRank) if opts is not None else 0
+        self._check_rank(root, "broadcast root")
+        staged = [Staged(t, reduced=False, what="broadcast") for t in tensors]
+
+        async def run(comm: Communicator) -> None:
+            for s in staged:
+                await comm.broadcast(s.array, root, out=s.array)
+                s.finish()
+
+        return self._submit("broadcast", run, tensors)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> FabricWork:
+        outs = [list(x) for x in output_tensors]
+        ins = list(input_tensors)
+        if len(ins) != len(outs) or any(len(o) != self._size for o in outs):
+            raise ValueError(
+                f"rocev2 backend: allgather: {self._size} outputs for each input tensor"
+            )
+        jobs = []
+        for out_list, inp in zip(outs, ins, strict=True):
+            _one_dtype([inp, *out_list], "allgather")
+            if any(o.numel() != inp.numel() for o in out_list):
+                raise ValueError("rocev2 backend: allgather: every output as large as the input")
+            jobs.append(
+                (
+                    Staged(inp, reduced=False, what="allgather input"),
+                    [Staged(o, reduced=False, what="allgather output") for o in out_list],
+                )
+            )
+
+        async def run(comm: Communicator) -> None:
+            for src, dsts in jobs:
+                whole = await comm.all_gather(src.array)
+                n = src.array.size
+                for r, dst in enumerate(dsts):
+                    dst.array[:] = whole[r * n : (r + 1) * n]
+                    dst.finish()
+
+        return self._submit("allgather", run, outs)
+
+    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> FabricWork:
+        _one_dtype([output, input], "all_gather_into_tensor")
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(
+                f"rocev2 backend: all_gather_into_tensor: output has {output.numel()} elements, "
+                f"input {input.numel()}; the output must hold world size ({self._size}) inputs"
+            )
+        src = Staged(input, reduced=False, what="all_gather_into_tensor input")
+        dst = Staged(output, reduced=False, what="all_gather_into_tensor output")
+
+        async def run(comm: Communicator) -> None:
+            await comm.all_gather(src.array, out=dst.array)
+            dst.finish()
+
+        return self._submit("allgather", run, [output])
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: Any, inputs: Any, opts: Any = None
+    ) -> FabricWork:
+        pairs = [
+            (
+                Staged(i, reduced=False, what="allgather input"),
+                Staged(o, reduced=False, what="allgather output"),
+            )
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+
+        async def run(comm: Communicator) -> None:
+            for src, dst in pairs:
+                await comm.all_gather(src.array, out=dst.array)
+                dst.finish()
+
+        return self._submit("allgather", run, list(outputs))
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> FabricWork:
+        root = int(opts.rootRank)
+        self._check_rank(root, "gather root")
+        ins = list(input_tensors)
+        outs = [list(x) for x in output_tensors] if self._rank == root else [[]]
+        src = Staged(ins[0], reduced=False, what="gather input")
+        dsts = [Staged(o, reduced=False, what="gather output") for o in outs[0]]
+
+        async def run(comm: Communicator) -> None:
+            whole = await comm.all_gather(src.array)  # every rank gets it; the root keeps it
+            n = src.array.size
+            for r, dst in enumerate(dsts):
+                dst.array[:] = whole[r * n : (r + 1) * n]
+                dst.finish()
+
+        return self._submit("gather", run, outs)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> FabricWork:
+        root = int(opts.rootRank)
+        self._check_rank(root, "scatter root")
+        dst = Staged(next(iter(output_tensors)), reduced=False, what="scatter output")
+        n = dst.array.size
+        if self._rank == root:
+            chunks = list(next(iter(input_tensors)))
+            whole = torch.cat([c.reshape(-1) for c in chunks])
+            src = Staged(whole, reduced=False, what="scatter input")
+            sends = [n] * self._size
+        else:
+            src = Staged(dst.tensor.new_empty(0), reduced=False, what="scatter input")
+            sends = [0] * self._size
+        recvs = [n if r == root else 0 for r in range(self._size)]
+
+        async def run(comm: Communicator) -> None:
+            await comm.all_to_all_v(src.array, sends, recvs, out=dst.array)
+            dst.finish()
+
+        return self._submit("scatter", run, list(output_tensors))
+
+    def alltoall_base(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> FabricWork:
+        _one_dtype([output, input], "all_to_all_single")
+        sends = self._counts(input, list(input_split_sizes), "input")
+        recvs = self._counts(output, list(output_split_sizes), "output")
+        src = Staged(input, reduced=False, what="all_to_all_single input")
+        dst = Staged(output, reduced=False, what="all_to_all_single output")
+
+        async def run(comm: Communicator) -> None:
+            await comm.all_to_all_v(src.array, sends, recvs, out=dst.array)
+            dst.finish()
+
+        return self._submit("alltoall", run, [output])
+
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> FabricWork:
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != self._size or len(ins) != self._size:
+            raise ValueError(f"rocev2 backend: all_to_all: {self._size} inputs and outputs")
+        _one_dtype([*outs, *ins], "all_to_all")
+        for t in (*outs, *ins):
+            check_tensor(t, "all_to_all")
+        whole = torch.cat([t.reshape(-1) for t in ins])
+        src = Staged(whole, reduced=False, what="all_to_all input")
+        sends = [t.numel() for t in ins]
+        recvs = [t.numel() for t in outs]
+        dsts = [Staged(t, reduced=False, what="all_to_all output") for t in outs]
+
+        async def run(comm: Communicator) -> None:
+            got = await comm.all_to_all_v(src.array, sends, recvs)
+            at = 0
+            for dst in dsts:
+                dst.array[:] = got[at : at + dst.array.size]
+                at += dst.array.size
+                dst.finish()
+
+        return self._submit("alltoall", run, outs)
+
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> FabricWork:
+        self._check_rank(dstRank, "send peer")
+        staged = [Staged(t, reduced=False, what="send") for t in tensors]
+
+        async def run(comm: Communicator) -> None:
+            for s in staged:
+                await comm.send(s.array, int(dstRank))
+
+        return self._submit("send", run, list(tensors))
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> FabricWork:
+        self._check_rank(srcRank, "recv peer")
+        staged = [Staged(t, reduced=False, what="recv") for t in tensors]
+
+        async def run(comm: Communicator) -> None:
+            for s in staged:
+                await comm.recv(s.array, int(srcRank))
+                s.finish()
+
+        return self._submit("recv", run, list(tensors))
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> FabricWork:
+        raise ValueError("rocev2 backend: recv from any source is not supported; name the peer")
+
+    def barrier(self, opts: Any = None) -> FabricWork:
+        async def run(comm: Communicator) -> None:
+            await comm.barrier()
+
+        return self._submit("barrier", run, [])
+
+    def allgather_coalesced(
+        self, output_lists: Any, input_list: Any, opts: Any = None
+    ) -> FabricWork:
+        return self.allgather(output_lists, input_list, opts)
+
+    # torch 2.13's names for the single-tensor forms (the C++ side keeps the older ones)
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_to_all_single = alltoall_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # -- helpers ------------------------------------------------------------------------
+    def _check_rank(self, rank: Any, what: str) -> None:
+        if not isinstance(rank, int) or not 0 <= rank < self._size:
+            raise ValueError(f"rocev2 backend: {what} {rank!r} is no rank of 0..{self._size - 1}")
+
+    def _counts(self, t: Any, splits: list[int], what: str) -> list[int]:
+        """all_to_all_single's split sizes (rows of dim 0) as element counts per rank."""
+        rows = t.shape[0] if t.dim() else 1
+        per_row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % self._size:
+                raise ValueError(
+                    f"rocev2 backend: all_to_all_single: {what} has {rows} rows, not a multiple "
+                    f"of the world size {self._size}"
+                )
+            splits = [rows // self._size] * self._size
+        if len(splits) != self._size or sum(splits) != rows:
+            raise ValueError(
+                f"rocev2 backend: all_to_all_single: {what} split sizes {splits} do not cut "
+                f"{rows} rows into {self._size}"
+            )
+        return [s * per_row for s in splits]
+
+
+Creator = Callable[[Any, int, int, datetime.timedelta], RoceProcessGroup]

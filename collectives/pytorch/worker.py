@@ -1,0 +1,284 @@
+"""A PyTorch rank's side of the fabric: its host's NIC and its communicator, in a trio thread.
+
+The training script's thread calls torch.distributed; the emulated host lives beside it in one
+background thread running ``trio.run``: the host node (:func:`rocev2_emu.fabric.nodes.host_node`:
+the NIC on the host's address, its ``/metrics`` and control port, as a node process has) and a
+:class:`~collectives.communicator.Communicator` connected to every other rank through the
+launcher's rendezvous store.  Operations reach that thread as coroutines on one queue and run
+one after another in the order they were issued, as NCCL runs a communicator's operations on one
+stream; each completes a ``torch.futures.Future`` (its value, or the operation's
+:class:`~collectives.communicator.CollectiveError`).
+
+What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its environment:
+``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``, ``ROCEV2_STORE`` (host:port),
+``ROCEV2_JOB`` and the fabric's secret; rank r is the topology's r-th host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from collectives.communicator import Communicator, HostGroup, RankPlace
+from collectives.job import comm_options, places_for
+from collectives.metrics import HostCollectiveMetrics
+from collectives.store import TcpStore
+from rocev2_emu.fabric.nodes import NodeOptions, host_node
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import load
+
+ENV_TOPOLOGY = "ROCEV2_TOPOLOGY"
+ENV_TDF = "ROCEV2_TDF"
+ENV_EPOCH = "ROCEV2_EPOCH"
+ENV_STORE = "ROCEV2_STORE"
+ENV_JOB = "ROCEV2_JOB"
+ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
+
+Run = Callable[[Communicator], Awaitable[Any]]
+
+
+class BackendError(RuntimeError):
+    """The rank could not join the fabric (its environment, topology or rendezvous)."""
+
+
+@dataclass(slots=True)
+class RankEnv:
+    """Where rank ``rank`` of ``world`` runs, read from the launcher's environment."""
+
+    topo: Topology
+    host: str
+    rank: int
+    world: int
+    tdf: float
+    epoch: float
+    store: tuple[str, int]
+    job: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_environ(cls, rank: int, world: int) -> RankEnv:
+        env = os.environ
+        path = env.get(ENV_TOPOLOGY)
+        store = env.get(ENV_STORE)
+        if not path or not store:
+            missing = [n for n in (ENV_TOPOLOGY, ENV_STORE) if not env.get(n)]
+            raise BackendError(
+                f"rocev2 backend: {', '.join(missing)} not set; start the ranks with "
+                "`rocev2-emu launch TOPOLOGY -- python SCRIPT`"
+            )
+        topo = load(path)
+        if world > len(topo.hosts):
+            raise BackendError(
+                f"rocev2 backend: world size {world}, but {path} has {len(topo.hosts)} hosts "
+                "(one rank per host)"
+            )
+        host, _, port = store.rpartition(":")
+        try:
+            address = (host, int(port))
+            tdf = float(env.get(ENV_TDF) or topo.tdf)
+            epoch = float(env.get(ENV_EPOCH) or time.monotonic())
+            params = {
+                name.removeprefix("ROCEV2_").lower(): int(env[name])
+                for name in ENV_PARAMS
+                if env.get(name)
+            }
+        except ValueError as exc:
+            raise BackendError(f"rocev2 backend: bad launcher environment: {exc}") from exc
+        job = env.get(ENV_JOB, "torch")
+        return cls(topo, topo.hosts[rank].name, rank, world, tdf, epoch, address, job, params)
+
+    def places(self) -> list[RankPlace]:
+        """The first ``world`` hosts, one rank each, in topology order."""
+        first: dict[str, RankPlace] = {}
+        for p in places_for(self.topo):
+            first.setdefault(p.host, p)
+        hosts = list(first.values())[: self.world]
+        return [RankPlace(i, p.host, p.leaf, 0, p.pod) for i, p in enumerate(hosts)]
+
+
+class StepMetrics:
+    """The interconnect tax per training step, as Prometheus series on the host's registry
+    (:mod:`collectives.pytorch.accounting` computes them)."""
+
+    def __init__(self, registry: CollectorRegistry, rank: int) -> None:
+        r = str(rank)
+        labels = ["rank"]
+        self.steps = Counter(
+            "rocev2_torch_steps", "Training steps reported", labels, registry=registry
+        ).labels(r)
+        self.compute = Gauge(
+            "rocev2_torch_step_compute_seconds",
+            "Modelled accelerator compute of the last step, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.communication = Gauge(
+            "rocev2_torch_step_communication_seconds",
+            "Collectives of the last step on the fabric, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.exposed = Gauge(
+            "rocev2_torch_step_exposed_communication_seconds",
+            "Communication of the last step not hidden under its compute, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.tax = Gauge(
+            "rocev2_torch_step_interconnect_tax_ratio",
+            "Exposed communication / compute of the last step",
+            labels,
+            registry=registry,
+        ).labels(r)
+
+
+@dataclass(slots=True)
+class OpRecord:
+    """One finished operation: emulated start and duration, and its wall-clock span."""
+
+    op: str
+    seq: int
+    nbytes: int
+    start: float
+    seconds: float
+    wall_start: float
+    wall_end: float
+
+
+class FabricWorker:
+    """The trio thread of one rank: start it, submit operations, read what they took."""
+
+    def __init__(self, env: RankEnv, timeout: float) -> None:
+        self.env = env
+        self.timeout = timeout  # wall seconds to join the fabric
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._send: trio.MemorySendChannel[tuple[str, Run, Any]] | None = None
+        self._pending: set[Any] = set()
+        self._lock = threading.Lock()
+        self.records: list[OpRecord] = []
+        self.step_metrics: StepMetrics | None = None
+        self.now: Callable[[], float] = time.monotonic
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"rocev2-rank{env.rank}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(self.timeout):
+            raise BackendError(
+                f"rocev2 backend: rank {self.env.rank} ({self.env.host}) did not join the "
+                f"fabric within {self.timeout:g} s"
+            )
+        if self._error is not None:
+            raise BackendError(
+                f"rocev2 backend: rank {self.env.rank} ({self.env.host}) could not join the "
+                f"fabric: {type(self._error).__name__}: {self._error}"
+            ) from self._error
+
+    def submit(self, name: str, run: Run, future: Any) -> None:
+        """Queue ``run`` (from any thread); ``future`` gets its value or its error."""
+        with self._lock:
+            if self._error is not None or self._token is None:
+                future.set_exception(RuntimeError(f"rocev2 backend: {name}: {self._dead()}"))
+                return
+            self._pending.add(future)
+            assert self._send is not None
+            self._token.run_sync_soon(self._send.send_nowait, (name, run, future))
+
+    def take_records(self) -> list[OpRecord]:
+        with self._lock:
+            out, self.records = self.records, []
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._token is not None and self._send is not None:
+                self._token.run_sync_soon(self._send.close)
+
+    def _dead(self) -> str:
+        return f"the rank's fabric thread has stopped ({self._error or 'closed'})"
+
+    # -- the trio thread --------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            with self._lock:
+                if self._error is None:
+                    self._error = RuntimeError("closed")
+                pending, self._pending = self._pending, set()
+            for fut in pending:
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"rocev2 backend: {self._dead()}"))
+            self._ready.set()
+
+    async def _main(self) -> None:
+        env = self.env
+        opts = NodeOptions(tdf=env.tdf, epoch=env.epoch)
+        async with host_node(env.topo, env.host, opts) as (ctx, registry):
+            self.now = ctx.now
+            self.step_metrics = StepMetrics(registry, env.rank)
+            metrics = HostCollectiveMetrics(registry).rank(env.rank)
+            store = await TcpStore.connect(*env.store)
+            abort_store = await TcpStore.connect(*env.store)
+            options = comm_options(env.topo, {"job_id": env.job, **env.params})
+            send, receive = trio.open_memory_channel[tuple[str, Run, Any]](math.inf)
+            async with trio.open_nursery() as nursery:
+                comm = await Communicator.create(
+                    ctx,
+                    store,
+                    env.places(),
+                    env.rank,
+                    HostGroup(1),
+                    nursery,
+                    options,
+                    metrics=metrics,
+                    abort_store=abort_store,
+                )
+                with self._lock:
+                    self._send = send
+                    self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                async with receive:
+                    async for name, run, future in receive:
+                        await self._run_one(comm, name, run, future)
+                comm.close()
+                nursery.cancel_scope.cancel()
+
+    async def _run_one(self, comm: Communicator, name: str, run: Run, future: Any) -> None:
+        start, wall = comm.ctx.now(), time.monotonic()
+        try:
+            value = await run(comm)
+        except Exception as exc:
+            error: Exception = RuntimeError(str(exc)) if not isinstance(exc, RuntimeError) else exc
+            with self._lock:
+                self._pending.discard(future)
+            future.set_exception(error)
+            return
+        last = comm.last
+        with self._lock:
+            self._pending.discard(future)
+            self.records.append(
+                OpRecord(
+                    name,
+                    int(last.get("seq", comm.seq)),
+                    int(last.get("bytes", 0)),
+                    start,
+                    comm.ctx.now() - start,
+                    wall,
+                    time.monotonic(),
+                )
+            )
+        future.set_result(value)
