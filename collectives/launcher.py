@@ -242,12 +242,13 @@ def _args(p: argparse.ArgumentParser) -> None:
         help="modelled accelerator compute per training step, emulated ms, for the "
         "interconnect tax (ROCEV2_COMPUTE_MS; docs/pytorch.md)",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its args")
+    p.set_defaults(program=True)  # the command line after -- is args.rest
+    p.epilog = "COMMAND comes after --: rocev2-emu launch TOPOLOGY -- python train.py ..."
 
 
 def _run(args: argparse.Namespace) -> int:
     topo = load(args.topology)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = list(args.rest)
     return launch(
         topo,
         args.topology,

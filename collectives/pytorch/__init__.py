@@ -1,7 +1,8 @@
 """The ``rocev2`` torch.distributed backend: a PyTorch program's collectives over the fabric.
 
-``import collectives.pytorch`` registers the backend (the ``torch.backends`` entry point of
-this package does it on ``import torch`` too, so an unchanged script works), and then::
+``import collectives.pytorch`` registers the backend (the ``torch.backends`` entry point,
+:mod:`~collectives.pytorch.autoload`, does it on ``import torch`` too, so an unchanged script
+works), and then::
 
     dist.init_process_group("rocev2")
 
@@ -18,13 +19,11 @@ This module imports only torch.distributed: the rest loads when a group is made.
 from __future__ import annotations
 
 import datetime
-import logging
 from typing import Any
 
 import torch.distributed as dist
 
 BACKEND = "rocev2"
-log = logging.getLogger(__name__)
 _GROUPS: list[Any] = []  # the groups this process made (the first is the default group's)
 
 
@@ -48,17 +47,8 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
 
 def register() -> None:
     """Make ``rocev2`` a torch.distributed backend (again is harmless)."""
-    if BACKEND.upper() in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-
-
-def autoload() -> None:
-    """The ``torch.backends`` entry point: register, and never break ``import torch``."""
-    try:
-        register()
-    except Exception as exc:
-        log.warning("rocev2 backend not registered: %s", exc)
+    if BACKEND.upper() not in dist.Backend._plugins:  # the entry point may have done it
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
 
 def step(compute_ms: float | None = None) -> Any:
@@ -70,6 +60,16 @@ def step(compute_ms: float | None = None) -> Any:
     if not _GROUPS:
         raise RuntimeError("rocev2 backend: no process group; call init_process_group first")
     return end_step(_GROUPS[0].worker, compute_ms)
+
+
+def counters() -> dict[str, Any]:
+    """The fabric's counters now (this rank's NIC and every switch): ``pfc_tx`` pause frames,
+    ``ecn_marked``, ``cnps_sent``, ``retransmitted``, ``drops`` ... as in ``rocev2-emu up``'s
+    summary."""
+    if not _GROUPS:
+        raise RuntimeError("rocev2 backend: no process group; call init_process_group first")
+    result: dict[str, Any] = _GROUPS[0].worker.counters()
+    return result
 
 
 register()

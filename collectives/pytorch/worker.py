@@ -31,9 +31,13 @@ from collectives.communicator import Communicator, HostGroup, RankPlace
 from collectives.job import comm_options, places_for
 from collectives.metrics import HostCollectiveMetrics
 from collectives.store import TcpStore
+from rocev2_emu.fabric.agent import host_stats
+from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
+from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.verbs import Context
 
 ENV_TOPOLOGY = "ROCEV2_TOPOLOGY"
 ENV_TDF = "ROCEV2_TDF"
@@ -168,6 +172,7 @@ class FabricWorker:
         self.records: list[OpRecord] = []
         self.step_metrics: StepMetrics | None = None
         self.now: Callable[[], float] = time.monotonic
+        self._ctx: Context | None = None
         self._thread = threading.Thread(
             target=self._thread_main, name=f"rocev2-rank{env.rank}", daemon=True
         )
@@ -200,6 +205,23 @@ class FabricWorker:
             out, self.records = self.records, []
         return out
 
+    def counters(self) -> dict[str, Any]:
+        """The fabric's counters now: this rank's NIC and every switch (blocks, from the
+        torch thread: at most 10 s per switch)."""
+        if self._token is None:
+            raise RuntimeError(f"rocev2 backend: {self._dead()}")
+        result: dict[str, Any] = trio.from_thread.run(self._counters, trio_token=self._token)
+        return result
+
+    async def _counters(self) -> dict[str, Any]:
+        assert self._ctx is not None
+        stats = {self.env.host: host_stats(self._ctx)}
+        for node in self.env.topo.nodes.values():
+            if node.kind == "switch":
+                with trio.move_on_after(10):
+                    stats[node.name] = await control(node.address, {"cmd": "stats"})
+        return merge_stats(stats)
+
     def close(self) -> None:
         with self._lock:
             if self._token is not None and self._send is not None:
@@ -229,6 +251,7 @@ class FabricWorker:
         opts = NodeOptions(tdf=env.tdf, epoch=env.epoch)
         async with host_node(env.topo, env.host, opts) as (ctx, registry):
             self.now = ctx.now
+            self._ctx = ctx
             self.step_metrics = StepMetrics(registry, env.rank)
             metrics = HostCollectiveMetrics(registry).rank(env.rank)
             store = await TcpStore.connect(*env.store)

@@ -80,9 +80,17 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest: list[str] = []
+    if "--" in argv:  # what follows is a program to run (``launch``), not our arguments
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1 :]
     args, unknown = build_parser().parse_known_args(argv)
+    if rest and not getattr(args, "program", False):
+        unknown += ["--", *rest]
     if unknown:  # the subcommand's usage, not the top level's
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.rest = rest
     if args.no_batch_io:
         os.environ[BATCH_IO_ENV] = "0"  # inherited by the node processes this command starts
     logging.basicConfig(
