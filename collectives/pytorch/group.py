@@ -52,8 +52,9 @@ def reduce_op(op: Any) -> str:
     for known, name in _OPS.items():
         if op == known:
             return name
+    what = str(getattr(op, "op", op)).removeprefix("RedOpType.")
     raise ValueError(
-        f"rocev2 backend: reduce op {op} is not supported (SUM, PRODUCT, MIN, MAX, AVG)"
+        f"rocev2 backend: reduce op {what} is not supported (SUM, PRODUCT, MIN, MAX, AVG)"
     )
 
 
@@ -73,7 +74,7 @@ class Staged:
         elif wire.itemsize == tensor.dtype.itemsize:  # bfloat16's bits as float16's
             buf = tensor.contiguous().view(wire)
         else:
-            buf = tensor.to(wire)
+            buf = tensor.to(wire, memory_format=torch.contiguous_format)
         self.buf = buf
         self.array: np.ndarray = buf.detach().numpy().reshape(-1)
         self._shared = buf.data_ptr() == tensor.data_ptr() and buf.dtype == tensor.dtype
