@@ -5,6 +5,9 @@ Names follow Prometheus conventions with the ``rocev2_collective_`` prefix and l
 straggler's tail shows in its p99), bytes moved, the algorithm and bus bandwidth of the last
 operation (nccl-tests' algbw and busbw, bytes per emulated second), and errors.  One registry
 per process; ranks sharing a host process share it, told apart by ``rank``.
+
+:class:`StepMetrics`: a PyTorch rank's training steps (``rocev2_torch_step_*``): the step's
+communication on the fabric, the modelled compute, the exposed part and the tax.
 """
 
 from __future__ import annotations
@@ -81,3 +84,39 @@ class _Bound:
 
     def labels(self, *, op: str) -> Counter:
         return self.counter.labels(rank=self.rank, op=op)
+
+
+class StepMetrics:
+    """The interconnect tax per training step, as Prometheus series on the host's registry
+    (:mod:`collectives.pytorch.accounting` computes them; a PyTorch rank's)."""
+
+    def __init__(self, registry: CollectorRegistry, rank: int) -> None:
+        r = str(rank)
+        labels = ["rank"]
+        self.steps = Counter(
+            "rocev2_torch_steps", "Training steps reported", labels, registry=registry
+        ).labels(r)
+        self.compute = Gauge(
+            "rocev2_torch_step_compute_seconds",
+            "Modelled accelerator compute of the last step, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.communication = Gauge(
+            "rocev2_torch_step_communication_seconds",
+            "Collectives of the last step on the fabric, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.exposed = Gauge(
+            "rocev2_torch_step_exposed_communication_seconds",
+            "Communication of the last step not hidden under its compute, emulated seconds",
+            labels,
+            registry=registry,
+        ).labels(r)
+        self.tax = Gauge(
+            "rocev2_torch_step_interconnect_tax_ratio",
+            "Exposed communication / compute of the last step",
+            labels,
+            registry=registry,
+        ).labels(r)

@@ -52,7 +52,10 @@ def main() -> None:
     if rank == 0:
         n = sum(p.numel() for p in net.parameters())
         print(f"# DDP, {world} ranks, {n} parameters, backend {args.backend}", flush=True)
-        print("# step    loss     step_ms(wall)  comm_ms(emul)  exposed_ms  tax", flush=True)
+        print(
+            "# step    loss  step_ms(wall)  collectives  comm_ms(emul)  exposed_ms   tax",
+            flush=True,
+        )
     for i in range(args.steps):
         x = torch.randn(args.batch, 32, generator=gen)
         y = x @ target
@@ -63,16 +66,14 @@ def main() -> None:
         opt.step()
         wall = (time.perf_counter() - t0) * 1e3
         if args.backend == "rocev2":
-            s = rocev2.step()
-            figures = (
-                f"{s.communication * 1e3:13.3f}  {s.exposed * 1e3:10.3f}  {s.tax:4.2f}"
-                if s.compute
-                else f"{s.communication * 1e3:13.3f}  {'-':>10}  {'-':>4}"
+            s = rocev2.step()  # this step's collectives, and the tax under --compute-ms
+            figures = f"{len(s.ops):11d}  {s.communication * 1e3:13.3f}  " + (
+                f"{s.exposed * 1e3:10.3f}  {s.tax:4.2f}" if s.compute else f"{'-':>10}  {'-':>4}"
             )
         else:
-            figures = f"{'-':>13}  {'-':>10}  {'-':>4}"
+            figures = f"{'-':>11}  {'-':>13}  {'-':>10}  {'-':>4}"
         if rank == 0:
-            print(f"{i:6d}  {loss.item():6.4f}  {wall:16.1f}  {figures}", flush=True)
+            print(f"{i:6d}  {loss.item():6.4f}  {wall:13.1f}  {figures}", flush=True)
     if args.backend == "rocev2" and rank == 0:
         c = rocev2.counters()
         print(

@@ -40,7 +40,7 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
         )
     worker = FabricWorker(RankEnv.from_environ(rank, size), timeout.total_seconds())
     worker.start()
-    group = RoceProcessGroup(worker, rank, size)
+    group = RoceProcessGroup(worker, rank, size, timeout.total_seconds())
     _GROUPS.append(group)
     return group
 
@@ -60,6 +60,14 @@ def step(compute_ms: float | None = None) -> Any:
     if not _GROUPS:
         raise RuntimeError("rocev2 backend: no process group; call init_process_group first")
     return end_step(_GROUPS[0].worker, compute_ms)
+
+
+def worker_env() -> Any:
+    """Where this rank runs (:class:`~collectives.pytorch.worker.RankEnv`: topology, host,
+    rank, TDF)."""
+    if not _GROUPS:
+        raise RuntimeError("rocev2 backend: no process group; call init_process_group first")
+    return _GROUPS[0].worker.env
 
 
 def counters() -> dict[str, Any]:

@@ -19,6 +19,7 @@ source is refused.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,15 +117,27 @@ def _one_dtype(tensors: Sequence[Any], what: str) -> None:
 
 class FabricWork(dist.Work):  # type: ignore[misc]
     """An operation in flight: ``wait()`` blocks until it is done and raises its error;
-    ``get_future()`` is the ``torch.futures.Future`` DDP's comm hooks chain on."""
+    ``get_future()`` is the ``torch.futures.Future`` DDP's comm hooks chain on.
 
-    def __init__(self, future: Any, op: str) -> None:
+    Every operation has its own deadline in the fabric thread (emulated, scaled with its
+    size), so ``wait()`` returns or raises; ``wait(timeout)`` and the group's timeout
+    (``init_process_group(timeout=...)``) bound it in wall time too."""
+
+    def __init__(self, future: Any, op: str, timeout: float) -> None:
         super().__init__()
         self._future = future
         self._op = op
+        self._timeout = timeout
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._future.wait()  # every operation has a deadline, so this returns or raises
+        limit = timeout.total_seconds() if timeout else self._timeout
+        if not self._done.wait(limit if limit > 0 else None):
+            raise RuntimeError(
+                f"rocev2 backend: {self._op} did not finish within {limit:g} s (wall)"
+            )
+        self._future.wait()  # done: its value, or its error raised
         return True
 
     def is_completed(self) -> bool:
@@ -158,9 +171,10 @@ class FabricWork(dist.Work):  # type: ignore[misc]
 class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     """One rank's process group over the fabric (the default group of ``init_process_group``)."""
 
-    def __init__(self, worker: FabricWorker, rank: int, size: int) -> None:
+    def __init__(self, worker: FabricWorker, rank: int, size: int, timeout: float = 1800.0) -> None:
         super().__init__(rank, size)
         self.worker = worker
+        self.timeout = timeout  # wall seconds a wait() may last (the group's timeout)
         self._rank = rank
         self._size = size
 
@@ -179,7 +193,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             return value
 
         self.worker.submit(name, body, future)
-        return FabricWork(future, name)
+        return FabricWork(future, name, self.timeout)
 
     # -- reductions ---------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> FabricWork:

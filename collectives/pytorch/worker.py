@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collectives.communicator import Communicator, HostGroup, RankPlace
 from collectives.job import comm_options, places_for
-from collectives.metrics import HostCollectiveMetrics
+from collectives.metrics import HostCollectiveMetrics, StepMetrics
 from collectives.store import TcpStore
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
@@ -106,42 +105,6 @@ class RankEnv:
             first.setdefault(p.host, p)
         hosts = list(first.values())[: self.world]
         return [RankPlace(i, p.host, p.leaf, 0, p.pod) for i, p in enumerate(hosts)]
-
-
-class StepMetrics:
-    """The interconnect tax per training step, as Prometheus series on the host's registry
-    (:mod:`collectives.pytorch.accounting` computes them)."""
-
-    def __init__(self, registry: CollectorRegistry, rank: int) -> None:
-        r = str(rank)
-        labels = ["rank"]
-        self.steps = Counter(
-            "rocev2_torch_steps", "Training steps reported", labels, registry=registry
-        ).labels(r)
-        self.compute = Gauge(
-            "rocev2_torch_step_compute_seconds",
-            "Modelled accelerator compute of the last step, emulated seconds",
-            labels,
-            registry=registry,
-        ).labels(r)
-        self.communication = Gauge(
-            "rocev2_torch_step_communication_seconds",
-            "Collectives of the last step on the fabric, emulated seconds",
-            labels,
-            registry=registry,
-        ).labels(r)
-        self.exposed = Gauge(
-            "rocev2_torch_step_exposed_communication_seconds",
-            "Communication of the last step not hidden under its compute, emulated seconds",
-            labels,
-            registry=registry,
-        ).labels(r)
-        self.tax = Gauge(
-            "rocev2_torch_step_interconnect_tax_ratio",
-            "Exposed communication / compute of the last step",
-            labels,
-            registry=registry,
-        ).labels(r)
 
 
 @dataclass(slots=True)

@@ -190,7 +190,22 @@ COLLECTIVES: list[Panel] = [
         [(f"sum by (rank) (rate(rocev2_collective_bytes_total{RATE}))", "rank {{rank}}")],
     ),
     ("Errors", "short", [("sum by (rank) (rocev2_collective_errors_total)", "rank {{rank}}")]),
+    (
+        "Training step: communication on the fabric vs modelled compute (emulated)",
+        "s",
+        [
+            ("rocev2_torch_step_communication_seconds", "rank {{rank}} communication"),
+            ("rocev2_torch_step_exposed_communication_seconds", "rank {{rank}} exposed"),
+            ("rocev2_torch_step_compute_seconds", "rank {{rank}} compute (model)"),
+        ],
+    ),
+    (
+        "Training step: interconnect tax (exposed communication / compute)",
+        "percentunit",
+        [("rocev2_torch_step_interconnect_tax_ratio", "rank {{rank}}")],
+    ),
 ]
+TRAINING_ONLY = "rocev2_torch_"  # series that exist only while a PyTorch job runs (launch)
 
 DASHBOARDS = {
     "fabric": ("rocev2-fabric", "RoCEv2 fabric: links, queues, ECN, PFC", FABRIC),

@@ -70,6 +70,8 @@ def test_every_op_dtype_and_awkward_size_matches_gloo(op_results: list[dict[str,
         # 6 dtypes x 4 sizes x (4 reductions + AVG + 12 operations + strided) on every rank
         assert result["checked"] >= 6 * 4 * 17, result["checked"]
         assert result["ops"] > 0  # step() saw the operations
+        # and exported them: the host's /metrics serves the step's communication
+        assert result["scraped"] == pytest.approx(result["communication"]) and result["scraped"] > 0
 
 
 def test_unsupported_inputs_give_clear_errors(op_results: list[dict[str, Any]]) -> None:
@@ -102,12 +104,19 @@ def test_ddp_trains_as_over_gloo(topology: Path, tmp_path: Path) -> None:
                 "64",
                 "--backend",
                 backend,
+                "--bucket-mb",
+                "0.01",
                 "--save",
                 str(save),
             ],
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "[rank0]:      3  " in run.stdout  # the fourth step's line, with the prefix
+        steps = [
+            line.split() for line in run.stdout.splitlines() if re.match(r"\[rank0\]: +\d+ ", line)
+        ]
+        assert [int(s[1]) for s in steps] == [0, 1, 2, 3], run.stdout[-2000:]
+        if backend == "rocev2":  # DDP's buckets: several all-reduces per step, issued in backward
+            assert all(int(s[4]) >= 2 for s in steps[1:]), steps
         params[backend] = torch.load(save)
     ours, theirs = params["rocev2"], params["gloo"]
     assert ours.keys() == theirs.keys()

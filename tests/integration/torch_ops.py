@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -212,9 +214,26 @@ def main() -> None:
     dist.all_reduce(t)
     same("all_reduce after errors", t, torch.full((5,), float(world)))
     step = rocev2.step(compute_ms=1.0)
+    # the rank's host serves its /metrics, the training step's series among them
+    address = rocev2.worker_env().topo.nodes[os.environ["ROCEV2_HOST"]].address
+    with urllib.request.urlopen(f"http://{address}:9100/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    series = re.search(
+        rf'^rocev2_torch_step_communication_seconds{{rank="{rank}"}} (\S+)$', metrics, re.M
+    )
+    scraped = float(series.group(1)) if series else None
     out = Path(os.environ["OUT"]) / f"rank{rank}.json"
     out.write_text(
-        json.dumps({"checked": checked, "wrong": wrong, "errors": errors, "ops": len(step.ops)})
+        json.dumps(
+            {
+                "checked": checked,
+                "wrong": wrong,
+                "errors": errors,
+                "ops": len(step.ops),
+                "communication": step.communication,
+                "scraped": scraped,
+            }
+        )
     )
     dist.barrier()
     dist.destroy_process_group()
