@@ -9,8 +9,10 @@ switches.  Per step, rank 0 prints the loss, the CPU's compute time (wall), the 
 communication on the fabric (emulated) and the part of it the overlap model cannot hide
 (docs/pytorch.md), then the fabric's pause frames, ECN marks, CNPs and retransmissions.
 
-``--backend gloo`` runs the same training over torch's Gloo (no emulated fabric), and
-``--save FILE`` writes rank 0's parameters at the end: the tests compare the two.
+``--fsdp`` shards the model with FSDP2 (``fully_shard``: parameters all-gathered before use,
+gradients reduce-scattered) instead of DDP.  ``--backend gloo`` runs the same training over
+torch's Gloo (no emulated fabric), and ``--save FILE`` writes the final parameters (rank 0):
+the tests compare the two.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--backend", default="rocev2", choices=["rocev2", "gloo"])
     p.add_argument("--bucket-mb", type=float, default=0.1, help="DDP's bucket_cap_mb")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--save", help="write rank 0's final parameters here (torch.save)")
     args = p.parse_args()
 
@@ -45,13 +48,24 @@ def main() -> None:
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     net = model(args.width)
-    ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        ddp = fully_shard(net, mesh=mesh)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(1000 + rank)
     target = torch.randn(32, 1, generator=torch.Generator().manual_seed(7))
     if rank == 0:
         n = sum(p.numel() for p in net.parameters())
-        print(f"# DDP, {world} ranks, {n} parameters, backend {args.backend}", flush=True)
+        how = "FSDP2" if args.fsdp else "DDP"
+        print(f"# {how}, {world} ranks, {n} parameters, backend {args.backend}", flush=True)
         print(
             "# step    loss  step_ms(wall)  collectives  comm_ms(emul)  exposed_ms   tax",
             flush=True,
@@ -62,7 +76,7 @@ def main() -> None:
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()  # the buckets' all-reduces overlap this; it returns once they are done
+        loss.backward()  # DDP's bucket all-reduces (FSDP's reduce-scatters) overlap this
         opt.step()
         wall = (time.perf_counter() - t0) * 1e3
         if args.backend == "rocev2":
@@ -82,8 +96,13 @@ def main() -> None:
             f"{c.get('retransmitted', 0)} retransmissions by rank 0's NIC",
             flush=True,
         )
+    # FSDP's parameters are shards (DTensors): gathering them whole is a collective
+    state = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in net.state_dict().items()
+    }
     if args.save and rank == 0:
-        torch.save({k: v.detach().clone() for k, v in net.state_dict().items()}, args.save)
+        torch.save(state, args.save)
     dist.barrier()
     dist.destroy_process_group()
 

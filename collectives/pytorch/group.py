@@ -178,8 +178,24 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._rank = rank
         self._size = size
 
-    def getBackendName(self) -> str:
+    def getBackendName(self) -> str:  # torch's name
         return "rocev2"
+
+    # torch keeps a group's name and description in its C++ backends, which a Python group
+    # has none of; DeviceMesh (FSDP2) reads them
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "")
 
     @property
     def _device_types(self) -> list[Any]:

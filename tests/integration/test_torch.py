@@ -3,8 +3,8 @@ of switch processes, three ranks (two under one leaf, one across the spines), at
 
 * every operation against Gloo's result, for every supported dtype and sizes 0, 1, 7 and 1031
   (tests/integration/torch_ops.py), and the clear errors for what is not supported;
-* DDP trains examples/ddp_train.py over the fabric and over Gloo from the same seed, and the
-  parameters agree within float32 tolerance;
+* DDP and FSDP2 train examples/ddp_train.py over the fabric and over Gloo from the same seed,
+  and the parameters agree within float32 tolerance;
 * a killed rank makes the others raise at once, naming the rank, the operation and its number,
   and ``launch`` exits with the killed rank's code.
 
@@ -88,7 +88,9 @@ def test_unsupported_inputs_give_clear_errors(op_results: list[dict[str, Any]]) 
     assert "root 8 is no rank" in errors["bad root"]
 
 
-def test_ddp_trains_as_over_gloo(topology: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_training_is_the_same_as_over_gloo(topology: Path, tmp_path: Path, how: str) -> None:
+    """DDP (buckets of all-reduces) or FSDP2 (all-gathers and reduce-scatters), same seed."""
     import torch
 
     params = {}
@@ -108,6 +110,7 @@ def test_ddp_trains_as_over_gloo(topology: Path, tmp_path: Path) -> None:
                 "0.01",
                 "--save",
                 str(save),
+                *(["--fsdp"] if how == "fsdp" else []),
             ],
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -115,7 +118,7 @@ def test_ddp_trains_as_over_gloo(topology: Path, tmp_path: Path) -> None:
             line.split() for line in run.stdout.splitlines() if re.match(r"\[rank0\]: +\d+ ", line)
         ]
         assert [int(s[1]) for s in steps] == [0, 1, 2, 3], run.stdout[-2000:]
-        if backend == "rocev2":  # DDP's buckets: several all-reduces per step, issued in backward
+        if backend == "rocev2":  # DDP's buckets, FSDP's per-layer gathers: several per step
             assert all(int(s[4]) >= 2 for s in steps[1:]), steps
         params[backend] = torch.load(save)
     ours, theirs = params["rocev2"], params["gloo"]
