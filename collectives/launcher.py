@@ -230,6 +230,7 @@ def launch(
 
 
 def _args(p: argparse.ArgumentParser) -> None:
+    p.usage = "%(prog)s [-h] [--tdf TDF] [--ranks N] [--compute-ms MS] TOPOLOGY -- COMMAND ..."
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
     p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
     p.add_argument(
