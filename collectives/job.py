@@ -171,10 +171,12 @@ def run_virtual(
     params: dict[str, Any],
     metrics: HostCollectiveMetrics | None = None,
     flows: list[FlowSpec] | None = None,
+    beside: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric).
     ``metrics``: one set of metric families for every rank (they differ by ``rank``);
-    ``flows``: background traffic between hosts alongside (the straggler scenario's)."""
+    ``flows``: background traffic between hosts alongside (the straggler scenario's);
+    ``beside(switches, agents)``: a task alongside the ranks (a fault at a chosen time)."""
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
         places = places_for(topo)
@@ -187,6 +189,8 @@ def run_virtual(
             async with trio.open_nursery() as nursery:
                 if flows:
                     nursery.start_soon(run_flows, agents, flows, t0)
+                if beside is not None:
+                    nursery.start_soon(beside, drivers, agents)
                 for p in places:
                     nursery.start_soon(
                         run_rank,

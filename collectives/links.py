@@ -112,6 +112,7 @@ class _Sender(_Waitable):
         self.slot_bytes = slot_bytes
         self.credits = slots
         self.used = 0
+        self.peak_in_flight = 0  # the most chunks written and not yet granted back
 
     def credit(self) -> None:
         self.credits += 1
@@ -124,6 +125,8 @@ class _Sender(_Waitable):
             await self._park()
         self.credits -= 1
         self.used += 1
+        if self.slots - self.credits > self.peak_in_flight:
+            self.peak_in_flight = self.slots - self.credits
         return (self.used - 1) % self.slots
 
 
@@ -265,12 +268,18 @@ class RdmaRx(_Rdma, _Receiver):
         self._open_qps(pd, cq, peer, qps, grant_dscp)
         self.mr = MR(pd, self.memory, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         self.released = 0
+        self.arrived = 0  # data writes received
+        self.peak_held = 0  # the most slots ever full at once (the window: at most slots)
 
     def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
         if imm is None:
             self.fail(f"link with {self.peer}: a data write arrived without an immediate")
             return
         self.deliver(imm, nbytes, lane)
+        self.arrived += 1
+        held = self.arrived - self.released  # slots holding data not yet granted back
+        if held > self.peak_held:
+            self.peak_held = held  # more than ``slots`` would be a sender writing ungranted
 
     def release(self, index: int) -> None:
         """Grant the sender one more slot (clear to send): on the grant QP, else spread over

@@ -61,6 +61,7 @@ class PortState:
         # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
         self.queues: list[dict[int, deque[_Entry]]] = [{} for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
+        self.peak_queue_bytes = 0  # the most any one priority's egress queue held
         self.control: deque[bytes] = deque()
         self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
         self.paused_time = [0.0] * prio_count  # accumulated, emulated seconds
@@ -196,6 +197,8 @@ class SwitchCore:
             fifo = eq.queues[prio][port] = deque()
         fifo.append(_Entry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
+        if eq.queue_bytes[prio] > eq.peak_queue_bytes:
+            eq.peak_queue_bytes = eq.queue_bytes[prio]
         self._pending.add(out)
         if prio in mmu.lossless and mmu.should_pause(port, prio):
             self._send_pfc(port, prio, self.config.pfc_quanta, now)

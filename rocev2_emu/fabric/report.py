@@ -31,6 +31,8 @@ def merge_stats(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
             if key == "drops":
                 for reason, n in value.items():
                     total["drops"][reason] = total["drops"].get(reason, 0) + n
+            elif key.startswith("peak_"):  # a high-water mark: the fabric's is the highest
+                total[key] = max(total.get(key, 0), value)
             else:
                 total[key] = total.get(key, 0) + value
     return total
@@ -47,6 +49,8 @@ def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
             out[key] = stats_delta(value, old if isinstance(old, dict) else {})
             if key == "drops":
                 out[key] = {k: v for k, v in out[key].items() if v}
+        elif key.startswith("peak_"):  # a high-water mark since the node started
+            out[key] = value
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = value - (old if isinstance(old, int | float) else 0)
         else:

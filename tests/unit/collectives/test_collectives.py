@@ -420,3 +420,36 @@ def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
     rx.fail("link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR")
     rx.fail("link with rank 3: RECV completed with WR_FLUSH_ERR")
     assert rx.error == "link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR"
+
+
+# eight virtual runs of a 40-node fabric: a couple of minutes here
+@pytest.mark.timeout(900)
+def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
+    from collectives.plugin import register
+    from rocev2_emu.experiments import harness
+
+    register()
+    assert harness.main("admission", seed=1, out=str(tmp_path), virtual=True) == 0
+    rows = json.loads((tmp_path / "admission.json").read_text())["runs"]
+    by = {(r["workload"], r["setting"]): r for r in rows}
+    assert len(rows) == 8 and all(r["wrong"] == 0 and r["drops"] == 0 for r in rows)
+    assert all(r["over_window"] == 0 and r["links"] > 0 for r in rows)
+    pfc, window = by["incast 8:1", "PFC only"], by["incast 8:1", "PFC + admission"]
+    # the incast congests (PFC pauses), and the 2-slot window is used to its limit, not past it
+    assert pfc["pfc_tx"] > 0 and window["in_flight"] == window["window"] == 2
+
+
+# four virtual runs of 41- and 44-node fabrics, six 1 MiB all-reduces each
+@pytest.mark.timeout(900)
+def test_spine_failure_loses_no_byte_and_spare_spines_cost_less(tmp_path: Path) -> None:
+    from collectives.plugin import register
+    from rocev2_emu.experiments import harness
+
+    register()
+    assert harness.main("spine-failure", seed=1, out=str(tmp_path), virtual=True) == 0
+    spare, tight = json.loads((tmp_path / "spine-failure.json").read_text())["runs"]
+    assert spare["spines"] == 9 and tight["spines"] == 8
+    for r in (spare, tight):
+        assert r["wrong"] == 0 and r["link_down_drops"] > 0 and r["retransmitted"] > 0
+        assert len(r["busbw"]) == 6 and r["during"] < r["before"]
+    assert spare["kept"] > tight["kept"]

@@ -28,3 +28,12 @@ def test_a_jobs_share_of_counters_that_ran_before_it() -> None:
     assert fab["drops"] == {"ttl": 1}
     assert fab["pfc_tx"] == 0 and fab["pfc_senders"] == []  # s0's pauses were all before
     assert fab["paused_seconds"] == 0.5
+
+
+def test_the_fabrics_peak_queue_is_its_deepest_port_not_a_sum() -> None:
+    stats = {"s0": {"peak_queue_bytes": 4096}, "s1": {"peak_queue_bytes": 65536}}
+    assert merge_stats(stats)["peak_queue_bytes"] == 65536
+    # a high-water mark has no "job's share": the delta keeps it as it is
+    assert stats_delta({"peak_queue_bytes": 8192}, {"peak_queue_bytes": 4096}) == {
+        "peak_queue_bytes": 8192
+    }

@@ -1,0 +1,205 @@
+"""``rocev2-emu scenario admission --virtual``: PFC alone, PFC with DCQCN, and PFC with
+receiver-driven admission, under collective traffic (Gangidi et al., SIGCOMM 2024, on
+congestion control: Meta's 400G training fabric runs PFC and receiver-driven traffic admission
+in the collective library, without DCQCN, which it found hard to tune).
+
+A leaf-spine of 32 hosts (4 leaves of 8, 4 spines, 100 Gbit/s everywhere: 2:1 oversubscribed at
+the leaves), two workloads, each under four settings:
+
+* ``all-to-all``: every rank sends 64 KiB to each of the 31 others (2 MiB per rank), 4 times;
+* ``incast 8:1``: the 8 ranks under leaf1 send 1 MiB each to rank 0 under leaf0 at once (an
+  all-to-all-v where only they send: a gather's traffic), 12 times: 8 x 100 Gbit/s into one
+  100 Gbit/s port.
+
+Settings: ``PFC only`` (DCQCN off; the collectives' default window: 4 slots of 256 KiB per
+link); ``PFC + DCQCN`` (the paper-profile DCQCN on, same window); ``PFC + admission`` (DCQCN
+off, a window of 2 slots of 64 KiB: a sender writes a chunk only into a slot its receiver has
+granted); ``PFC + admission, grants at DSCP 48`` (the same window, the grants on a QP of their
+own at a high-priority DSCP, as Meta's grants travel).
+
+Per run: the operations' completion time p50 / p99 (each from a barrier to the last rank's end,
+emulated; 4 and 12 samples, so p99 is near the slowest), the pause frames, the deepest egress
+queue of any switch port, ECN marks, drops, and the most chunks a link ever had in flight
+(written, not yet granted back) against its window.
+The report states which setting the run favours, whichever way it comes out; the check fails
+only on broken mechanics: a wrong value, a drop on the lossless class, or a link whose receiver
+ever held more chunks than its window (a sender writing more than it was granted).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collectives.communicator import Communicator
+from collectives.job import run_virtual
+from collectives.links import RdmaRx, RdmaTx
+from collectives.registry import job
+from rocev2_emu.experiments import harness
+from rocev2_emu.experiments.harness import check_lines
+from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
+
+SETTINGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (  # name, DCQCN on, job parameters
+    ("PFC only", False, {}),
+    ("PFC + DCQCN", True, {}),
+    ("PFC + admission", False, {"slots": 2, "slot_bytes": 64 << 10}),
+    (
+        "PFC + admission, grants DSCP 48",
+        False,
+        {"slots": 2, "slot_bytes": 64 << 10, "grant_dscp": 48},
+    ),
+)
+WORKLOADS = (  # name, bytes each sender sends, iterations
+    ("all-to-all", 64 << 10, 4),
+    ("incast 8:1", 1 << 20, 12),
+)
+HOSTS_PER_LEAF = 8
+
+
+def admission_topology(seed: int, dcqcn: bool) -> Topology:
+    data = tomllib.loads(leaf_spine(4, 4, HOSTS_PER_LEAF))
+    data["fabric"]["seed"] = seed
+    data["dcqcn"]["enabled"] = dcqcn
+    return parse(data, "admission.toml")
+
+
+@job("admission_op")
+async def admission_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
+    """``p["iters"]`` operations of the workload, each timed from a barrier to this rank's
+    end; then the fullest any of this rank's receive links ever was, and its window."""
+    n, r = comm.size, comm.rank
+    per = int(p["bytes"]) // 4  # float32 elements each sender sends each receiver
+    incast = p["workload"] == "incast 8:1"
+    senders = range(HOSTS_PER_LEAF, 2 * HOSTS_PER_LEAF)  # the ranks under leaf1
+    if incast:
+        sends = [per if (r in senders and j == 0) else 0 for j in range(n)]
+        recvs = [per if (r == 0 and i in senders) else 0 for i in range(n)]
+    else:
+        sends = [per if j != r else 0 for j in range(n)]
+        recvs = [per if i != r else 0 for i in range(n)]
+    x = np.full(sum(sends), r + 1, np.float32)
+    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), recvs)
+    times, wrong = [], 0
+    await comm.all_to_all_v(x[:0], [0] * n, [0] * n)  # makes every pair's link, unmeasured
+    for _ in range(int(p["iters"])):
+        await comm.barrier()
+        start = comm.ctx.now()
+        got = await comm.all_to_all_v(x, sends, recvs)
+        times.append(comm.ctx.now() - start)
+        wrong += int(np.count_nonzero(got != want))
+    rings = comm.rings.values()
+    links = [(r.rx.peak_held, r.rx.slots) for r in rings if isinstance(r.rx, RdmaRx)]
+    in_flight = max((r.tx.peak_in_flight for r in rings if isinstance(r.tx, RdmaTx)), default=0)
+    return {"times": times, "wrong": wrong, "links": links, "in_flight": in_flight}
+
+
+def one(
+    seed: int, workload: str, size: int, iters: int, dcqcn: bool, extra: dict[str, Any]
+) -> dict[str, Any]:
+    topo = admission_topology(seed, dcqcn)
+    p = {"workload": workload, "bytes": size, "iters": iters, "timeout": 1.0, **extra}
+    results, fab = run_virtual(topo, "admission_op", p)
+    bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}
+    if bad:
+        raise RuntimeError(f"admission {workload}: ranks failed: {dict(list(bad.items())[:3])}")
+    # an operation ends when its last rank does
+    per_op = [max(v["times"][k] for v in results.values()) for k in range(iters)]
+    links = [link for v in results.values() for link in v["links"]]
+    over = [held for held, slots in links if held > slots]
+    qs = statistics.quantiles(per_op, n=100, method="inclusive")
+    return {
+        "p50": statistics.median(per_op),
+        "p99": qs[98],
+        "times": per_op,
+        "pfc_tx": fab["pfc_tx"],
+        "peak_queue_bytes": fab.get("peak_queue_bytes", 0),
+        "ecn_marked": fab["ecn_marked"],
+        "cnps": fab.get("cnps_sent", 0),
+        "drops": sum(fab["drops"].values()),
+        "wrong": sum(v["wrong"] for v in results.values()),
+        "links": len(links),
+        "over_window": len(over),
+        "peak_held": max((h for h, _ in links), default=0),
+        "in_flight": max(v["in_flight"] for v in results.values()),
+        "window": max((s for _, s in links), default=0),
+    }
+
+
+def admission(seed: int) -> tuple[list[dict[str, Any]], list[str], bool]:
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for workload, size, iters in WORKLOADS:
+        for setting, dcqcn, extra in SETTINGS:
+            got = one(seed, workload, size, iters, dcqcn, extra)
+            rows.append({"workload": workload, "setting": setting, **got})
+            lines.append(
+                f"{workload:>10}, {setting:<31}: p50 {got['p50'] * 1e6:7.1f} us, p99 "
+                f"{got['p99'] * 1e6:7.1f} us, pause frames {got['pfc_tx']:5d}, peak queue "
+                f"{got['peak_queue_bytes'] / 1024:6.0f} KiB, ECN marks {got['ecn_marked']}, "
+                f"drops {got['drops']}, most chunks in flight on a link "
+                f"{got['in_flight']}/{got['window']}"
+            )
+    lines += verdicts(rows)
+    checks = [
+        ("every value right", all(r["wrong"] == 0 for r in rows)),
+        ("no drop on the lossless class (PFC held)", all(r["drops"] == 0 for r in rows)),
+        (
+            "no receiver ever held more chunks than its window (no write without a grant): "
+            f"{sum(r['links'] for r in rows)} links",
+            all(r["over_window"] == 0 for r in rows),
+        ),
+    ]
+    check, ok = check_lines(checks)
+    return rows, lines + check, ok
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    """What the run shows, per workload: the setting with the best p99, and the pauses."""
+    out = []
+    for workload, *_ in WORKLOADS:
+        mine = {r["setting"]: r for r in rows if r["workload"] == workload}
+        best = min(mine.values(), key=lambda r: r["p99"])
+        pfc, adm = mine["PFC only"], mine["PFC + admission"]
+        dcqcn = mine["PFC + DCQCN"]
+        out.append(
+            f"# {workload}: best p99 with {best['setting']}; admission vs PFC only: p99 "
+            f"{adm['p99'] / pfc['p99']:.2f}x, pause frames {adm['pfc_tx']} vs {pfc['pfc_tx']}, "
+            f"peak queue {adm['peak_queue_bytes'] / max(pfc['peak_queue_bytes'], 1):.2f}x; "
+            f"DCQCN vs PFC only: p99 {dcqcn['p99'] / pfc['p99']:.2f}x, pause frames "
+            f"{dcqcn['pfc_tx']} vs {pfc['pfc_tx']}"
+        )
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Per workload and setting: p50 / p99 completion and pause frames."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    names = [s for s, _, _ in SETTINGS]
+    for ax, key, label, scale in (
+        (axes[0], "p50", "completion p50 (us)", 1e6),
+        (axes[1], "p99", "completion p99 (us)", 1e6),
+        (axes[2], "pfc_tx", "pause frames", 1.0),
+    ):
+        for k, (workload, *_rest) in enumerate(WORKLOADS):
+            values = [r[key] * scale for r in rows if r["workload"] == workload]
+            ax.bar([i + 0.4 * k for i in range(len(values))], values, width=0.4, label=workload)
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle("admission: 32 hosts, 4 leaves, 4 spines; PFC, DCQCN, receiver-driven window")
+    return save(plt, fig, path)
+
+
+def register() -> None:
+    """Add ``admission`` to ``rocev2-emu scenario`` (virtual time)."""
+    harness.register(harness.virtual_scenario("admission", admission, plot))
