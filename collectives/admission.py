@@ -4,7 +4,8 @@ congestion control: Meta's 400G training fabric runs PFC and receiver-driven tra
 in the collective library, without DCQCN, which it found hard to tune).
 
 A leaf-spine of 32 hosts (4 leaves of 8, 4 spines, 100 Gbit/s everywhere: 2:1 oversubscribed at
-the leaves), two workloads, each under four settings:
+the leaves) in virtual time, two workloads, each under four settings (with processes: 8 hosts,
+2 leaves of 4, 2 spines, 16 KiB per pair 3 times and a 4:1 incast of 1 MiB 4 times):
 
 * ``all-to-all``: every rank sends 64 KiB to each of the 31 others (2 MiB per rank), 4 times;
 * ``incast 8:1``: the 8 ranks under leaf1 send 1 MiB each to rank 0 under leaf0 at once (an
@@ -29,7 +30,10 @@ ever held more chunks than its window (a sender writing more than it was granted
 from __future__ import annotations
 
 import statistics
+import tempfile
 import tomllib
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +41,13 @@ import numpy as np
 
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
+from collectives.launch import run_local
 from collectives.links import RdmaRx, RdmaTx
 from collectives.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topogen import leaf_spine, to_toml
 from rocev2_emu.fabric.topology_file import parse
 
 SETTINGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (  # name, DCQCN on, job parameters
@@ -56,18 +60,28 @@ SETTINGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (  # name, DCQCN on, jo
         {"slots": 2, "slot_bytes": 64 << 10, "grant_dscp": 48},
     ),
 )
-WORKLOADS = (  # name, bytes each sender sends, iterations
-    ("all-to-all", 64 << 10, 4),
-    ("incast 8:1", 1 << 20, 12),
-)
-HOSTS_PER_LEAF = 8
 
 
-def admission_topology(seed: int, dcqcn: bool) -> Topology:
-    data = tomllib.loads(leaf_spine(4, 4, HOSTS_PER_LEAF))
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """The fabric and the workloads' sizes: 32 hosts in virtual time, 8 with processes."""
+
+    leaves: int
+    per_leaf: int
+    spines: int
+    workloads: tuple[tuple[str, int, int], ...]  # name, bytes each sender sends, iterations
+
+
+VIRTUAL = Scale(4, 8, 4, (("all-to-all", 64 << 10, 4), ("incast 8:1", 1 << 20, 12)))
+PROCESSES = Scale(2, 4, 2, (("all-to-all", 16 << 10, 3), ("incast 4:1", 1 << 20, 4)))
+
+
+def admission_data(seed: int, dcqcn: bool, scale: Scale, tdf: float) -> dict[str, Any]:
+    """The topology file's contents."""
+    data = tomllib.loads(leaf_spine(scale.spines, scale.leaves, scale.per_leaf, tdf=tdf))
     data["fabric"]["seed"] = seed
     data["dcqcn"]["enabled"] = dcqcn
-    return parse(data, "admission.toml")
+    return data
 
 
 @job("admission_op")
@@ -76,8 +90,9 @@ async def admission_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
     end; then the fullest any of this rank's receive links ever was, and its window."""
     n, r = comm.size, comm.rank
     per = int(p["bytes"]) // 4  # float32 elements each sender sends each receiver
-    incast = p["workload"] == "incast 8:1"
-    senders = range(HOSTS_PER_LEAF, 2 * HOSTS_PER_LEAF)  # the ranks under leaf1
+    incast = str(p["workload"]).startswith("incast")
+    per_leaf = int(p["per_leaf"])
+    senders = range(per_leaf, 2 * per_leaf)  # the ranks under leaf1
     if incast:
         sends = [per if (r in senders and j == 0) else 0 for j in range(n)]
         recvs = [per if (r == 0 and i in senders) else 0 for i in range(n)]
@@ -101,11 +116,32 @@ async def admission_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def one(
-    seed: int, workload: str, size: int, iters: int, dcqcn: bool, extra: dict[str, Any]
+    seed: int,
+    workload: str,
+    size: int,
+    iters: int,
+    dcqcn: bool,
+    extra: dict[str, Any],
+    scale: Scale,
+    tdf: float | None,
 ) -> dict[str, Any]:
-    topo = admission_topology(seed, dcqcn)
-    p = {"workload": workload, "bytes": size, "iters": iters, "timeout": 1.0, **extra}
-    results, fab = run_virtual(topo, "admission_op", p)
+    """One workload under one setting: in virtual time (``tdf`` None) or with processes."""
+    p = {
+        "workload": workload,
+        "bytes": size,
+        "iters": iters,
+        "per_leaf": scale.per_leaf,
+        "timeout": 1.0,
+        **extra,
+    }
+    data = admission_data(seed, dcqcn, scale, tdf or 1.0)
+    if tdf is None:
+        results, fab = run_virtual(parse(data, "admission.toml"), "admission_op", p)
+    else:
+        with tempfile.TemporaryDirectory(prefix="admission-") as tmp:
+            path = Path(tmp) / "admission.toml"
+            path.write_text(to_toml(data))
+            results, fab = run_local(parse(data, str(path)), str(path), tdf, "admission_op", p)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}
     if bad:
         raise RuntimeError(f"admission {workload}: ranks failed: {dict(list(bad.items())[:3])}")
@@ -129,15 +165,18 @@ def one(
         "peak_held": max((h for h, _ in links), default=0),
         "in_flight": max(v["in_flight"] for v in results.values()),
         "window": max((s for _, s in links), default=0),
+        "late_wakeups": fab.get("late_wakeups", 0),
     }
 
 
-def admission(seed: int) -> tuple[list[dict[str, Any]], list[str], bool]:
+def admission(seed: int, tdf: float | None = None) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """Every workload under every setting: in virtual time, or with processes at ``tdf``."""
+    scale = VIRTUAL if tdf is None else PROCESSES
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
-    for workload, size, iters in WORKLOADS:
+    for workload, size, iters in scale.workloads:
         for setting, dcqcn, extra in SETTINGS:
-            got = one(seed, workload, size, iters, dcqcn, extra)
+            got = one(seed, workload, size, iters, dcqcn, extra, scale, tdf)
             rows.append({"workload": workload, "setting": setting, **got})
             lines.append(
                 f"{workload:>10}, {setting:<31}: p50 {got['p50'] * 1e6:7.1f} us, p99 "
@@ -146,7 +185,9 @@ def admission(seed: int) -> tuple[list[dict[str, Any]], list[str], bool]:
                 f"drops {got['drops']}, most chunks in flight on a link "
                 f"{got['in_flight']}/{got['window']}"
             )
-    lines += verdicts(rows)
+            if tdf is not None and got["late_wakeups"]:
+                lines.append(f"{'':>12}{got['late_wakeups']} late wake-ups at TDF {tdf:g}")
+    lines += verdicts(rows, scale)
     checks = [
         ("every value right", all(r["wrong"] == 0 for r in rows)),
         ("no drop on the lossless class (PFC held)", all(r["drops"] == 0 for r in rows)),
@@ -160,10 +201,10 @@ def admission(seed: int) -> tuple[list[dict[str, Any]], list[str], bool]:
     return rows, lines + check, ok
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+def verdicts(rows: list[dict[str, Any]], scale: Scale) -> list[str]:
     """What the run shows, per workload: the setting with the best p99, and the pauses."""
     out = []
-    for workload, *_ in WORKLOADS:
+    for workload, *_ in scale.workloads:
         mine = {r["setting"]: r for r in rows if r["workload"] == workload}
         best = min(mine.values(), key=lambda r: r["p99"])
         pfc, adm = mine["PFC only"], mine["PFC + admission"]
@@ -190,16 +231,27 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         (axes[1], "p99", "completion p99 (us)", 1e6),
         (axes[2], "pfc_tx", "pause frames", 1.0),
     ):
-        for k, (workload, *_rest) in enumerate(WORKLOADS):
+        workloads = list(dict.fromkeys(r["workload"] for r in rows))
+        for k, workload in enumerate(workloads):
             values = [r[key] * scale for r in rows if r["workload"] == workload]
             ax.bar([i + 0.4 * k for i in range(len(values))], values, width=0.4, label=workload)
         ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    fig.suptitle("admission: 32 hosts, 4 leaves, 4 spines; PFC, DCQCN, receiver-driven window")
+    hosts = (
+        "32 hosts, 4 leaves, 4 spines"
+        if len(rows) and "8:1" in rows[-1]["workload"]
+        else ("8 hosts, 2 leaves, 2 spines (processes)")
+    )
+    fig.suptitle(f"admission: {hosts}; PFC, DCQCN, receiver-driven window")
     return save(plt, fig, path)
 
 
+def run(seed: int, mode: harness.Mode) -> harness.Outcome:
+    rows, lines, ok = admission(seed, None if mode.virtual else mode.tdf)
+    return harness.Outcome(rows, lines, ok, partial(plot, rows))
+
+
 def register() -> None:
-    """Add ``admission`` to ``rocev2-emu scenario`` (virtual time)."""
-    harness.register(harness.virtual_scenario("admission", admission, plot))
+    """Add ``admission`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes (8)."""
+    harness.register(harness.Scenario("admission", run, units=""))
