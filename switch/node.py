@@ -44,6 +44,7 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
         "tx_packets": sum(ps.tx_packets for ps in ports),
         "tx_bytes": sum(ps.tx_bytes for ps in ports),
         "peak_queue_bytes": max((ps.peak_queue_bytes for ps in ports), default=0),
+        "port_tx_bytes": [ps.tx_bytes for ps in ports],
         "paused_seconds": sum(
             ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(PRIORITIES)
         ),

@@ -50,28 +50,32 @@ def _port_of(topo: Topology, switch: str, link: Link) -> int:
     return next(i for i, (lk, _) in enumerate(topo.nodes[switch].ports) if lk is link)
 
 
-async def _set_link(topo: Topology, a: str, b: str, up: bool) -> str:
-    link = _link(topo, a, b)
+async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> str:
+    """Take the links between each pair of ``pairs`` down (or up) at once, then reroute every
+    switch around what is down in the fabric, as a routing protocol would converge."""
+    links = [_link(topo, a, b) for a, b in pairs]
     down: set[int] = set()
     for sw in topo.switches:  # the fabric's state lives in its switches
         stats = await control(sw.address, {"cmd": "stats"})
         down |= {vni - 1 for vni in stats.get("down_vnis", [])}
-    (down.discard if up else down.add)(link.index)
-    for end in (a, b):
-        if topo.nodes[end].kind == "switch":
-            msg = {"cmd": "set_link", "port": _port_of(topo, end, link), "up": up}
-            await control(topo.nodes[end].address, msg)
+    for link in links:
+        (down.discard if up else down.add)(link.index)
+        for end in (link.a, link.b):
+            if topo.nodes[end].kind == "switch":
+                msg = {"cmd": "set_link", "port": _port_of(topo, end, link), "up": up}
+                await control(topo.nodes[end].address, msg)
     for sw in topo.switches:  # routing converges around the failure
         routes = topo.routes_by_ip(sw.name, frozenset(down))
         await control(sw.address, {"cmd": "set_routes", "routes": list(routes.items())})
     state = "up" if up else "down"
-    return f"link {a} <-> {b} (VNI {link.vni}) is {state}; {len(down)} link(s) down in the fabric"
+    named = ", ".join(f"{lk.a} <-> {lk.b} (VNI {lk.vni})" for lk in links)
+    return f"link {named} is {state}; {len(down)} link(s) down in the fabric"
 
 
 def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
     """``rocev2-emu link``: take a link of a running fabric down or up, and reroute."""
     attach(topo)
-    print(trio.run(_set_link, topo, a, b, up))
+    print(trio.run(set_links, topo, [(a, b)], up))
     return 0
 
 

@@ -24,9 +24,12 @@ def merge_stats(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {"drops": {}}
     total["pfc_senders"] = sorted(name for name, s in stats.items() if s.get("pfc_tx"))
     total["switch_tx_bytes"] = {name: s["tx_bytes"] for name, s in stats.items() if "tx_bytes" in s}
+    total["port_tx_bytes"] = {  # per switch, per port: how the load spread over the links
+        name: s["port_tx_bytes"] for name, s in stats.items() if "port_tx_bytes" in s
+    }
     for s in stats.values():
         for key, value in s.items():
-            if key in ("down_vnis", "switch_tx_bytes"):
+            if key in ("down_vnis", "switch_tx_bytes", "port_tx_bytes"):
                 continue
             if key == "drops":
                 for reason, n in value.items():
@@ -51,6 +54,8 @@ def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
                 out[key] = {k: v for k, v in out[key].items() if v}
         elif key.startswith("peak_"):  # a high-water mark since the node started
             out[key] = value
+        elif key == "port_tx_bytes" and isinstance(old, list) and len(old) == len(value):
+            out[key] = [a - b for a, b in zip(value, old, strict=True)]
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = value - (old if isinstance(old, int | float) else 0)
         else:
@@ -66,9 +71,6 @@ def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent])
         | {name: host_stats(a.ctx) for name, a in agents.items()}
     )
     stats["frame_hops"] = next(iter(drivers.values())).engine.hops if drivers else 0
-    stats["port_tx_bytes"] = {  # per switch, per port: how the load spread over the links
-        name: [p.tx_bytes for p in d.core.ports] for name, d in drivers.items()
-    }
     return stats
 
 
