@@ -4,8 +4,9 @@ control server.
 The fabric (:mod:`rocev2_emu.fabric.nodes`) works out from the topology what this module needs
 - the pipeline's configuration, each port's peer address and link faults - so the switch knows
 nothing of topology files.  The control server answers ``stats`` (the switch's share of the
-fabric summary), ``set_link`` (a port down or up), ``set_faults`` (a port's link faults),
-``set_routes`` (after links changed elsewhere) and ``stop``.
+fabric summary), ``ports`` (each port now: the live map's), ``set_link`` (a port down or up),
+``set_faults`` (a port's link faults), ``set_routes`` (after links changed elsewhere) and
+``stop``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,28 @@ from switch.driver import EngineSwitch, SwitchDriver
 from switch.metrics import SwitchCollector
 from switch.mmu import PRIORITIES
 from switch.pipeline import SwitchCore
+
+
+def port_states(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
+    """Each port now, for a live view of the fabric (``rocev2-emu up --ui``): bytes sent, the
+    egress queue's depth (all priorities), whether the neighbour's XOFF is in force on any
+    priority of its egress, pause frames it sent, ECN marks, drops, up; and emulated ``now``."""
+    now = driver.clock.now()
+    return {
+        "now": now,
+        "ports": [
+            {
+                "tx_bytes": ps.tx_bytes,
+                "queue_bytes": sum(ps.queue_bytes),
+                "paused": any(until > now for until in ps.paused_until),
+                "pfc_tx": sum(ps.pfc_tx),
+                "ecn_marked": sum(ps.ecn_marked),
+                "drops": sum(ps.drops.values()),
+                "up": ps.up,
+            }
+            for ps in driver.core.ports
+        ],
+    }
 
 
 def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
@@ -68,6 +91,8 @@ async def serve_control(
         now = driver.clock.now()
         if cmd == "stats":
             return switch_stats(driver)
+        if cmd == "ports":
+            return port_states(driver)
         if cmd == "set_link":
             driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
         elif cmd == "set_faults":

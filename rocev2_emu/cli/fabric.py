@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import trio
 
@@ -27,13 +28,52 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         help="one process in virtual time (deterministic; needs --flows)",
     )
     p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
+    p.add_argument(
+        "--ui",
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="ADDR:PORT",
+        help="serve the fabric's live map in the browser (default 127.0.0.1:8080; another "
+        "address needs the steering token it prints); needs the ui extra",
+    )
+    p.add_argument("--record", metavar="FILE", help="with --ui: write the map's samples here")
 
 
 def _up(args: argparse.Namespace) -> int:
     topo = _load(args.topology)
+    beside = None
+    if args.record and not args.ui:
+        raise ValueError("--record writes what --ui samples: give --ui too")
+    if args.ui:
+        if args.virtual:
+            raise ValueError("--ui needs processes: a virtual run has no nodes to sample")
+        from rocev2_emu.ui.server import parse_addr, serve_live  # the ui extra
+
+        beside = partial(serve_live, topo, parse_addr(args.ui), args.record)
     return supervisor.up(
-        topo, args.topology, tdf=args.tdf, flows_path=args.flows, virtual=args.virtual
+        topo,
+        args.topology,
+        tdf=args.tdf,
+        flows_path=args.flows,
+        virtual=args.virtual,
+        beside=beside,
     )
+
+
+def _view_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recording", help="a file written by up --ui --record")
+    p.add_argument("--ui", default="127.0.0.1:8080", metavar="ADDR:PORT", help="(127.0.0.1:8080)")
+
+
+def _view(args: argparse.Namespace) -> int:
+    from rocev2_emu.ui.server import load_recording, parse_addr, serve_replay
+
+    load_recording(args.recording)  # a bad file fails before the server starts
+    try:
+        trio.run(serve_replay, args.recording, parse_addr(args.ui))
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _node_args(p: argparse.ArgumentParser) -> None:
@@ -166,5 +206,13 @@ register(
         "write the docker-compose testbed (and Prometheus config) for a topology",
         _compose_args,
         _compose,
+    )
+)
+register(
+    Command(
+        "view",
+        "replay a recorded run (up --ui --record FILE) in the browser, with a timeline",
+        _view_args,
+        _view,
     )
 )

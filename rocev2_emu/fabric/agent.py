@@ -187,6 +187,8 @@ def host_stats(ctx: Context) -> dict[str, Any]:
     c = ctx.core.counters
     return {
         "nic_pauses": sum(ctx.core.pause_frames_received),
+        "nic_tx_bytes": c.tx_bytes,
+        "nic_paused": any(until > ctx.now() for until in ctx.core.paused_until),  # XOFF now
         "cnps_sent": c.np_cnp_sent,
         "cnps_handled": c.rp_cnp_handled,
         "retransmitted": c.retransmitted_packets,

@@ -79,7 +79,8 @@ def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
     return 0
 
 
-async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
+async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
+    """Change link a-b's faults (loss, delay, ...) at both ends of a running fabric."""
     link = _link(topo, a, b)
     settings: dict[str, Any] = {
         "loss": link.loss,
@@ -102,7 +103,7 @@ async def _set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) 
 def set_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> int:
     """``rocev2-emu link A B --loss P ...``: change a running link's faults, both ends."""
     attach(topo)
-    print(trio.run(_set_faults, topo, a, b, faults))
+    print(trio.run(set_link_faults, topo, a, b, faults))
     return 0
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import trio
@@ -142,9 +142,11 @@ async def _supervise(
     job: FabricJob | None,
     quiet: bool = False,
     only: Collection[str] | None = None,
+    beside: Callable[..., Awaitable[None]] | None = None,
 ) -> Any:
     """Start every node (``only``: these), run ``job`` (or wait for Ctrl-C), stop; the job's
-    outcome (None when a node died and the job could not go on)."""
+    outcome (None when a node died and the job could not go on).  ``beside``: a task started
+    (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map)."""
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
@@ -176,6 +178,8 @@ async def _supervise(
                 print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
                 for name in procs:
                     print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
+            if beside is not None:
+                await nursery.start(beside)
             if job is None:
                 print("# Ctrl-C stops the fabric", flush=True)
                 await trio.sleep_forever()
@@ -235,8 +239,10 @@ def up(
     tdf: float | None = None,
     flows_path: str | None = None,
     virtual: bool = False,
+    beside: Callable[..., Awaitable[None]] | None = None,
 ) -> int:
-    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time)."""
+    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time);
+    ``beside``: a task alongside the running fabric (the map of ``--ui``)."""
     flows = load_flows(flows_path, topo) if flows_path else None
     if virtual:
         if flows is None:
@@ -244,7 +250,8 @@ def up(
         return run_virtual(topo, flows)
     tdf = tdf or topo.tdf
     try:
-        outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows) if flows else None)
+        job = FlowsJob(flows) if flows else None
+        outcome = trio.run(_supervise, topo, topo_path, tdf, job, False, None, beside)
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:

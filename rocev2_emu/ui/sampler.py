@@ -1,0 +1,158 @@
+"""What the live map shows, sampled from a running fabric: the layout of its nodes in tiers, and
+every half second each link's load per direction, the ports under PFC pause, queue depths and
+the counters.
+
+The layout (:func:`layout`) puts hosts in the bottom tier and each switch one tier above the
+lowest of its neighbours (leaves, then spines, then a fat-tree's cores), nodes in topology order
+within a tier.  A sample (:class:`Sampler`) asks every switch for its ports (the ``ports``
+control command: bytes sent, queue depth, XOFF in force, pause frames, ECN marks, drops) and
+every host for its NIC's counters (``stats``), and turns byte counters into rates over the
+emulated time between two samples: every figure is in emulated units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.topology import Topology
+
+Ask = Callable[[str, dict[str, Any]], Awaitable[Any]]
+HOST_COUNTERS = ("retransmitted", "cnps_sent", "cnps_handled", "nic_pauses", "timeouts")
+
+
+def layout(topo: Topology) -> dict[str, Any]:
+    """Nodes with their tier and position, links with their ends and rate: the page draws it."""
+    tier = {h.name: 0 for h in topo.hosts}
+    pending = [sw.name for sw in topo.switches]
+    while pending:
+        rest = []
+        for name in pending:
+            below = [tier[p] for _, p in topo.nodes[name].ports if p in tier]
+            if below:
+                tier[name] = min(below) + 1
+            else:
+                rest.append(name)
+        if len(rest) == len(pending):  # switches with no way down: put them on top
+            top = max(tier.values(), default=0) + 1
+            tier.update({name: top for name in rest})
+            break
+        pending = rest
+    rows: dict[int, list[str]] = {}
+    for name in topo.nodes:
+        rows.setdefault(tier[name], []).append(name)
+    nodes = []
+    for t, names in sorted(rows.items()):
+        for i, name in enumerate(names):
+            node = topo.nodes[name]
+            nodes.append({"name": name, "kind": node.kind, "tier": t, "x": (i + 0.5) / len(names)})
+    links = [{"a": lk.a, "b": lk.b, "vni": lk.vni, "rate_bps": lk.rate_bps} for lk in topo.links]
+    return {"name": topo.name, "tdf": topo.tdf, "tiers": len(rows), "nodes": nodes, "links": links}
+
+
+class Sampler:
+    """Samples of a running fabric: :meth:`sample` returns one, rates since the previous."""
+
+    def __init__(self, topo: Topology, ask: Ask = control) -> None:
+        self.topo = topo
+        self.ask = ask
+        self._last: dict[str, Any] | None = None
+        # for each link, which port of which switch sends each way (None: a host's NIC)
+        self._ends: list[tuple[tuple[str, int] | None, tuple[str, int] | None]] = []
+        for lk in topo.links:
+            ends: list[tuple[str, int] | None] = []
+            for end in (lk.a, lk.b):
+                node = topo.nodes[end]
+                if node.kind == "switch":
+                    ends.append((end, next(i for i, (x, _) in enumerate(node.ports) if x is lk)))
+                else:
+                    ends.append(None)
+            self._ends.append((ends[0], ends[1]))
+
+    async def _read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        switches: dict[str, Any] = {}
+        hosts: dict[str, Any] = {}
+
+        async def one(name: str, kind: str) -> None:
+            addr = self.topo.nodes[name].address
+            with trio.move_on_after(5):
+                try:
+                    if kind == "switch":
+                        switches[name] = await self.ask(addr, {"cmd": "ports"})
+                    else:
+                        hosts[name] = await self.ask(addr, {"cmd": "stats"})
+                except (OSError, RuntimeError):  # a node gone: shown as missing
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for node in self.topo.nodes.values():
+                nursery.start_soon(one, node.name, node.kind)
+        return switches, hosts
+
+    async def sample(self) -> dict[str, Any]:
+        switches, hosts = await self._read()
+        now = max((s.get("now", 0.0) for s in switches.values()), default=0.0)
+        last = self._last
+        dt = now - last["t"] if last else 0.0
+        links: list[dict[str, Any]] = []
+        for lk, (ea, eb) in zip(self.topo.links, self._ends, strict=True):
+            row: dict[str, Any] = {"a": lk.a, "b": lk.b}
+            for key, sender, sending_node in (("ab", ea, lk.a), ("ba", eb, lk.b)):
+                tx = self._tx(sender, sending_node, switches, hosts)
+                port = switches.get(sender[0], {}).get("ports", [])[sender[1]] if sender else None
+                prev = last["links"][len(links)][f"{key}_tx"] if last else None
+                rate = (
+                    (tx - prev) * 8 / dt
+                    if (prev is not None and tx is not None and dt > 0)
+                    else 0.0
+                )
+                row[f"{key}_tx"] = tx
+                row[f"{key}_bps"] = max(rate, 0.0)
+                row[f"{key}_util"] = min(rate / lk.rate_bps, 1.0) if lk.rate_bps else 0.0
+                if port is not None:
+                    row[f"{key}_paused"] = bool(port["paused"])
+                else:  # a host's NIC: the switch's XOFF holding its egress
+                    row[f"{key}_paused"] = bool(hosts.get(sending_node, {}).get("nic_paused"))
+                row[f"{key}_queue"] = port["queue_bytes"] if port else 0
+                row[f"{key}_up"] = port["up"] if port else True
+            links.append(row)
+        totals = {
+            "pfc_tx": sum(p["pfc_tx"] for s in switches.values() for p in s.get("ports", [])),
+            "ecn_marked": sum(
+                p["ecn_marked"] for s in switches.values() for p in s.get("ports", [])
+            ),
+            "drops": sum(p["drops"] for s in switches.values() for p in s.get("ports", [])),
+            **{k: sum(int(h.get(k, 0)) for h in hosts.values()) for k in HOST_COUNTERS},
+        }
+        nodes = {
+            name: {k: int(h.get(k, 0)) for k in HOST_COUNTERS} for name, h in hosts.items()
+        } | {
+            name: {
+                "pfc_tx": sum(p["pfc_tx"] for p in s["ports"]),
+                "ecn_marked": sum(p["ecn_marked"] for p in s["ports"]),
+                "drops": sum(p["drops"] for p in s["ports"]),
+                "paused_ports": sum(1 for p in s["ports"] if p["paused"]),
+            }
+            for name, s in switches.items()
+        }
+        missing = sorted(set(self.topo.nodes) - set(switches) - set(hosts))
+        out = {"t": now, "links": links, "totals": totals, "nodes": nodes, "missing": missing}
+        self._last = out
+        return out
+
+    @staticmethod
+    def _tx(
+        sender: tuple[str, int] | None,
+        host: str,
+        switches: dict[str, Any],
+        hosts: dict[str, Any],
+    ) -> int | None:
+        """Bytes sent so far into the link from this end: a switch port's or a host NIC's."""
+        if sender is not None:
+            ports = switches.get(sender[0], {}).get("ports")
+            return int(ports[sender[1]]["tx_bytes"]) if ports else None
+        h = hosts.get(host)
+        return int(h["nic_tx_bytes"]) if h and "nic_tx_bytes" in h else None

@@ -1,0 +1,181 @@
+"""The fabric's map in a real browser: ``rocev2-emu up --ui`` over processes under an incast,
+loaded in Debian's headless Chromium (through its chromedriver); then the recording of that run
+replayed by ``rocev2-emu view``, its timeline checked at two points against the file.
+
+Under CI=true a missing Chromium, chromedriver or ui extra fails these tests (.ci/run installs
+them); elsewhere they skip saying what to install.  The screenshot of the page under the
+incast is written to .ci/artifacts/ui-incast.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocev2_emu.fabric.topogen import single_switch
+from tests.conftest import require_tool
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / ".ci" / "artifacts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _needs_ui() -> None:
+    try:
+        import hypercorn  # noqa: F401
+        import selenium  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{exc.name} missing: pip install -e '.[test,ui]'", pytrace=False)
+        pytest.skip(f"{exc.name} missing: pip install -e '.[test,ui]'")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    _needs_ui()
+    chromium = require_tool("chromium", "Debian's chromium")
+    driver_path = require_tool("chromedriver", "Debian's chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,800",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver: Any, script: str, timeout: float = 60.0) -> Any:
+    """Poll ``script`` in the page until it returns something true (the page is live)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"the page never satisfied: {script}"
+        time.sleep(0.2)
+
+
+def _start(cmd: list[str], ready: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if ready in line:
+            return proc
+    proc.kill()
+    raise AssertionError(f"{cmd[3]} did not say {ready!r}: {''.join(seen)[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def test_the_map_shows_the_incast_live_and_replays_it(browser: Any, tmp_path: Path) -> None:
+    topo = tmp_path / "incast.toml"
+    topo.write_text(single_switch(4, tdf=1000) + "\n[buffer]\nsize_bytes = 1048576\n")
+    flows = tmp_path / "flows.toml"
+    flows.write_text(
+        "".join(f'[[flow]]\nsrc = "h{i}"\ndst = "h3"\nsize = {64 << 20}\n\n' for i in range(3))
+    )
+    record = tmp_path / "incast.jsonl"
+    port = _free_port()
+    up = [sys.executable, "-m", "rocev2_emu", "up", str(topo), "--flows", str(flows)]
+    proc = _start(
+        [*up, "--ui", f"127.0.0.1:{port}", "--record", str(record)], "# the fabric's map:"
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        # the link into h3 carries the incast at near line rate (sw0 -> h3 is its "ba"), and
+        # the senders' NICs are held by the switch's XOFF
+        load = _wait(
+            browser,
+            "const l = document.getElementById('link-h3-sw0');"
+            "return l && parseFloat(l.dataset.bautil) > 0.5 && parseFloat(l.dataset.bautil);",
+        )
+        paused = _wait(
+            browser, "return parseInt(document.getElementById('paused-count').textContent);"
+        )
+        pfc = _wait(
+            browser, "return parseInt(document.getElementById('total-pfc_tx').textContent);"
+        )
+        assert load > 0.5 and paused >= 1 and pfc > 0
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "ui-incast.png"))
+        out, _ = proc.communicate(timeout=300)  # the flows end, then the fabric stops
+        assert proc.returncode == 0, out[-2000:]
+    finally:
+        _stop(proc)
+
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    assert "layout" in rows[0] and len(rows) > 4
+    samples = rows[1:]
+    port = _free_port()
+    view = _start(
+        [sys.executable, "-m", "rocev2_emu", "view", str(record), "--ui", f"127.0.0.1:{port}"],
+        "the replay:",
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        _wait(browser, "return document.body.dataset.ready === 'replay';")
+        for index in (1, len(samples) // 2):
+            browser.execute_script(
+                "const s = document.getElementById('timeline'); s.value = arguments[0];"
+                "s.dispatchEvent(new Event('input'));",
+                index,
+            )
+            want = samples[index]
+            got = browser.execute_script(
+                "return [document.getElementById('t').textContent,"
+                "document.getElementById('total-pfc_tx').textContent,"
+                "document.getElementById('link-h3-sw0').dataset.bautil];"
+            )
+            h3 = next(lk for lk in want["links"] if lk["a"] == "h3")
+            assert got[0] == f"{want['t']:.6f}"
+            assert int(got[1]) == want["totals"]["pfc_tx"]
+            assert float(got[2]) == pytest.approx(h3["ba_util"])
+    finally:
+        _stop(view)
