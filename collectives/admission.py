@@ -30,10 +30,8 @@ ever held more chunks than its window (a sender writing more than it was granted
 from __future__ import annotations
 
 import statistics
-import tempfile
 import tomllib
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +39,13 @@ import numpy as np
 
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
-from collectives.launch import run_local
+from collectives.launch import run_topology_data
 from collectives.links import RdmaRx, RdmaTx
 from collectives.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
-from rocev2_emu.fabric.topogen import leaf_spine, to_toml
+from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology_file import parse
 
 SETTINGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (  # name, DCQCN on, job parameters
@@ -138,10 +136,7 @@ def one(
     if tdf is None:
         results, fab = run_virtual(parse(data, "admission.toml"), "admission_op", p)
     else:
-        with tempfile.TemporaryDirectory(prefix="admission-") as tmp:
-            path = Path(tmp) / "admission.toml"
-            path.write_text(to_toml(data))
-            results, fab = run_local(parse(data, str(path)), str(path), tdf, "admission_op", p)
+        results, fab = run_topology_data(data, "admission", tdf, "admission_op", p)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}
     if bad:
         raise RuntimeError(f"admission {workload}: ranks failed: {dict(list(bad.items())[:3])}")
@@ -247,11 +242,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return save(plt, fig, path)
 
 
-def run(seed: int, mode: harness.Mode) -> harness.Outcome:
-    rows, lines, ok = admission(seed, None if mode.virtual else mode.tdf)
-    return harness.Outcome(rows, lines, ok, partial(plot, rows))
-
-
 def register() -> None:
     """Add ``admission`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes (8)."""
-    harness.register(harness.Scenario("admission", run, units=""))
+    harness.register(harness.job_scenario("admission", admission, plot))

@@ -22,9 +22,7 @@ hashing spread it (a lower max / mean) and raise its busbw.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import tomllib
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +30,13 @@ import numpy as np
 
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
-from collectives.launch import run_local
+from collectives.launch import run_topology_data
 from collectives.registry import job
 from collectives.session import BUS_FACTOR
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
-from rocev2_emu.fabric.topogen import leaf_spine, to_toml
+from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
 
@@ -130,11 +128,8 @@ def one(
         results, fab = run_virtual(topo, "entropy_op", p)
     else:
         data = entropy_data(seed, ecmp, small=True, tdf=tdf)
-        with tempfile.TemporaryDirectory(prefix="ecmp-entropy-") as tmp:
-            path = Path(tmp) / "ecmp-entropy.toml"
-            path.write_text(to_toml(data))
-            topo = parse(data, str(path))
-            results, fab = run_local(topo, str(path), tdf, "entropy_op", p)
+        topo = parse(data, "ecmp-entropy.toml")
+        results, fab = run_topology_data(data, "ecmp-entropy", tdf, "entropy_op", p)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "time" in v)}
     if bad:
         raise RuntimeError(f"ecmp-entropy {coll} {ecmp} x{qps}: ranks failed: {bad}")
@@ -216,11 +211,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return save(plt, fig, path)
 
 
-def run(seed: int, mode: harness.Mode) -> harness.Outcome:
-    rows, lines, ok = entropy(seed, None if mode.virtual else mode.tdf)
-    return harness.Outcome(rows, lines, ok, partial(plot, rows))
-
-
 def register() -> None:
     """Add ``ecmp-entropy`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes."""
-    harness.register(harness.Scenario("ecmp-entropy", run, units=""))
+    harness.register(harness.job_scenario("ecmp-entropy", entropy, plot))

@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 import secrets
 import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -24,7 +27,9 @@ from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.verbs import OobChannel, fabric_secret
 
 
@@ -148,3 +153,23 @@ def run_local(
         raise RuntimeError("a switch died during the job")
     results, fabric = outcome
     return results, fabric
+
+
+def run_topology_data(
+    data: dict[str, Any],
+    name: str,
+    tdf: float,
+    job: str,
+    params: dict[str, Any],
+    prepare: Callable[[Topology, str], None] | None = None,
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Job ``job`` with processes on a topology given as data (a scenario's): written to a
+    temporary file for the nodes to read, removed afterwards.  ``prepare(topo, path)`` runs
+    first (to put the path in ``params``, say)."""
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        path = Path(tmp) / f"{name}.toml"
+        path.write_text(to_toml(data))
+        topo = parse(data, str(path))
+        if prepare is not None:
+            prepare(topo, str(path))
+        return run_local(topo, str(path), tdf, job, params)

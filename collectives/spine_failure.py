@@ -25,9 +25,7 @@ third lasted.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import tomllib
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +34,14 @@ import trio
 
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
-from collectives.launch import run_local
+from collectives.launch import run_topology_data
 from collectives.registry import job
 from collectives.session import BUS_FACTOR
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
 from rocev2_emu.fabric.control import set_links
-from rocev2_emu.fabric.topogen import leaf_spine, to_toml
+from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import load, parse
 
@@ -142,13 +140,12 @@ def run(seed: int, spines: int, at: float | None, tdf: float | None = None) -> d
         results, fab = run_virtual(topo, "spine_failure_op", p, beside=_fail(topo, at))
     else:
         data = spine_data(seed, spines, small=True, tdf=tdf)
-        with tempfile.TemporaryDirectory(prefix="spine-failure-") as tmp:
-            path = Path(tmp) / "spine-failure.toml"
-            path.write_text(to_toml(data))
-            topo = parse(data, str(path))
+
+        def prepare(topo: Topology, path: str) -> None:  # rank 0 fails them from the file
             pairs = [[lk.a, lk.b] for lk in topo.links if {lk.a, lk.b} & set(FAILED)]
-            p["fail"] = {"topology": str(path), "pairs": pairs}
-            results, fab = run_local(topo, str(path), tdf, "spine_failure_op", p)
+            p["fail"] = {"topology": path, "pairs": pairs}
+
+        results, fab = run_topology_data(data, "spine-failure", tdf, "spine_failure_op", p, prepare)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "spans" in v)}
     if bad:
         raise RuntimeError(f"spine-failure {spines} spines: ranks failed: {list(bad.items())[:2]}")
@@ -243,11 +240,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return save(plt, fig, path)
 
 
-def run_scenario(seed: int, mode: harness.Mode) -> harness.Outcome:
-    rows, lines, ok = spine_failure(seed, None if mode.virtual else mode.tdf)
-    return harness.Outcome(rows, lines, ok, partial(plot, rows))
-
-
 def register() -> None:
     """Add ``spine-failure`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes."""
-    harness.register(harness.Scenario("spine-failure", run_scenario, units=""))
+    harness.register(harness.job_scenario("spine-failure", spine_failure, plot))

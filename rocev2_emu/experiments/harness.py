@@ -247,6 +247,21 @@ def virtual_scenario(
     return Scenario(name, run, virtual_only=True, units="")
 
 
+def job_scenario(
+    name: str,
+    experiment: Callable[[int, float | None], tuple[list[dict[str, Any]], list[str], bool]],
+    plot: Callable[[list[dict[str, Any]], Path], bool],
+) -> Scenario:
+    """A scenario of collective jobs, in virtual time or with processes at the mode's TDF
+    (``experiment(seed, tdf)``, ``tdf`` None in virtual time); it plots its own rows."""
+
+    def run(seed: int, mode: Mode) -> Outcome:
+        rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf)
+        return Outcome(rows, lines, ok, partial(plot, rows))
+
+    return Scenario(name, run, units="")
+
+
 SCALE_FLAGS = {"senders": "--senders", "size": "--size", "topology": "--topology"}
 
 
