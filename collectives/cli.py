@@ -14,7 +14,9 @@ import re
 import sys
 import tempfile
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 
 from collectives import bench, ops, virtual_bench
@@ -95,6 +97,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
     )
+    g.add_argument(
+        "--ui",
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="ADDR:PORT",
+        help="with processes: the fabric's live map while the benchmark runs (docs/ui.md)",
+    )
     ignored = p.add_argument_group(
         "nccl-tests flags accepted and ignored (ranks come from the topology)"
     )
@@ -136,6 +145,7 @@ class BenchOptions:
     attach: bool = False
     tdf: float | None = None
     show_nodes: bool = False  # list the node processes and their metrics first
+    ui: str | None = None  # serve the live map here while it runs (processes)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchOptions:
@@ -191,12 +201,22 @@ def main(which: str, args: BenchOptions) -> int:
         f"algo: {args.algo} order: {args.order} qps per connection: {args.qps_per_connection}; "
         "times in emulated us"
     )
+    if args.ui and (args.virtual or args.attach):
+        raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")
     if args.virtual:
         results, fabric = run_virtual(topo, "bench", params)
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)
     else:
-        results, fabric = run_local(topo, path, tdf, "bench", params, quiet=not args.show_nodes)
+        results, fabric = run_local(
+            topo,
+            path,
+            tdf,
+            "bench",
+            params,
+            quiet=not args.show_nodes,
+            beside=map_task(topo, args.ui),
+        )
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
         for r, why in sorted(failed.items()):
@@ -214,6 +234,15 @@ def main(which: str, args: BenchOptions) -> int:
     if warning:
         print(warning, file=sys.stderr)
     return 1 if wrong else 0
+
+
+def map_task(topo: Topology, ui: str | None) -> Callable[..., Awaitable[None]] | None:
+    """The live map's server for ``--ui ADDR:PORT`` (None: no map)."""
+    if not ui:
+        return None
+    from rocev2_emu.ui.server import parse_addr, serve_live  # the ui extra
+
+    return partial(serve_live, topo, parse_addr(ui))
 
 
 COLLECTIVE_BENCHES = [

@@ -15,7 +15,7 @@ import math
 import secrets
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,11 +144,12 @@ def run_local(
     params: dict[str, Any],
     *,
     quiet: bool = True,
+    beside: Callable[..., Awaitable[None]] | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Job ``name`` on one process per node at ``tdf``: (results by rank, fabric counters);
     ``quiet=False`` lists the nodes and their metrics endpoints first."""
     job = CollectiveJob(name, params)
-    outcome = run_processes(topo, path, tdf, job, quiet=quiet)
+    outcome = run_processes(topo, path, tdf, job, quiet=quiet, beside=beside)
     if outcome is None:
         raise RuntimeError("a switch died during the job")
     results, fabric = outcome

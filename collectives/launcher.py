@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 import trio
 
+from collectives.cli import map_task
 from collectives.store import StoreServer
 from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
@@ -202,8 +203,9 @@ def launch(
     *,
     ranks: int | None,
     compute_ms: float,
+    ui: str | None = None,
 ) -> int:
-    """``rocev2-emu launch``: the switches, the ranks, their exit code."""
+    """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map)."""
     if not command:
         raise ValueError("launch: no command; give it after --, e.g. -- python train.py")
     job = RankLauncher(command, ranks, compute_ms)
@@ -214,7 +216,7 @@ def launch(
         f"({len(switches)} switch processes) at TDF {tdf:g}, job {job.job}",
         flush=True,
     )
-    code = run_processes(topo, path, tdf, job, only=switches)
+    code = run_processes(topo, path, tdf, job, only=switches, beside=map_task(topo, ui))
     if code is None:
         print("rocev2-emu launch: a switch died", file=sys.stderr)
         return 1
@@ -230,7 +232,10 @@ def launch(
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.usage = "%(prog)s [-h] [--tdf TDF] [--ranks N] [--compute-ms MS] TOPOLOGY -- COMMAND ..."
+    p.usage = (
+        "%(prog)s [-h] [--tdf TDF] [--ranks N] [--compute-ms MS] [--ui [ADDR:PORT]] "
+        "TOPOLOGY -- COMMAND ..."
+    )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
     p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
     p.add_argument(
@@ -242,6 +247,13 @@ def _args(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="modelled accelerator compute per training step, emulated ms, for the "
         "interconnect tax (ROCEV2_COMPUTE_MS; docs/pytorch.md)",
+    )
+    p.add_argument(
+        "--ui",
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="ADDR:PORT",
+        help="the fabric's live map while the program runs (docs/ui.md)",
     )
     p.set_defaults(program=True)  # the command line after -- is args.rest
     p.epilog = "COMMAND comes after --: rocev2-emu launch TOPOLOGY -- python train.py ..."
@@ -257,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
         command,
         ranks=args.ranks,
         compute_ms=args.compute_ms,
+        ui=args.ui,
     )
 
 

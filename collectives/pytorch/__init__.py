@@ -18,6 +18,7 @@ This module imports only torch.distributed: the rest loads when a group is made.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 from typing import Any
 
@@ -40,6 +41,7 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
         )
     worker = FabricWorker(RankEnv.from_environ(rank, size), timeout.total_seconds())
     worker.start()
+    atexit.register(worker.close)  # before the interpreter (and torch) shut down
     group = RoceProcessGroup(worker, rank, size, timeout.total_seconds())
     _GROUPS.append(group)
     return group

@@ -197,6 +197,13 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def group_desc(self) -> str:
         return getattr(self, "_desc", "")
 
+    def shutdown(self) -> None:
+        """``destroy_process_group``: finish what is queued, close the rank's NIC."""
+        self.worker.close()
+
+    def abort(self) -> None:
+        self.worker.close(timeout=1.0)
+
     @property
     def _device_types(self) -> list[Any]:
         return [torch.device("cpu")]

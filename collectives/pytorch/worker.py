@@ -16,6 +16,7 @@ What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -185,10 +186,16 @@ class FabricWorker:
                     stats[node.name] = await control(node.address, {"cmd": "stats"})
         return merge_stats(stats)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop taking operations, let the queued ones finish, close the NIC, end the thread
+        (at most ``timeout`` wall seconds): before the interpreter shuts down, so no torch
+        object is touched by a thread that outlives it."""
         with self._lock:
-            if self._token is not None and self._send is not None:
-                self._token.run_sync_soon(self._send.close)
+            if self._token is not None and self._send is not None and self._error is None:
+                with contextlib.suppress(trio.RunFinishedError):  # it has just ended
+                    self._token.run_sync_soon(self._send.close)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     def _dead(self) -> str:
         return f"the rank's fabric thread has stopped ({self._error or 'closed'})"

@@ -215,10 +215,12 @@ def run_processes(
     *,
     quiet: bool = True,
     only: Collection[str] | None = None,
+    beside: Callable[..., Awaitable[None]] | None = None,
 ) -> Any:
     """One process per node (``only``: for these nodes; the job runs the others), ``job``,
-    then stop; what the job returned (None: a node died and the job could not go on)."""
-    return trio.run(_supervise, topo, topo_path, tdf, job, quiet, only)
+    then stop; what the job returned (None: a node died and the job could not go on).
+    ``beside``: a task alongside once the nodes are ready (the map of ``--ui``)."""
+    return trio.run(_supervise, topo, topo_path, tdf, job, quiet, only, beside)
 
 
 def run_flow_job(

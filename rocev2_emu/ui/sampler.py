@@ -19,6 +19,7 @@ import trio
 
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.verbs import VerbsError
 
 Ask = Callable[[str, dict[str, Any]], Awaitable[Any]]
 HOST_COUNTERS = ("retransmitted", "cnps_sent", "cnps_handled", "nic_pauses", "timeouts")
@@ -84,7 +85,7 @@ class Sampler:
                         switches[name] = await self.ask(addr, {"cmd": "ports"})
                     else:
                         hosts[name] = await self.ask(addr, {"cmd": "stats"})
-                except (OSError, RuntimeError):  # a node gone: shown as missing
+                except (OSError, RuntimeError, VerbsError):  # a node gone: shown as missing
                     pass
 
         async with trio.open_nursery() as nursery:
