@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -36,15 +37,24 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         help="serve the fabric's live map in the browser (default 127.0.0.1:8080; another "
         "address needs the steering token it prints); needs the ui extra",
     )
-    p.add_argument("--record", metavar="FILE", help="with --ui: write the map's samples here")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write the map's samples here (with --ui; or with --virtual, every 10 us of "
+        "emulated time), for rocev2-emu view",
+    )
 
 
 def _up(args: argparse.Namespace) -> int:
     topo = _load(args.topology)
-    beside = None
-    if args.record and not args.ui:
-        raise ValueError("--record writes what --ui samples: give --ui too")
-    if args.ui:
+    beside: Any = None
+    if args.record and not args.ui and not args.virtual:
+        raise ValueError("--record writes what --ui samples: give --ui too (or --virtual)")
+    if args.virtual and args.record:
+        from rocev2_emu.ui.record import recorder  # the ui extra is not needed to record
+
+        beside = recorder(topo, args.record)
+    elif args.ui:
         if args.virtual:
             raise ValueError("--ui needs processes: a virtual run has no nodes to sample")
         from rocev2_emu.ui.server import parse_addr, serve_live  # the ui extra

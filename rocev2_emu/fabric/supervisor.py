@@ -244,12 +244,13 @@ def up(
     beside: Callable[..., Awaitable[None]] | None = None,
 ) -> int:
     """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time);
-    ``beside``: a task alongside the running fabric (the map of ``--ui``)."""
+    ``beside``: a task alongside the running fabric (the map of ``--ui``; in virtual time,
+    ``beside(switches, agents)``: the recorder of ``--record``)."""
     flows = load_flows(flows_path, topo) if flows_path else None
     if virtual:
         if flows is None:
             raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
-        return run_virtual(topo, flows)
+        return run_virtual(topo, flows, beside)
     tdf = tdf or topo.tdf
     try:
         job = FlowsJob(flows) if flows else None

@@ -101,22 +101,32 @@ def show_progress(drivers: dict[str, EngineSwitch], fraction: Callable[[], float
         first.engine.progress.fraction = fraction
 
 
-async def _flows(topo: Topology, flows: list[FlowSpec]) -> tuple[list[FlowResult], dict[str, Any]]:
+Beside = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
+
+
+async def _flows(
+    topo: Topology, flows: list[FlowSpec], beside: Beside | None = None
+) -> tuple[list[FlowResult], dict[str, Any]]:
     async with virtual_fabric(topo) as (drivers, agents):
         show_progress(drivers, delivered(agents, flows))
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
-        results = await run_flows(agents, flows, t0)
+        async with trio.open_nursery() as nursery:
+            if beside is not None:  # a watcher of the run (the map's recorder): ends with it
+                nursery.start_soon(beside, drivers, agents)
+            results = await run_flows(agents, flows, t0)
+            nursery.cancel_scope.cancel()
         return results, fabric_stats(drivers, agents)
 
 
 def run_flows_virtual(
-    topo: Topology, flows: list[FlowSpec]
+    topo: Topology, flows: list[FlowSpec], beside: Beside | None = None
 ) -> tuple[list[FlowResult], dict[str, Any]]:
-    """``flows`` on ``topo`` in virtual time: their results and the fabric's counters."""
-    return run_virtual_time(topo.seed, _flows, topo, flows)
+    """``flows`` on ``topo`` in virtual time: their results and the fabric's counters;
+    ``beside(switches, agents)`` runs alongside until the flows end."""
+    return run_virtual_time(topo.seed, _flows, topo, flows, beside)
 
 
-def run_virtual(topo: Topology, flows: list[FlowSpec]) -> int:
+def run_virtual(topo: Topology, flows: list[FlowSpec], beside: Beside | None = None) -> int:
     """``rocev2-emu up --virtual``: the flows in virtual time, then the report."""
-    results, fabric = run_flows_virtual(topo, flows)
+    results, fabric = run_flows_virtual(topo, flows, beside)
     return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

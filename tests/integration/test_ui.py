@@ -1,6 +1,7 @@
 """The fabric's map in a real browser: ``rocev2-emu up --ui`` over processes under an incast,
 loaded in Debian's headless Chromium (through its chromedriver); then the recording of that run
-replayed by ``rocev2-emu view``, its timeline checked at two points against the file.
+checked, and the same incast recorded in virtual time and replayed by ``rocev2-emu view``, its
+timeline checked at two points against the file.
 
 Under CI=true a missing Chromium, chromedriver or ui extra fails these tests (.ci/run installs
 them); elsewhere they skip saying what to install.  The screenshot of the page under the
@@ -114,7 +115,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
-def test_the_map_shows_the_incast_live_and_replays_it(browser: Any, tmp_path: Path) -> None:
+def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
+    browser: Any, tmp_path: Path
+) -> None:
     topo = tmp_path / "incast.toml"
     topo.write_text(single_switch(4, tdf=1000) + "\n[buffer]\nsize_bytes = 1048576\n")
     flows = tmp_path / "flows.toml"
@@ -151,11 +154,20 @@ def test_the_map_shows_the_incast_live_and_replays_it(browser: Any, tmp_path: Pa
         _stop(proc)
 
     rows = [json.loads(line) for line in record.read_text().splitlines()]
-    assert "layout" in rows[0] and len(rows) > 4
-    samples = rows[1:]
+    assert "layout" in rows[0] and len(rows) > 4  # the live run's recording
+    assert any(lk["ab_paused"] for row in rows[1:] for lk in row["links"])
+
+    # the same incast in virtual time, recorded every 10 us, replayed with its timeline
+    virtual = tmp_path / "virtual.jsonl"
+    run = subprocess.run(
+        [*up, "--virtual", "--record", str(virtual)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    samples = [json.loads(line) for line in virtual.read_text().splitlines()][1:]
+    assert len(samples) > 100
     port = _free_port()
     view = _start(
-        [sys.executable, "-m", "rocev2_emu", "view", str(record), "--ui", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "rocev2_emu", "view", str(virtual), "--ui", f"127.0.0.1:{port}"],
         "the replay:",
     )
     try:
@@ -177,5 +189,11 @@ def test_the_map_shows_the_incast_live_and_replays_it(browser: Any, tmp_path: Pa
             assert got[0] == f"{want['t']:.6f}"
             assert int(got[1]) == want["totals"]["pfc_tx"]
             assert float(got[2]) == pytest.approx(h3["ba_util"])
+        # mid-run, the replay shows what the live map showed: the link full, senders paused
+        assert float(got[2]) > 0.9
+        paused = browser.execute_script(
+            "return parseInt(document.getElementById('paused-count').textContent);"
+        )
+        assert paused == sum(lk["ab_paused"] + lk["ba_paused"] for lk in want["links"]) > 0
     finally:
         _stop(view)
