@@ -182,6 +182,17 @@ class HostAgent:
         return sorted(results, key=lambda r: r.id)
 
 
+def host_map_state(ctx: Context) -> dict[str, Any]:
+    """A host's part of the live map: its counters and each rate-controlled QP's current rate
+    (DCQCN's, bit/s), by QPN as the NIC's metrics name them."""
+    rates = {}
+    for qp in list(ctx.core.qps.values()):
+        rate = getattr(qp.rc, "rate", None)  # DCQCN's current rate; static pacing has none
+        if isinstance(rate, int | float):
+            rates[f"0x{qp.qpn:06x}"] = float(rate)
+    return {**host_stats(ctx), "qp_rates": rates}
+
+
 def host_stats(ctx: Context) -> dict[str, Any]:
     """A host NIC's share of the fabric summary."""
     c = ctx.core.counters
@@ -268,6 +279,8 @@ class AgentServer:
                 return {"results": [asdict(r) for r in results]}
             if cmd == "stats":
                 return host_stats(self.agent.ctx)
+            if cmd == "map":
+                return host_map_state(self.agent.ctx)
             if cmd == "set_faults":
                 self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
                 return {"ok": True}

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.fabric.agent import host_stats
+from rocev2_emu.fabric.agent import host_map_state
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.ui.sampler import Ask, Sampler, layout
 from switch.node import port_states
@@ -23,14 +23,14 @@ PERIOD = 10e-6  # emulated seconds between samples
 
 
 def local_ask(topo: Topology, switches: dict[str, Any], agents: dict[str, Any]) -> Ask:
-    """Answers to ``ports`` and ``stats`` from the nodes of this process, by address."""
+    """Answers to ``ports`` and ``map`` from the nodes of this process, by address."""
     by_address = {node.address: name for name, node in topo.nodes.items()}
 
     async def ask(address: str, msg: dict[str, Any]) -> Any:
         name = by_address[address]
         if name in switches:
             return port_states(switches[name])
-        return host_stats(agents[name].ctx)
+        return host_map_state(agents[name].ctx)
 
     return ask
 

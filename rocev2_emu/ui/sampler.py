@@ -6,8 +6,8 @@ The layout (:func:`layout`) puts hosts in the bottom tier and each switch one ti
 lowest of its neighbours (leaves, then spines, then a fat-tree's cores), nodes in topology order
 within a tier.  A sample (:class:`Sampler`) asks every switch for its ports (the ``ports``
 control command: bytes sent, queue depth, XOFF in force, pause frames, ECN marks, drops) and
-every host for its NIC's counters (``stats``), and turns byte counters into rates over the
-emulated time between two samples: every figure is in emulated units.
+every host for its NIC's counters and its QPs' DCQCN rates (``map``), and turns byte counters
+into rates over the emulated time between two samples: every figure is in emulated units.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Sampler:
                     if kind == "switch":
                         switches[name] = await self.ask(addr, {"cmd": "ports"})
                     else:
-                        hosts[name] = await self.ask(addr, {"cmd": "stats"})
+                        hosts[name] = await self.ask(addr, {"cmd": "map"})
                 except (OSError, RuntimeError, VerbsError):  # a node gone: shown as missing
                     pass
 
@@ -129,7 +129,8 @@ class Sampler:
             **{k: sum(int(h.get(k, 0)) for h in hosts.values()) for k in HOST_COUNTERS},
         }
         nodes = {
-            name: {k: int(h.get(k, 0)) for k in HOST_COUNTERS} for name, h in hosts.items()
+            name: {k: int(h.get(k, 0)) for k in HOST_COUNTERS} | {"qp_rates": h.get("qp_rates", {})}
+            for name, h in hosts.items()
         } | {
             name: {
                 "pfc_tx": sum(p["pfc_tx"] for p in s["ports"]),

@@ -146,6 +146,13 @@ def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
             browser, "return parseInt(document.getElementById('total-pfc_tx').textContent);"
         )
         assert load > 0.5 and paused >= 1 and pfc > 0
+        # a sender's tooltip names its QP and the rate DCQCN holds it at
+        title = _wait(
+            browser,
+            "const g = document.getElementById('node-h0');"
+            "return g.dataset.qps > 0 && g.querySelector('title').textContent;",
+        )
+        assert "(DCQCN)" in title and "Gbit/s" in title
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "ui-incast.png"))
         out, _ = proc.communicate(timeout=300)  # the flows end, then the fabric stops
