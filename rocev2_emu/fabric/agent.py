@@ -279,8 +279,6 @@ class AgentServer:
                 return {"results": [asdict(r) for r in results]}
             if cmd == "stats":
                 return host_stats(self.agent.ctx)
-            if cmd == "map":
-                return host_map_state(self.agent.ctx)
             if cmd == "set_faults":
                 self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
                 return {"ok": True}

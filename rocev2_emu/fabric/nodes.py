@@ -24,7 +24,7 @@ from typing import Any, Final
 import trio
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent
+from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent, host_map_state
 from rocev2_emu.fabric.services import HOST_SERVICES
 from rocev2_emu.fabric.topology import Link, Topology, dcqcn_params
 from rocev2_emu.nic.ingress import IngressConfig
@@ -113,6 +113,38 @@ def host_agent(topo: Topology, ctx: Context, name: str) -> HostAgent:
     )
 
 
+def rank_progress(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
+    """Per rank of the collectives this host runs: operations finished and bytes moved, read
+    from its registry's ``rocev2_collective_*`` series (registered by the collectives plugin
+    or a PyTorch rank; none: no ranks)."""
+    ranks: dict[str, dict[str, float]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            rank = sample.labels.get("rank")
+            if rank is None:
+                continue
+            if sample.name == "rocev2_collective_operation_seconds_count":
+                key = "ops"
+            elif sample.name == "rocev2_collective_bytes_total":
+                key = "bytes"
+            else:
+                continue
+            row = ranks.setdefault(rank, {"ops": 0.0, "bytes": 0.0})
+            row[key] += sample.value
+    return ranks
+
+
+def _map_handler(
+    ctx: Context, registry: CollectorRegistry
+) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """The host's ``map`` command: what the live map shows of it (:mod:`rocev2_emu.ui`)."""
+
+    async def handle(msg: dict[str, Any]) -> dict[str, Any]:
+        return {**host_map_state(ctx), "ranks": rank_progress(registry)}
+
+    return handle
+
+
 async def _orphan_guard(parent: int) -> None:
     """A node started by a supervisor dies with it, instead of holding its addresses forever."""
     while os.getppid() == parent:  # noqa: ASYNC110 - no event tells of a parent's death
@@ -171,6 +203,7 @@ async def host_node(
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
         registry = nic_registry(ctx.driver, name)
         handlers = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
+        handlers["map"] = _map_handler(ctx, registry)
         handlers.update(extra or {})
         if opts.metrics:
             serve(registry, METRICS_PORT, addr=opts.metrics_addr or topo.nodes[name].address)

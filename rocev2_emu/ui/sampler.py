@@ -141,7 +141,26 @@ class Sampler:
             for name, s in switches.items()
         }
         missing = sorted(set(self.topo.nodes) - set(switches) - set(hosts))
-        out = {"t": now, "links": links, "totals": totals, "nodes": nodes, "missing": missing}
+        ranks = {  # every rank's progress in its collectives, and the one furthest behind
+            int(r): {"host": name, **row}
+            for name, h in hosts.items()
+            for r, row in h.get("ranks", {}).items()
+        }
+        slowest = min(ranks, key=lambda r: (ranks[r]["ops"], ranks[r]["bytes"]), default=None)
+        if slowest is not None and all(
+            (v["ops"], v["bytes"]) == (ranks[slowest]["ops"], ranks[slowest]["bytes"])
+            for v in ranks.values()
+        ):
+            slowest = None  # all level: nobody is behind
+        out = {
+            "t": now,
+            "links": links,
+            "totals": totals,
+            "nodes": nodes,
+            "missing": missing,
+            "ranks": ranks,
+            "slowest": slowest,
+        }
         self._last = out
         return out
 
