@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
 
 from rocev2_emu.cli.args import positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
+from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.virtual import Beside
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -19,6 +24,19 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")
     p.add_argument(
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
+    )
+    p.add_argument(
+        "--ui",
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="ADDR:PORT",
+        help="with processes: the fabric's live map beside each run (docs/ui.md)",
+    )
+    p.add_argument(
+        "--no-record",
+        action="store_true",
+        help="in virtual time, do not record each flow run for the map's replay "
+        "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
     scale = p.add_argument_group("scale (incast)")
     scale.add_argument("--senders", type=positive_int, help="senders (default 8; processes: 4)")
@@ -38,9 +56,41 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings")}
+    if args.ui and args.virtual:
+        raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
     return harness.main(
-        args.name, seed=args.seed, out=args.out, virtual=args.virtual, tdf=args.tdf, scale=scale
+        args.name,
+        seed=args.seed,
+        out=args.out,
+        virtual=args.virtual,
+        tdf=args.tdf,
+        scale=scale,
+        record=None if args.no_record or not args.virtual else _recorder(args),
+        ui=_live(args.ui) if args.ui else None,
     )
+
+
+def _recorder(args: argparse.Namespace) -> Callable[[Topology, str], Beside]:
+    """Each virtual flow run's recording, beside the scenario's JSON."""
+    from rocev2_emu.ui.record import recorder
+
+    out = Path(args.out or ".")
+
+    def make(topo: Topology, setting: str) -> Beside:
+        out.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in setting)
+        path = out / f"{args.name}-{safe}.jsonl"
+        print(f"# recording {setting} in {path} (rocev2-emu view {path})", flush=True)
+        return recorder(topo, str(path))
+
+    return make
+
+
+def _live(addr: str) -> Callable[[Topology], Callable[..., Awaitable[None]]]:
+    from rocev2_emu.ui.server import parse_addr, serve_live
+
+    where = parse_addr(addr)
+    return lambda topo: partial(serve_live, topo, where)
 
 
 register(

@@ -18,7 +18,7 @@ import statistics
 import sys
 import tempfile
 import tomllib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,13 +35,24 @@ from rocev2_emu.fabric.supervisor import run_flow_job
 from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.fabric.virtual import delivered, run_virtual_time, show_progress, virtual_fabric
+from rocev2_emu.fabric.virtual import (
+    Beside,
+    delivered,
+    run_virtual_time,
+    show_progress,
+    virtual_fabric,
+)
 
 G = 1e9
 
 
 async def _run(
-    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int] | str, dt: float, setting: str
+    topo: Topology,
+    flows: list[FlowSpec],
+    watch: tuple[str, int] | str,
+    dt: float,
+    setting: str,
+    beside: Beside | None = None,
 ) -> Run:
     run = Run(setting, [])
     at = host_port(topo, watch) if isinstance(watch, str) else watch
@@ -74,17 +85,26 @@ async def _run(
 
         async with trio.open_nursery() as jobs:
             jobs.start_soon(sample)
+            if beside is not None:  # a recorder of the run for the map's replay
+                jobs.start_soon(beside, drivers, agents)
             run.results = await run_flows(agents, flows, t0)
             done.set()
+            jobs.cancel_scope.cancel()
         run.fabric = fabric_stats(drivers, agents)
     return run
 
 
 def run_sampled(
-    topo: Topology, flows: list[FlowSpec], watch: tuple[str, int] | str, dt: float, setting: str
+    topo: Topology,
+    flows: list[FlowSpec],
+    watch: tuple[str, int] | str,
+    dt: float,
+    setting: str,
+    beside: Beside | None = None,
 ) -> Run:
-    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``."""
-    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting)
+    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``;
+    ``beside(switches, agents)`` alongside until the flows end (the map's recorder)."""
+    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, beside)
 
 
 def topology_data(text: str, seed: int, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -107,12 +127,17 @@ def fabric_run(
     process per node at ``mode.tdf`` (flow results and counters only).  ``watch``: the
     (switch, port) to sample, or a host: the switch port facing it."""
     if mode.virtual:
-        return run_sampled(parse(data, "<scenario>"), flows, watch, dt, setting)
+        topo = parse(data, "<scenario>")
+        beside = mode.record(topo, setting) if mode.record else None
+        return run_sampled(topo, flows, watch, dt, setting, beside)
     data = {**data, "fabric": {**data["fabric"], "tdf": mode.tdf}}
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/{setting}.toml"
         Path(path).write_text(to_toml(data))
-        results, fabric = run_flow_job(parse(data, path), path, mode.tdf, flows)
+        topo = parse(data, path)
+        results, fabric = run_flow_job(
+            topo, path, mode.tdf, flows, beside=mode.ui(topo) if mode.ui else None
+        )
     return Run(setting, results, fabric=fabric)
 
 
@@ -128,6 +153,10 @@ class Mode:
     size: int | None = None
     topology: str | None = None
     settings: tuple[str, ...] | None = None
+    # the map: a recorder of each virtual run (by topology and setting), a live server beside
+    # each run with processes (given by the CLI: this layer does not import the ui)
+    record: Callable[[Topology, str], Beside] | None = None
+    ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None
 
 
 def settings(
@@ -285,9 +314,12 @@ def main(
     virtual: bool,
     tdf: float = 1000.0,
     scale: dict[str, Any] | None = None,
+    record: Callable[[Topology, str], Beside] | None = None,
+    ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
 ) -> int:
     """Run scenario ``name``; ``scale``: the Mode fields of scale given (senders, size,
-    topology, settings), each refused by a scenario that does not take it."""
+    topology, settings), each refused by a scenario that does not take it; ``record``,
+    ``ui``: the map's recorder (virtual) and live server (processes), per run."""
     scenario = SCENARIOS.get(name)
     if scenario is None:
         print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
@@ -303,7 +335,7 @@ def main(
         return 2
     where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    outcome = scenario.run(seed, Mode(virtual, tdf, **given))
+    outcome = scenario.run(seed, Mode(virtual, tdf, **given, record=record, ui=ui))
     for line in outcome.lines:
         print(line)
     out_dir = Path(out or ".")

@@ -224,10 +224,15 @@ def run_processes(
 
 
 def run_flow_job(
-    topo: Topology, topo_path: str, tdf: float, flows: list[FlowSpec]
+    topo: Topology,
+    topo_path: str,
+    tdf: float,
+    flows: list[FlowSpec],
+    beside: Callable[..., Awaitable[None]] | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any]]:
-    """One process per node, the flows, then stop: their results and the fabric's counters."""
-    outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True)
+    """One process per node, the flows, then stop: their results and the fabric's counters
+    (``beside``: a task alongside, the map)."""
+    outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
     if outcome is None:
         raise RuntimeError("a node died during the job")
     assert isinstance(outcome, tuple)

@@ -204,3 +204,16 @@ def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
         assert paused == sum(lk["ab_paused"] + lk["ba_paused"] for lk in want["links"]) > 0
     finally:
         _stop(view)
+
+
+def test_a_virtual_scenario_records_each_run_beside_its_json(tmp_path: Path) -> None:
+    from rocev2_emu.cli import main
+
+    args = ["scenario", "incast", "--virtual", "--out", str(tmp_path), "--senders", "4"]
+    assert main([*args, "--size", str(1 << 20), "--settings", "pfc"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "incast-pfc.jsonl").read_text().splitlines()]
+    assert [n["name"] for n in rows[0]["layout"]["nodes"] if n["kind"] == "switch"] == ["sw0"]
+    samples = rows[1:]
+    assert len(samples) > 10 and samples[-1]["totals"]["pfc_tx"] > 0
+    assert any(lk["ab_paused"] for s in samples for lk in s["links"])  # senders held by PFC
+    assert (tmp_path / "incast.json").exists()
