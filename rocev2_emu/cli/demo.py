@@ -15,7 +15,7 @@ from collections.abc import Callable
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.tools.perftest import wait_until_listening
 
-Demo = Callable[[float | None], int]  # takes the TDF (None: the topology's)
+Demo = Callable[[float | None, str | None], int]  # the TDF (None: the topology's), --ui
 _DEMO: list[Demo] = []
 
 
@@ -28,11 +28,20 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
     p.add_argument("--tdf", type=float, help="time-dilation factor (default: the topology's)")
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
+    p.add_argument(
+        "--ui",
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="ADDR:PORT",
+        help="the fabric's live map while the all-reduce demo runs (docs/ui.md)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.perftest and args.ui:
+        raise ValueError("--ui draws a fabric: the all-reduce demo's; --perftest has none")
     if _DEMO and not args.perftest:
-        return _DEMO[0](args.tdf)
+        return _DEMO[0](args.tdf, args.ui)
     return perftest_demo(args.tdf or 200.0, args.loss)
 
 
