@@ -64,6 +64,8 @@ def test_refused_command_lines(topology: Path, capsys: pytest.CaptureFixture[str
     assert "no command; give it after --" in capsys.readouterr().err
     assert main(["launch", str(topology), "--ranks", "4", "--", "true"]) == 1
     assert "--ranks 4: from 1 to the topology's 3 hosts" in capsys.readouterr().err
+    assert main(["demo", "--perftest", "--ui"]) == 1  # the map draws a fabric; perftest has none
+    assert "--perftest has none" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # only launch takes a program after --
         main(["topology", "single-switch", "--hosts", "2", "--", "true"])
     assert "unrecognized arguments: -- true" in capsys.readouterr().err
