@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -531,6 +531,3 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 f"{rows} rows into {self._size}"
             )
         return [s * per_row for s in splits]
-
-
-Creator = Callable[[Any, int, int, datetime.timedelta], RoceProcessGroup]

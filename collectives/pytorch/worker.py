@@ -135,7 +135,6 @@ class FabricWorker:
         self._lock = threading.Lock()
         self.records: list[OpRecord] = []
         self.step_metrics: StepMetrics | None = None
-        self.now: Callable[[], float] = time.monotonic
         self._ctx: Context | None = None
         self._thread = threading.Thread(
             target=self._thread_main, name=f"rocev2-rank{env.rank}", daemon=True
@@ -220,7 +219,6 @@ class FabricWorker:
         env = self.env
         opts = NodeOptions(tdf=env.tdf, epoch=env.epoch)
         async with host_node(env.topo, env.host, opts) as (ctx, registry):
-            self.now = ctx.now
             self._ctx = ctx
             self.step_metrics = StepMetrics(registry, env.rank)
             metrics = HostCollectiveMetrics(registry).rank(env.rank)

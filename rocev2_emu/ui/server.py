@@ -125,14 +125,11 @@ def app(live: Live | None, recording: list[dict[str, Any]] | None, token: str | 
             return JSONResponse({"error": "a replay has no live events"}, status_code=404)
 
         async def stream() -> Any:
-            sent = 0
-            for s in live.samples[-1:]:
+            for s in live.samples[-1:]:  # the latest at once, then each new one
                 yield f"data: {json.dumps(s)}\n\n"
-                sent = 1
             while True:
                 await live.changed.wait()
                 yield f"data: {json.dumps(live.samples[-1])}\n\n"
-                sent += 1
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
