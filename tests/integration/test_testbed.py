@@ -139,6 +139,9 @@ def _wait_healthy(names: list[str], timeout: float = 120) -> None:
         time.sleep(1)
 
 
+# a compose job, a link failure and a Prometheus query per dashboard panel: about two minutes
+# on a quiet machine, so past the default per-test timeout on a busy one (a hang still ends it)
+@pytest.mark.timeout(600)
 def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: str) -> None:
     topo = load(ROOT / "deploy" / "topology.toml")
     names = list(topo.nodes)
