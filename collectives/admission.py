@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 
 from collectives.communicator import Communicator
-from collectives.job import run_virtual
-from collectives.launch import run_topology_data
+from collectives.launch import run_topology_data, run_virtual_recorded
 from collectives.links import RdmaRx, RdmaTx
 from collectives.registry import job
 from rocev2_emu.experiments import harness
@@ -122,8 +121,11 @@ def one(
     extra: dict[str, Any],
     scale: Scale,
     tdf: float | None,
+    label: str = "",
+    mode: harness.Mode | None = None,
 ) -> dict[str, Any]:
-    """One workload under one setting: in virtual time (``tdf`` None) or with processes."""
+    """One workload under one setting: in virtual time (``tdf`` None) or with processes;
+    recorded as ``label``, or watched live, as the scenario's ``mode`` says."""
     p = {
         "workload": workload,
         "bytes": size,
@@ -134,9 +136,10 @@ def one(
     }
     data = admission_data(seed, dcqcn, scale, tdf or 1.0)
     if tdf is None:
-        results, fab = run_virtual(parse(data, "admission.toml"), "admission_op", p)
+        topo = parse(data, "admission.toml")
+        results, fab = run_virtual_recorded(topo, "admission_op", p, label, mode)
     else:
-        results, fab = run_topology_data(data, "admission", tdf, "admission_op", p)
+        results, fab = run_topology_data(data, "admission", tdf, "admission_op", p, mode=mode)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}
     if bad:
         raise RuntimeError(f"admission {workload}: ranks failed: {dict(list(bad.items())[:3])}")
@@ -164,14 +167,17 @@ def one(
     }
 
 
-def admission(seed: int, tdf: float | None = None) -> tuple[list[dict[str, Any]], list[str], bool]:
+def admission(
+    seed: int, tdf: float | None = None, mode: harness.Mode | None = None
+) -> tuple[list[dict[str, Any]], list[str], bool]:
     """Every workload under every setting: in virtual time, or with processes at ``tdf``."""
     scale = VIRTUAL if tdf is None else PROCESSES
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
     for workload, size, iters in scale.workloads:
         for setting, dcqcn, extra in SETTINGS:
-            got = one(seed, workload, size, iters, dcqcn, extra, scale, tdf)
+            label = f"{workload}-{setting}"
+            got = one(seed, workload, size, iters, dcqcn, extra, scale, tdf, label, mode)
             rows.append({"workload": workload, "setting": setting, **got})
             lines.append(
                 f"{workload:>10}, {setting:<31}: p50 {got['p50'] * 1e6:7.1f} us, p99 "

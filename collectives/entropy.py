@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from collectives.communicator import Communicator
-from collectives.job import run_virtual
-from collectives.launch import run_topology_data
+from collectives.launch import run_topology_data, run_virtual_recorded
 from collectives.registry import job
 from collectives.session import BUS_FACTOR
 from rocev2_emu.experiments import harness
@@ -112,9 +111,16 @@ async def entropy_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def one(
-    seed: int, ecmp: str, qps: int, coll: str, size: int, tdf: float | None = None
+    seed: int,
+    ecmp: str,
+    qps: int,
+    coll: str,
+    size: int,
+    tdf: float | None = None,
+    mode: harness.Mode | None = None,
 ) -> dict[str, Any]:
-    """One workload under one setting, in virtual time (``tdf`` None) or with processes."""
+    """One workload under one setting, in virtual time (``tdf`` None) or with processes;
+    recorded, or watched live, as the scenario's ``mode`` says."""
     p = {
         "coll": coll,
         "bytes": size,
@@ -125,11 +131,12 @@ def one(
     }
     if tdf is None:
         topo = entropy_topology(seed, ecmp)
-        results, fab = run_virtual(topo, "entropy_op", p)
+        label = f"{coll}-{ecmp}-x{qps}"
+        results, fab = run_virtual_recorded(topo, "entropy_op", p, label, mode)
     else:
         data = entropy_data(seed, ecmp, small=True, tdf=tdf)
         topo = parse(data, "ecmp-entropy.toml")
-        results, fab = run_topology_data(data, "ecmp-entropy", tdf, "entropy_op", p)
+        results, fab = run_topology_data(data, "ecmp-entropy", tdf, "entropy_op", p, mode=mode)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "time" in v)}
     if bad:
         raise RuntimeError(f"ecmp-entropy {coll} {ecmp} x{qps}: ranks failed: {bad}")
@@ -149,13 +156,15 @@ def one(
     }
 
 
-def entropy(seed: int, tdf: float | None = None) -> tuple[list[dict[str, Any]], list[str], bool]:
+def entropy(
+    seed: int, tdf: float | None = None, mode: harness.Mode | None = None
+) -> tuple[list[dict[str, Any]], list[str], bool]:
     """Every workload under every setting: 32 hosts in virtual time, or 8 as processes."""
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
     for workload, coll, size in WORKLOADS if tdf is None else WORKLOADS_PROCESSES:
         for setting, ecmp, qps in SETTINGS:
-            got = one(seed, ecmp, qps, coll, size, tdf)
+            got = one(seed, ecmp, qps, coll, size, tdf, mode)
             rows.append({"workload": workload, "setting": setting, **got})
             lines.append(
                 f"{workload:>10}, {setting:<19}: spine links max/mean {got['imbalance']:.2f}, "

@@ -7,6 +7,9 @@ The launcher (``rocev2-emu bench all-reduce``, the tests) starts one process per
 torchrun's agent it watches the node processes: when a host dies it posts an abort through the
 store naming the host and its ranks, so the surviving ranks raise at once instead of waiting
 out their deadlines.
+
+A scenario's job runs either way: :func:`run_topology_data` with processes (the live map beside
+it on ``--ui``), :func:`run_virtual_recorded` in virtual time (recorded for the map's replay).
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from prometheus_client import CollectorRegistry
 
-from collectives.job import places_for
+from collectives.job import places_for, run_virtual
+from collectives.metrics import HostCollectiveMetrics
 from collectives.store import StoreServer
-from rocev2_emu.fabric.agent import CONTROL_PORT
+from rocev2_emu.experiments.harness import Mode
+from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_processes
@@ -163,14 +169,37 @@ def run_topology_data(
     job: str,
     params: dict[str, Any],
     prepare: Callable[[Topology, str], None] | None = None,
+    mode: Mode | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Job ``job`` with processes on a topology given as data (a scenario's): written to a
     temporary file for the nodes to read, removed afterwards.  ``prepare(topo, path)`` runs
-    first (to put the path in ``params``, say)."""
+    first (to put the path in ``params``, say); a scenario's ``mode`` may put the live map
+    beside the job (``scenario NAME --ui``)."""
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(to_toml(data))
         topo = parse(data, str(path))
         if prepare is not None:
             prepare(topo, str(path))
-        return run_local(topo, str(path), tdf, job, params)
+        ui = mode.ui(topo) if mode is not None and mode.ui is not None else None
+        return run_local(topo, str(path), tdf, job, params, beside=ui)
+
+
+def run_virtual_recorded(
+    topo: Topology,
+    job: str,
+    params: dict[str, Any],
+    label: str,
+    mode: Mode | None = None,
+    *,
+    beside: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
+    flows: list[FlowSpec] | None = None,
+) -> tuple[dict[int, Any], dict[str, Any]]:
+    """A scenario's job in virtual time (:func:`~collectives.job.run_virtual`), recorded for
+    the map's replay as ``label`` when its ``mode`` records: the fabric, and every rank's
+    progress from the job's own metrics."""
+    if mode is None or mode.record is None:
+        return run_virtual(topo, job, params, flows=flows, beside=beside)
+    metrics = HostCollectiveMetrics(CollectorRegistry())
+    watch = mode.record(topo, label, metrics.registry)
+    return run_virtual(topo, job, params, metrics, flows=flows, beside=beside, watch=watch)

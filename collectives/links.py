@@ -84,6 +84,7 @@ class _Receiver(_Waitable):
         # (immediate, bytes) per lane (QP) in arrival order; item k is on lane k mod lanes
         self.arrivals: list[deque[tuple[int, int]]] = [deque() for _ in range(lanes)]
         self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
+        self.received_bytes = 0  # data delivered into the slots, ever (the map's progress)
 
     def slot(self, index: int, nbytes: int) -> np.ndarray:
         start = index * self.slot_bytes
@@ -91,6 +92,7 @@ class _Receiver(_Waitable):
 
     def deliver(self, imm: int, nbytes: int, lane: int = 0) -> None:
         self.arrivals[lane].append((imm, nbytes))
+        self.received_bytes += nbytes
         self.changed.unpark_all()
 
     async def arrival(self) -> tuple[int, int, int]:

@@ -3,7 +3,9 @@
 Names follow Prometheus conventions with the ``rocev2_collective_`` prefix and labels ``rank`` and
 ``op``: an operation-latency histogram in emulated seconds (buckets from 1 us to 10 s, so the
 straggler's tail shows in its p99), bytes moved, the algorithm and bus bandwidth of the last
-operation (nccl-tests' algbw and busbw, bytes per emulated second), and errors.  One registry
+operation (nccl-tests' algbw and busbw, bytes per emulated second), errors, and the operation in
+progress (bytes received so far and the bytes nccl-tests' bus factor says a rank receives in it:
+the live map's progress within an operation, read from the session when scraped).  One registry
 per process; ranks sharing a host process share it, told apart by ``rank``.
 
 :class:`StepMetrics`: a PyTorch rank's training steps (``rocev2_torch_step_*``): the step's
@@ -11,6 +13,8 @@ communication on the fabric, the modelled compute, the exposed part and the tax.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -53,6 +57,21 @@ class HostCollectiveMetrics:
             ["rank", "op"],
             registry=registry,
         )
+        # the operation in progress, read when scraped (the live map's progress within an op)
+        self.op_received = Gauge(
+            "rocev2_collective_op_received_bytes",
+            "Bytes this rank has received in the operation in progress (0 between operations)",
+            ["rank"],
+            registry=registry,
+        )
+        self.op_expected = Gauge(
+            "rocev2_collective_op_expected_bytes",
+            "Bytes a rank receives in the operation in progress by nccl-tests' bus factor "
+            "(size x factor; 0 between operations)",
+            ["rank"],
+            registry=registry,
+        )
+        self.registry = registry
 
     def rank(self, rank: int) -> RankMetrics:
         return RankMetrics(self, str(rank))
@@ -65,6 +84,11 @@ class RankMetrics:
         self.errors = _Bound(families.errors, rank)
         for op in OPERATIONS:  # a zero series from the start, so "no errors" shows as 0
             families.errors.labels(rank=rank, op=op).inc(0)
+
+    def progress(self, received: Callable[[], float], expected: Callable[[], float]) -> None:
+        """Read the operation in progress from these two functions whenever scraped."""
+        self.families.op_received.labels(rank=self.rank_label).set_function(received)
+        self.families.op_expected.labels(rank=self.rank_label).set_function(expected)
 
     def observe(self, op: str, nbytes: int, seconds: float, bus_factor: float) -> None:
         f, r = self.families, self.rank_label

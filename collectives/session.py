@@ -83,6 +83,10 @@ class RankSession(abc.ABC):
         self._nursery: trio.Nursery | None = None
         self._registered: tuple[np.ndarray, MR] | None = None
         self._store_waits: set[trio.CancelScope] = set()
+        # the operation in progress: (bytes a rank receives in it, received before it began)
+        self._op: tuple[float, int] | None = None
+        if metrics is not None:
+            metrics.progress(self._op_received, self._op_expected)
 
     def _wall(self, emulated: float) -> float:
         return self.ctx.clock.wall_duration(emulated)
@@ -259,6 +263,7 @@ class RankSession(abc.ABC):
         progress = ["the start"]
         start = self.ctx.now()
         wall0 = time.monotonic()
+        self._op = (BUS_FACTOR[name](self.size) * nbytes, self._received())
         try:
             with trio.fail_after(self._wall(deadline)):
                 result = await body(progress)
@@ -275,6 +280,8 @@ class RankSession(abc.ABC):
             if not self.aborted:
                 await self._post_abort(message)
             raise CollectiveError(message) from exc
+        finally:
+            self._op = None
         elapsed = self.ctx.now() - start
         self.last = {
             "op": name,
@@ -286,6 +293,16 @@ class RankSession(abc.ABC):
         if self.metrics:
             self.metrics.observe(name, nbytes, elapsed, BUS_FACTOR[name](self.size))
         return result
+
+    def _received(self) -> int:
+        """Bytes delivered into this rank's receiving links, over all operations."""
+        return sum(r.rx.received_bytes for r in self.rings.values() if r.rx is not None)
+
+    def _op_received(self) -> float:
+        return float(self._received() - self._op[1]) if self._op else 0.0
+
+    def _op_expected(self) -> float:
+        return self._op[0] if self._op else 0.0
 
     async def _post_abort(self, message: str) -> None:
         self.aborted = message

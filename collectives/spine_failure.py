@@ -33,8 +33,7 @@ import numpy as np
 import trio
 
 from collectives.communicator import Communicator
-from collectives.job import run_virtual
-from collectives.launch import run_topology_data
+from collectives.launch import run_topology_data, run_virtual_recorded
 from collectives.registry import job
 from collectives.session import BUS_FACTOR
 from rocev2_emu.experiments import harness
@@ -123,9 +122,16 @@ def _fail(topo: Topology, at: float | None) -> Any:
     return fail
 
 
-def run(seed: int, spines: int, at: float | None, tdf: float | None = None) -> dict[str, Any]:
+def run(
+    seed: int,
+    spines: int,
+    at: float | None,
+    tdf: float | None = None,
+    mode: harness.Mode | None = None,
+) -> dict[str, Any]:
     """One job: in virtual time, the spines failing at emulated time ``at`` (None: never); with
-    processes at ``tdf``, failed by rank 0 during all-reduce ``FAIL_AT``."""
+    processes at ``tdf``, failed by rank 0 during all-reduce ``FAIL_AT``; recorded, or watched
+    live, as the scenario's ``mode`` says."""
     p: dict[str, Any] = {
         "bytes": SIZE,
         "iters": ITERS,
@@ -137,7 +143,9 @@ def run(seed: int, spines: int, at: float | None, tdf: float | None = None) -> d
     }
     if tdf is None:
         topo = spine_topology(seed, spines)
-        results, fab = run_virtual(topo, "spine_failure_op", p, beside=_fail(topo, at))
+        label = f"{spines}-spines" + ("-failing" if at is not None else "")
+        fail = _fail(topo, at)
+        results, fab = run_virtual_recorded(topo, "spine_failure_op", p, label, mode, beside=fail)
     else:
         data = spine_data(seed, spines, small=True, tdf=tdf)
 
@@ -145,7 +153,9 @@ def run(seed: int, spines: int, at: float | None, tdf: float | None = None) -> d
             pairs = [[lk.a, lk.b] for lk in topo.links if {lk.a, lk.b} & set(FAILED)]
             p["fail"] = {"topology": path, "pairs": pairs}
 
-        results, fab = run_topology_data(data, "spine-failure", tdf, "spine_failure_op", p, prepare)
+        results, fab = run_topology_data(
+            data, "spine-failure", tdf, "spine_failure_op", p, prepare, mode
+        )
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "spans" in v)}
     if bad:
         raise RuntimeError(f"spine-failure {spines} spines: ranks failed: {list(bad.items())[:2]}")
@@ -171,7 +181,7 @@ def run(seed: int, spines: int, at: float | None, tdf: float | None = None) -> d
 
 
 def spine_failure(
-    seed: int, tdf: float | None = None
+    seed: int, tdf: float | None = None, mode: harness.Mode | None = None
 ) -> tuple[list[dict[str, Any]], list[str], bool]:
     """Both fabrics: 32 hosts in virtual time, or 4 hosts as processes at ``tdf``."""
     rows: list[dict[str, Any]] = []
@@ -180,9 +190,9 @@ def spine_failure(
         if tdf is None:
             quiet = run(seed, spines, None)
             s, e = quiet["spans"][FAIL_AT]
-            got = run(seed, spines, (s + e) / 2)
+            got = run(seed, spines, (s + e) / 2, mode=mode)  # the failure-free run: not recorded
         else:
-            quiet, got = None, run(seed, spines, None, tdf)
+            quiet, got = None, run(seed, spines, None, tdf, mode)
         bw = got["busbw"]
         row = {
             "fabric": name,

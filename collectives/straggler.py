@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from collectives.communicator import Communicator
-from collectives.job import run_virtual
+from collectives.launch import run_virtual_recorded
 from collectives.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
@@ -96,7 +96,7 @@ BURSTS = 3
 
 
 def straggler(
-    seed: int, iters: int = 40, size: int = 256 << 10
+    seed: int, mode: harness.Mode | None = None, iters: int = 40, size: int = 256 << 10
 ) -> tuple[list[dict[str, Any]], list[str], bool]:
     params = {"iters": iters, "bytes": size, "timeout": 0.5}
     rows: list[dict[str, Any]] = []
@@ -108,7 +108,7 @@ def straggler(
     ):
         topo = straggler_topology(seed, dcqcn)
         flows = bursts(PERIOD, BURST, BURSTS, 50e-6) if with_bursts else []
-        results, fab = run_virtual(topo, "iterations", params, flows=flows)
+        results, fab = run_virtual_recorded(topo, "iterations", params, setting, mode, flows=flows)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
         if bad:
             raise RuntimeError(f"straggler {setting}: ranks failed: {bad}")

@@ -8,10 +8,13 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from rocev2_emu.cli.args import positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
+from rocev2_emu.experiments.harness import Recorder
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.virtual import Beside
 
@@ -70,18 +73,19 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
-def _recorder(args: argparse.Namespace) -> Callable[[Topology, str], Beside]:
-    """Each virtual flow run's recording, beside the scenario's JSON."""
+def _recorder(args: argparse.Namespace) -> Recorder:
+    """Each virtual run's recording (a flow run's or a collective job's), beside the
+    scenario's JSON."""
     from rocev2_emu.ui.record import recorder
 
     out = Path(args.out or ".")
 
-    def make(topo: Topology, setting: str) -> Beside:
+    def make(topo: Topology, setting: str, registry: CollectorRegistry | None = None) -> Beside:
         out.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in setting)
         path = out / f"{args.name}-{safe}.jsonl"
         print(f"# recording {setting} in {path} (rocev2-emu view {path})", flush=True)
-        return recorder(topo, str(path))
+        return recorder(topo, str(path), registry=registry)
 
     return make
 

@@ -22,9 +22,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from rocev2_emu.experiments.plots import plot_runs
 from rocev2_emu.experiments.runs import Run, runs_json
@@ -141,6 +142,15 @@ def fabric_run(
     return Run(setting, results, fabric=fabric)
 
 
+class Recorder(Protocol):
+    """Makes the map's recorder of one virtual run of ``topo`` under ``setting``; ``registry``:
+    the metrics of the run's collective job, for the ranks' progress (None: a flow run)."""
+
+    def __call__(
+        self, topo: Topology, setting: str, registry: CollectorRegistry | None = None
+    ) -> Beside: ...
+
+
 @dataclass(slots=True, frozen=True)
 class Mode:
     """How a scenario runs: in virtual time or with processes at ``tdf``; and, for scenarios
@@ -155,7 +165,7 @@ class Mode:
     settings: tuple[str, ...] | None = None
     # the map: a recorder of each virtual run (by topology and setting), a live server beside
     # each run with processes (given by the CLI: this layer does not import the ui)
-    record: Callable[[Topology, str], Beside] | None = None
+    record: Recorder | None = None
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None
 
 
@@ -264,13 +274,14 @@ def fabric_scenario(
 
 def virtual_scenario(
     name: str,
-    experiment: Callable[[int], tuple[list[dict[str, Any]], list[str], bool]],
+    experiment: Callable[[int, Mode], tuple[list[dict[str, Any]], list[str], bool]],
     plot: Callable[[list[dict[str, Any]], Path], bool],
 ) -> Scenario:
-    """A scenario that runs in virtual time only and plots its own rows (a job's, not flows')."""
+    """A scenario that runs in virtual time only and plots its own rows (a job's, not flows');
+    ``experiment(seed, mode)`` (the mode's recorder for the map's replay)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
-        rows, lines, ok = experiment(seed)
+        rows, lines, ok = experiment(seed, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
     return Scenario(name, run, virtual_only=True, units="")
@@ -278,14 +289,15 @@ def virtual_scenario(
 
 def job_scenario(
     name: str,
-    experiment: Callable[[int, float | None], tuple[list[dict[str, Any]], list[str], bool]],
+    experiment: Callable[[int, float | None, Mode], tuple[list[dict[str, Any]], list[str], bool]],
     plot: Callable[[list[dict[str, Any]], Path], bool],
 ) -> Scenario:
     """A scenario of collective jobs, in virtual time or with processes at the mode's TDF
-    (``experiment(seed, tdf)``, ``tdf`` None in virtual time); it plots its own rows."""
+    (``experiment(seed, tdf, mode)``, ``tdf`` None in virtual time; the mode's recorder or live
+    map beside each job); it plots its own rows."""
 
     def run(seed: int, mode: Mode) -> Outcome:
-        rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf)
+        rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
     return Scenario(name, run, units="")
@@ -314,7 +326,7 @@ def main(
     virtual: bool,
     tdf: float = 1000.0,
     scale: dict[str, Any] | None = None,
-    record: Callable[[Topology, str], Beside] | None = None,
+    record: Recorder | None = None,
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
 ) -> int:
     """Run scenario ``name``; ``scale``: the Mode fields of scale given (senders, size,

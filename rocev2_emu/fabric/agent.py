@@ -190,7 +190,7 @@ def host_map_state(ctx: Context) -> dict[str, Any]:
         rate = getattr(qp.rc, "rate", None)  # DCQCN's current rate; static pacing has none
         if isinstance(rate, int | float):
             rates[f"0x{qp.qpn:06x}"] = float(rate)
-    return {**host_stats(ctx), "qp_rates": rates}
+    return {**host_stats(ctx), "qp_rates": rates, "now": ctx.now()}
 
 
 def host_stats(ctx: Context) -> dict[str, Any]:

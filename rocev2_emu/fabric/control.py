@@ -1,5 +1,6 @@
-"""Steering a running fabric from outside: a request to one node's control port, links down
-and up (with the routes recomputed around them), link faults, and stopping one node.
+"""Steering a running fabric from outside: a request to one node's control port (or many over
+connections kept open, :class:`ControlPool`), links down and up (with the routes recomputed
+around them), link faults, and stopping one node.
 
 Works on any running fabric - ``rocev2-emu up``'s processes or the compose testbed's
 containers - since it needs only the topology file and each node's control port.
@@ -31,6 +32,47 @@ async def control(address: str, msg: dict[str, Any], *, timeout: float = 10.0) -
         return await chan.recv()
     finally:
         await chan.aclose()
+
+
+class ControlPool:
+    """Requests to nodes' control ports over connections kept open, one per node: for a client
+    that asks every node again and again (the live map, twice a second), which would otherwise
+    make each node accept a connection, authenticate it and close it per request.  A
+    connection that fails or whose request is cancelled is dropped and made again next time."""
+
+    def __init__(self, *, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self.connects = 0  # connections made so far (one per node while all goes well)
+        self._chans: dict[str, OobChannel] = {}
+
+    async def ask(self, address: str, msg: dict[str, Any]) -> Any:
+        """One request to the node at ``address`` and its reply, as :func:`control`."""
+        chan = self._chans.pop(address, None)  # taken: a concurrent ask opens its own
+        if chan is None:
+            try:
+                chan = await OobChannel.connect(
+                    address, CONTROL_PORT, timeout=self.timeout, secret=auth.current()
+                )
+            except OobError as exc:
+                raise OobError(f"{exc}: is the fabric running?") from exc
+            self.connects += 1
+        try:
+            await chan.send(msg)
+            reply = await chan.recv()
+        except BaseException:  # the stream's state is unknown: never reuse it
+            with trio.CancelScope(shield=True):
+                await chan.aclose()
+            raise
+        old = self._chans.setdefault(address, chan)
+        if old is not chan:
+            await chan.aclose()
+        return reply
+
+    async def aclose(self) -> None:
+        chans, self._chans = list(self._chans.values()), {}
+        with trio.CancelScope(shield=True):
+            for chan in chans:
+                await chan.aclose()
 
 
 def attach(topo: Topology) -> None:

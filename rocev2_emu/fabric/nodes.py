@@ -113,23 +113,31 @@ def host_agent(topo: Topology, ctx: Context, name: str) -> HostAgent:
     )
 
 
-def rank_progress(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
-    """Per rank of the collectives this host runs: operations finished and bytes moved, read
-    from its registry's ``rocev2_collective_*`` series (registered by the collectives plugin
-    or a PyTorch rank; none: no ranks)."""
+PROGRESS_SERIES = {
+    "rocev2_collective_operation_seconds_count": "ops",
+    "rocev2_collective_bytes_total": "bytes",
+    "rocev2_collective_op_received_bytes": "op_received",
+    "rocev2_collective_op_expected_bytes": "op_expected",
+}
+
+
+def rank_progress(
+    registry: CollectorRegistry, ranks_here: set[int] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per rank of the collectives this host runs: operations finished, bytes moved, and the
+    operation in progress (bytes received so far, and expected), read from its registry's
+    ``rocev2_collective_*`` series (registered by the collectives plugin or a PyTorch rank;
+    none: no ranks).  ``ranks_here``: only these ranks (a registry shared by many hosts)."""
     ranks: dict[str, dict[str, float]] = {}
     for family in registry.collect():
         for sample in family.samples:
             rank = sample.labels.get("rank")
-            if rank is None:
+            key = PROGRESS_SERIES.get(sample.name)
+            if rank is None or key is None:
                 continue
-            if sample.name == "rocev2_collective_operation_seconds_count":
-                key = "ops"
-            elif sample.name == "rocev2_collective_bytes_total":
-                key = "bytes"
-            else:
+            if ranks_here is not None and int(rank) not in ranks_here:
                 continue
-            row = ranks.setdefault(rank, {"ops": 0.0, "bytes": 0.0})
+            row = ranks.setdefault(rank, dict.fromkeys(PROGRESS_SERIES.values(), 0.0))
             row[key] += sample.value
     return ranks
 

@@ -4,7 +4,9 @@ the counters.
 
 The layout (:func:`layout`) puts hosts in the bottom tier and each switch one tier above the
 lowest of its neighbours (leaves, then spines, then a fat-tree's cores), nodes in topology order
-within a tier.  A sample (:class:`Sampler`) asks every switch for its ports (the ``ports``
+within a tier; with three tiers of switches, what stays connected below the top tier is a pod
+(:func:`pods`: a fat-tree's edge and aggregation switches and their hosts), drawn in its own
+band of the width.  A sample (:class:`Sampler`) asks every switch for its ports (the ``ports``
 control command: bytes sent, queue depth, XOFF in force, pause frames, ECN marks, drops) and
 every host for its NIC's counters and its QPs' DCQCN rates (``map``), and turns byte counters
 into rates over the emulated time between two samples: every figure is in emulated units.
@@ -42,16 +44,49 @@ def layout(topo: Topology) -> dict[str, Any]:
             tier.update({name: top for name in rest})
             break
         pending = rest
-    rows: dict[int, list[str]] = {}
+    top = max(tier.values(), default=0)
+    pod = pods(topo, {n for n, t in tier.items() if t == top}) if top >= 3 else {}
+    count = max(pod.values(), default=-1) + 1
+    rows: dict[tuple[int, int], list[str]] = {}  # (tier, pod) -> names, in topology order
     for name in topo.nodes:
-        rows.setdefault(tier[name], []).append(name)
+        rows.setdefault((tier[name], pod.get(name, -1)), []).append(name)
     nodes = []
-    for t, names in sorted(rows.items()):
+    for (t, p), names in sorted(rows.items()):
+        # a pod's nodes share its band of the width (a small gap between bands); the rest span it
+        x0, width = (0.0, 1.0) if p < 0 else ((p + 0.04) / count, 0.92 / count)
         for i, name in enumerate(names):
-            node = topo.nodes[name]
-            nodes.append({"name": name, "kind": node.kind, "tier": t, "x": (i + 0.5) / len(names)})
+            x = x0 + width * (i + 0.5) / len(names)
+            nodes.append({"name": name, "kind": topo.nodes[name].kind, "tier": t, "x": x})
+            if p >= 0:
+                nodes[-1]["pod"] = p
+    bands = [{"pod": p, "x0": (p + 0.02) / count, "x1": (p + 0.98) / count} for p in range(count)]
     links = [{"a": lk.a, "b": lk.b, "vni": lk.vni, "rate_bps": lk.rate_bps} for lk in topo.links]
-    return {"name": topo.name, "tdf": topo.tdf, "tiers": len(rows), "nodes": nodes, "links": links}
+    return {
+        "name": topo.name,
+        "tdf": topo.tdf,
+        "tiers": top + 1,
+        "nodes": nodes,
+        "links": links,
+        "pods": bands,
+    }
+
+
+def pods(topo: Topology, top: set[str]) -> dict[str, int]:
+    """A fat-tree's pods: what stays connected once the top tier (the cores) is taken away,
+    numbered in topology order; {} when that leaves one piece (no pods to draw)."""
+    pod: dict[str, int] = {}
+    for start in topo.nodes:
+        if start in top or start in pod:
+            continue
+        number = len(set(pod.values()))
+        stack = [start]
+        while stack:
+            name = stack.pop()
+            if name in pod or name in top:
+                continue
+            pod[name] = number
+            stack.extend(peer for _, peer in topo.nodes[name].ports if peer not in pod)
+    return pod if len(set(pod.values())) > 1 else {}
 
 
 class Sampler:
@@ -73,12 +108,13 @@ class Sampler:
                     ends.append(None)
             self._ends.append((ends[0], ends[1]))
 
-    async def _read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def _read(self, spread: float) -> tuple[dict[str, Any], dict[str, Any]]:
         switches: dict[str, Any] = {}
         hosts: dict[str, Any] = {}
 
-        async def one(name: str, kind: str) -> None:
+        async def one(name: str, kind: str, delay: float) -> None:
             addr = self.topo.nodes[name].address
+            await trio.sleep(delay)
             with trio.move_on_after(5):
                 try:
                     if kind == "switch":
@@ -88,29 +124,36 @@ class Sampler:
                 except (OSError, RuntimeError, VerbsError):  # a node gone: shown as missing
                     pass
 
+        nodes = list(self.topo.nodes.values())
         async with trio.open_nursery() as nursery:
-            for node in self.topo.nodes.values():
-                nursery.start_soon(one, node.name, node.kind)
+            for i, node in enumerate(nodes):
+                nursery.start_soon(one, node.name, node.kind, spread * i / len(nodes))
         return switches, hosts
 
-    async def sample(self) -> dict[str, Any]:
-        switches, hosts = await self._read()
-        now = max((s.get("now", 0.0) for s in switches.values()), default=0.0)
+    async def sample(self, spread: float = 0.0) -> dict[str, Any]:
+        """One sample, the nodes asked one after another over ``spread`` wall seconds (not all
+        at once: on a machine at its limit, fourteen nodes interrupted together fall behind
+        together); each link's rate is over its sending node's own emulated time."""
+        switches, hosts = await self._read(spread)
+        now = max((s.get("now", 0.0) for s in [*switches.values(), *hosts.values()]), default=0.0)
         last = self._last
-        dt = now - last["t"] if last else 0.0
         links: list[dict[str, Any]] = []
         for lk, (ea, eb) in zip(self.topo.links, self._ends, strict=True):
             row: dict[str, Any] = {"a": lk.a, "b": lk.b}
             for key, sender, sending_node in (("ab", ea, lk.a), ("ba", eb, lk.b)):
                 tx = self._tx(sender, sending_node, switches, hosts)
+                reply = switches.get(sender[0], {}) if sender else hosts.get(sending_node, {})
+                t = float(reply.get("now", now))  # when the sender counted its bytes
                 port = switches.get(sender[0], {}).get("ports", [])[sender[1]] if sender else None
-                prev = last["links"][len(links)][f"{key}_tx"] if last else None
+                before = last["links"][len(links)] if last else {}
+                prev, dt = before.get(f"{key}_tx"), t - before.get(f"{key}_t", t)
                 rate = (
                     (tx - prev) * 8 / dt
                     if (prev is not None and tx is not None and dt > 0)
                     else 0.0
                 )
                 row[f"{key}_tx"] = tx
+                row[f"{key}_t"] = t
                 row[f"{key}_bps"] = max(rate, 0.0)
                 row[f"{key}_util"] = min(rate / lk.rate_bps, 1.0) if lk.rate_bps else 0.0
                 if port is not None:
@@ -146,11 +189,13 @@ class Sampler:
             for name, h in hosts.items()
             for r, row in h.get("ranks", {}).items()
         }
-        slowest = min(ranks, key=lambda r: (ranks[r]["ops"], ranks[r]["bytes"]), default=None)
-        if slowest is not None and all(
-            (v["ops"], v["bytes"]) == (ranks[slowest]["ops"], ranks[slowest]["bytes"])
-            for v in ranks.values()
-        ):
+
+        def done(r: int) -> tuple[float, float]:  # finished ops, then bytes with the one going
+            row = ranks[r]
+            return row["ops"], row["bytes"] + row.get("op_received", 0.0)
+
+        slowest = min(ranks, key=done, default=None)
+        if slowest is not None and all(done(r) == done(slowest) for r in ranks):
             slowest = None  # all level: nobody is behind
         out = {
             "t": now,

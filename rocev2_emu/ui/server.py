@@ -28,11 +28,12 @@ from typing import Any, TextIO
 
 import trio
 
-from rocev2_emu.fabric.control import control, set_link_faults, set_links
+from rocev2_emu.fabric.control import ControlPool, control, set_link_faults, set_links
 from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.ui.sampler import Sampler, layout
 
 PERIOD = 0.5  # wall seconds between samples
+SPREAD = 0.8  # the share of a period over which the nodes are asked, one after another
 HISTORY = 7200  # samples kept for a page that joins late (an hour)
 
 
@@ -58,7 +59,8 @@ class Live:
 
     def __init__(self, topo: Topology, record: TextIO | None = None) -> None:
         self.topo = topo
-        self.sampler = Sampler(topo)
+        self.pool = ControlPool()  # a connection per node kept open: the nodes' cost is a request
+        self.sampler = Sampler(topo, ask=self.pool.ask)
         self.layout = layout(topo)
         self.samples: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -68,8 +70,15 @@ class Live:
             record.write(json.dumps({"layout": self.layout}) + "\n")
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self.pool.aclose()
+
+    async def _run(self) -> None:
         while True:
-            sample = await self.sampler.sample()
+            tick = trio.current_time() + PERIOD
+            sample = await self.sampler.sample(spread=PERIOD * SPREAD)
             sample["events"], self.events = self.events, []
             self.samples = [*self.samples[-HISTORY + 1 :], sample]
             if self.record is not None:
@@ -77,7 +86,7 @@ class Live:
                 self.record.flush()
             self.changed.set()
             self.changed = trio.Event()
-            await trio.sleep(PERIOD)
+            await trio.sleep_until(tick)
 
     async def act(self, req: dict[str, Any]) -> str:
         """A steering action: ``{"do": "down" | "up" | "loss" | "stop", ...}``."""

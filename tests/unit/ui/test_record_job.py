@@ -1,0 +1,49 @@
+"""A virtual collective job recorded for the map's replay: the recording carries every rank's
+progress, finished operations and the bytes of the one in progress, and recording does not
+change what the job computes."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import collectives.straggler  # noqa: F401  (registers the "iterations" job)
+from collectives.launch import run_virtual_recorded
+from rocev2_emu.experiments.harness import Mode
+from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.ui.record import recorder
+
+ITERS = 3
+PARAMS = {"iters": ITERS, "bytes": 256 << 10, "timeout": 0.5}
+
+
+def test_a_recorded_job_shows_each_ranks_progress_within_its_operations(tmp_path: Path) -> None:
+    topo = parse(tomllib.loads(single_switch(4)), "four.toml")
+    paths: dict[str, Path] = {}
+
+    def record(topo: Any, setting: str, registry: Any = None) -> Any:
+        paths[setting] = tmp_path / f"{setting}.jsonl"
+        return recorder(topo, str(paths[setting]), registry=registry)
+
+    plain, _ = run_virtual_recorded(topo, "iterations", PARAMS, "plain")
+    got, fabric = run_virtual_recorded(topo, "iterations", PARAMS, "ring", Mode(record=record))
+    assert got == plain  # the recorder watches; the job ends at the same emulated times
+
+    rows = [json.loads(line) for line in paths["ring"].read_text().splitlines()]
+    assert "layout" in rows[0]
+    samples = rows[1:]
+    assert len(samples) > ITERS
+    ranks = [s["ranks"] for s in samples]
+    assert all(sorted(r, key=int) == ["0", "1", "2", "3"] for r in ranks)
+    assert all(r["0"]["host"] == "h0" and r["3"]["host"] == "h3" for r in ranks)
+    # between ops a rank shows 0 of 0; within one, a share of its bytes (ring: 2 x 3/4 x size)
+    going = [v for r in ranks for v in r.values() if v["op_expected"] > 0]
+    assert going and all(v["op_expected"] == 2 * 3 / 4 * (256 << 10) for v in going)
+    assert any(0 < v["op_received"] < v["op_expected"] for v in going)
+    assert all(v["op_received"] <= v["op_expected"] for v in going)
+    ops = [max(v["ops"] for v in r.values()) for r in ranks]
+    assert ops == sorted(ops) and ops[-1] == ITERS  # the last sample: when the job ended
+    assert fabric["pfc_tx"] >= 0
