@@ -38,7 +38,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-record",
         action="store_true",
-        help="in virtual time, do not record each flow run for the map's replay "
+        help="in virtual time, do not record each run (flows or a job) for the map's replay "
         "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
     scale = p.add_argument_group("scale (incast)")
