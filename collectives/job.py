@@ -39,7 +39,7 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
+from rocev2_emu.fabric.virtual import Watcher, run_virtual_time, virtual_fabric, watching
 from rocev2_emu.verbs import Context
 
 
@@ -172,13 +172,13 @@ def run_virtual(
     metrics: HostCollectiveMetrics | None = None,
     flows: list[FlowSpec] | None = None,
     beside: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
-    watch: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
+    watch: Watcher | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Run job ``name`` on every rank of ``topo`` in virtual time; (results by rank, fabric).
     ``metrics``: one set of metric families for every rank (they differ by ``rank``);
     ``flows``: background traffic between hosts alongside (the straggler scenario's);
     ``beside(switches, agents)``: a task alongside the ranks (a fault at a chosen time);
-    ``watch(switches, agents)``: one that runs until the job ends (the map's recorder)."""
+    ``watch``: an observer of the run until the job ends (the map's recorder)."""
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
         places = places_for(topo)
@@ -188,9 +188,7 @@ def run_virtual(
         async with virtual_fabric(topo) as (drivers, agents):
             groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
             t0 = next(iter(agents.values())).ctx.now()
-            async with trio.open_nursery() as watching:
-                if watch is not None:
-                    watching.start_soon(watch, drivers, agents)
+            with watching(watch, drivers, agents):
                 async with trio.open_nursery() as nursery:
                     if flows:
                         nursery.start_soon(run_flows, agents, flows, t0)
@@ -211,7 +209,6 @@ def run_virtual(
                             metrics,
                             results,
                         )
-                watching.cancel_scope.cancel()
             return results, fabric_stats(drivers, agents)
 
     return run_virtual_time(topo.seed, main)

@@ -30,11 +30,12 @@ from switch.mmu import PRIORITIES
 from switch.pipeline import SwitchCore
 
 
-def port_states(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
+def port_states(driver: SwitchDriver | EngineSwitch, now: float | None = None) -> dict[str, Any]:
     """Each port now, for a live view of the fabric (``rocev2-emu up --ui``): bytes sent, the
     egress queue's depth (all priorities), whether the neighbour's XOFF is in force on any
-    priority of its egress, pause frames it sent, ECN marks, drops, up; and emulated ``now``."""
-    now = driver.clock.now()
+    priority of its egress, pause frames it sent, ECN marks, drops, up; and emulated ``now``
+    (given: the instant a virtual run's observer sees, which the clock may not show yet)."""
+    now = driver.clock.now() if now is None else now
     return {
         "now": now,
         "ports": [

@@ -48,12 +48,13 @@ def _up_args(p: argparse.ArgumentParser) -> None:
 def _up(args: argparse.Namespace) -> int:
     topo = _load(args.topology)
     beside: Any = None
+    watch: Any = None
     if args.record and not args.ui and not args.virtual:
         raise ValueError("--record writes what --ui samples: give --ui too (or --virtual)")
     if args.virtual and args.record:
         from rocev2_emu.ui.record import recorder  # the ui extra is not needed to record
 
-        beside = recorder(topo, args.record)
+        watch = recorder(topo, args.record)
     elif args.ui:
         if args.virtual:
             raise ValueError("--ui needs processes: a virtual run has no nodes to sample")
@@ -67,6 +68,7 @@ def _up(args: argparse.Namespace) -> int:
         flows_path=args.flows,
         virtual=args.virtual,
         beside=beside,
+        watch=watch,
     )
 
 

@@ -16,7 +16,7 @@ from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
 from rocev2_emu.experiments.harness import Recorder
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.virtual import Beside
+from rocev2_emu.fabric.virtual import Watcher
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ def _recorder(args: argparse.Namespace) -> Recorder:
 
     out = Path(args.out or ".")
 
-    def make(topo: Topology, setting: str, registry: CollectorRegistry | None = None) -> Beside:
+    def make(topo: Topology, setting: str, registry: CollectorRegistry | None = None) -> Watcher:
         out.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in setting)
         path = out / f"{args.name}-{safe}.jsonl"

@@ -37,11 +37,12 @@ from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import (
-    Beside,
+    Watcher,
     delivered,
     run_virtual_time,
     show_progress,
     virtual_fabric,
+    watching,
 )
 
 G = 1e9
@@ -53,7 +54,7 @@ async def _run(
     watch: tuple[str, int] | str,
     dt: float,
     setting: str,
-    beside: Beside | None = None,
+    recorder: Watcher | None = None,
 ) -> Run:
     run = Run(setting, [])
     at = host_port(topo, watch) if isinstance(watch, str) else watch
@@ -86,9 +87,8 @@ async def _run(
 
         async with trio.open_nursery() as jobs:
             jobs.start_soon(sample)
-            if beside is not None:  # a recorder of the run for the map's replay
-                jobs.start_soon(beside, drivers, agents)
-            run.results = await run_flows(agents, flows, t0)
+            with watching(recorder, drivers, agents):  # the map's recorder, if any
+                run.results = await run_flows(agents, flows, t0)
             done.set()
             jobs.cancel_scope.cancel()
         run.fabric = fabric_stats(drivers, agents)
@@ -101,11 +101,11 @@ def run_sampled(
     watch: tuple[str, int] | str,
     dt: float,
     setting: str,
-    beside: Beside | None = None,
+    recorder: Watcher | None = None,
 ) -> Run:
     """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``;
-    ``beside(switches, agents)`` alongside until the flows end (the map's recorder)."""
-    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, beside)
+    ``recorder`` observes the run until the flows end (the map's)."""
+    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, recorder)
 
 
 def topology_data(text: str, seed: int, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -129,8 +129,8 @@ def fabric_run(
     (switch, port) to sample, or a host: the switch port facing it."""
     if mode.virtual:
         topo = parse(data, "<scenario>")
-        beside = mode.record(topo, setting) if mode.record else None
-        return run_sampled(topo, flows, watch, dt, setting, beside)
+        recorder = mode.record(topo, setting) if mode.record else None
+        return run_sampled(topo, flows, watch, dt, setting, recorder)
     data = {**data, "fabric": {**data["fabric"], "tdf": mode.tdf}}
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/{setting}.toml"
@@ -148,7 +148,7 @@ class Recorder(Protocol):
 
     def __call__(
         self, topo: Topology, setting: str, registry: CollectorRegistry | None = None
-    ) -> Beside: ...
+    ) -> Watcher: ...
 
 
 @dataclass(slots=True, frozen=True)

@@ -182,24 +182,27 @@ class HostAgent:
         return sorted(results, key=lambda r: r.id)
 
 
-def host_map_state(ctx: Context) -> dict[str, Any]:
+def host_map_state(ctx: Context, now: float | None = None) -> dict[str, Any]:
     """A host's part of the live map: its counters and each rate-controlled QP's current rate
-    (DCQCN's, bit/s), by QPN as the NIC's metrics name them."""
+    (DCQCN's, bit/s), by QPN as the NIC's metrics name them; at emulated ``now`` (given: the
+    instant a virtual run's observer sees, which the clock may not show yet)."""
+    now = ctx.now() if now is None else now
     rates = {}
     for qp in list(ctx.core.qps.values()):
         rate = getattr(qp.rc, "rate", None)  # DCQCN's current rate; static pacing has none
         if isinstance(rate, int | float):
             rates[f"0x{qp.qpn:06x}"] = float(rate)
-    return {**host_stats(ctx), "qp_rates": rates, "now": ctx.now()}
+    return {**host_stats(ctx, now), "qp_rates": rates, "now": now}
 
 
-def host_stats(ctx: Context) -> dict[str, Any]:
-    """A host NIC's share of the fabric summary."""
+def host_stats(ctx: Context, now: float | None = None) -> dict[str, Any]:
+    """A host NIC's share of the fabric summary (XOFF in force at ``now``, default the clock's)."""
+    now = ctx.now() if now is None else now
     c = ctx.core.counters
     return {
         "nic_pauses": sum(ctx.core.pause_frames_received),
         "nic_tx_bytes": c.tx_bytes,
-        "nic_paused": any(until > ctx.now() for until in ctx.core.paused_until),  # XOFF now
+        "nic_paused": any(until > now for until in ctx.core.paused_until),  # XOFF in force
         "cnps_sent": c.np_cnp_sent,
         "cnps_handled": c.rp_cnp_handled,
         "retransmitted": c.retransmitted_packets,

@@ -27,7 +27,7 @@ from rocev2_emu.fabric.agent import FlowResult, FlowSpec
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report
 from rocev2_emu.fabric.topology import Topology, TopologyError
-from rocev2_emu.fabric.virtual import run_virtual
+from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime import auth
 
 READY_TIMEOUT = 60.0
@@ -247,15 +247,16 @@ def up(
     flows_path: str | None = None,
     virtual: bool = False,
     beside: Callable[..., Awaitable[None]] | None = None,
+    watch: Watcher | None = None,
 ) -> int:
     """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time);
-    ``beside``: a task alongside the running fabric (the map of ``--ui``; in virtual time,
-    ``beside(switches, agents)``: the recorder of ``--record``)."""
+    ``beside``: a task alongside the running fabric (the map of ``--ui``); in virtual time,
+    ``watch``: an observer of the run (the recorder of ``--record``)."""
     flows = load_flows(flows_path, topo) if flows_path else None
     if virtual:
         if flows is None:
             raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
-        return run_virtual(topo, flows, beside)
+        return run_virtual(topo, flows, watch)
     tdf = tdf or topo.tdf
     try:
         job = FlowsJob(flows) if flows else None

@@ -9,8 +9,8 @@ MockClock that jumps from event to event, and so the same result for the same se
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import trio
@@ -102,31 +102,45 @@ def show_progress(drivers: dict[str, EngineSwitch], fraction: Callable[[], float
 
 
 Beside = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
+# An observer of a virtual run, not a task: called with (switches, agents) once the fabric is
+# up, it registers with the engine (Engine.watch) and returns what to call when the run ends.
+# Being no trio task, it cannot change the run (the map's recorder).
+Watcher = Callable[[dict[str, Any], dict[str, Any]], Callable[[], None]]
+
+
+@contextmanager
+def watching(
+    watch: Watcher | None, switches: dict[str, Any], agents: dict[str, Any]
+) -> Iterator[None]:
+    """``watch`` on the fabric for the length of the block (nothing if None)."""
+    finish = watch(switches, agents) if watch is not None else None
+    try:
+        yield
+    finally:
+        if finish is not None:
+            finish()
 
 
 async def _flows(
-    topo: Topology, flows: list[FlowSpec], beside: Beside | None = None
+    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     async with virtual_fabric(topo) as (drivers, agents):
         show_progress(drivers, delivered(agents, flows))
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
-        async with trio.open_nursery() as nursery:
-            if beside is not None:  # a watcher of the run (the map's recorder): ends with it
-                nursery.start_soon(beside, drivers, agents)
+        with watching(watch, drivers, agents):
             results = await run_flows(agents, flows, t0)
-            nursery.cancel_scope.cancel()
         return results, fabric_stats(drivers, agents)
 
 
 def run_flows_virtual(
-    topo: Topology, flows: list[FlowSpec], beside: Beside | None = None
+    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     """``flows`` on ``topo`` in virtual time: their results and the fabric's counters;
-    ``beside(switches, agents)`` runs alongside until the flows end."""
-    return run_virtual_time(topo.seed, _flows, topo, flows, beside)
+    ``watch``: an observer of the run until the flows end (the map's recorder)."""
+    return run_virtual_time(topo.seed, _flows, topo, flows, watch)
 
 
-def run_virtual(topo: Topology, flows: list[FlowSpec], beside: Beside | None = None) -> int:
+def run_virtual(topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None) -> int:
     """``rocev2-emu up --virtual``: the flows in virtual time, then the report."""
-    results, fabric = run_flows_virtual(topo, flows, beside)
+    results, fabric = run_flows_virtual(topo, flows, watch)
     return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

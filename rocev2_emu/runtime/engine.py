@@ -31,6 +31,8 @@ from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 Datagram = bytes | bytearray
 # A core serviced this many times at one instant is livelocked (a timer that never passes).
 LIVELOCK_SERVICES: Final = 1_000_000
+# A watcher that missed more multiples of its period than this (a quiet stretch) sees only these.
+WATCH_CATCH_UP: Final = 1000
 
 
 class EngineError(RuntimeError):
@@ -129,6 +131,9 @@ class Engine:
         self.hops = 0  # frames that crossed a link
         self.progress: Callable[[Engine], None] | None = None
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
+        # an observer called at every multiple of a period (watch): (function, period, next k)
+        self._watch: tuple[Callable[[float], None], float] | None = None
+        self._watch_k = 0
 
     # -- building --------------------------------------------------------------------------
     def add(self, node: Node) -> Node:
@@ -146,6 +151,27 @@ class Engine:
             while len(node.wires) <= port:
                 node.wires.append(None)
             node.wires[port] = Wire(peer, peer_port, f)
+
+    def watch(self, period: float, observe: Callable[[float], None] | None) -> None:
+        """Call ``observe(t)`` at every multiple ``t`` of ``period`` that emulated time
+        passes, before the events of ``t`` run (None: stop).  The engine calls it between
+        events, itself: no trio task and no trio deadline, so an observer that only reads (the
+        map's recorder) cannot change the run's order of events.  After a long quiet stretch
+        only its last multiple is observed."""
+        if period <= 0:
+            raise ValueError(f"watch period {period}: must be > 0")
+        self._watch = None if observe is None else (observe, period)
+        self._watch_k = math.ceil(self.now / period)
+
+    def _observe(self) -> None:
+        assert self._watch is not None
+        observe, period = self._watch
+        last = math.floor(self.now / period)
+        k = max(self._watch_k, last - WATCH_CATCH_UP)
+        while k <= last and k * period <= self.now:
+            observe(k * period)
+            k += 1
+        self._watch_k = k
 
     # -- events ----------------------------------------------------------------------------
     def kick(self, node: Node) -> None:
@@ -186,6 +212,8 @@ class Engine:
     def _run_due(self) -> None:
         """Every event due by ``self.now``, and the services of every core they touched."""
         now = self.now
+        if self._watch is not None and self._watch_k * self._watch[1] <= now:
+            self._observe()
         heap, touched = self._heap, self._touched
         pop = heapq.heappop
         rounds = 0

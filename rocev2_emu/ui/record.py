@@ -2,53 +2,59 @@
 --record FILE``, and the virtual scenarios' runs, flows and collective jobs; then
 ``rocev2-emu view FILE``).
 
-The same samples the live map takes (:class:`~rocev2_emu.ui.sampler.Sampler`), asked of the
+The same samples the live map takes (:class:`~rocev2_emu.ui.sampler.Sampler`), read from the
 in-process switches and NICs instead of their control ports, every :data:`PERIOD` of emulated
-time: a virtual run's recording has the resolution of its own microseconds.
+time and once more when the run ends: a virtual run's recording has the resolution of its own
+microseconds.  The recorder is an observer of the event engine
+(:meth:`~rocev2_emu.runtime.engine.Engine.watch`), not a trio task: it reads between events and
+never wakes trio, so a recorded run computes exactly what an unrecorded one does.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TextIO
 
-import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import host_map_state
 from rocev2_emu.fabric.nodes import rank_progress
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.ui.sampler import Ask, Sampler, layout
+from rocev2_emu.fabric.virtual import Watcher
+from rocev2_emu.ui.sampler import Sampler, layout
 from switch.node import port_states
 
 PERIOD = 10e-6  # emulated seconds between samples
 
 
-def local_ask(
+def local_read(
     topo: Topology,
     switches: dict[str, Any],
     agents: dict[str, Any],
     registry: CollectorRegistry | None = None,
-) -> Ask:
-    """Answers to ``ports`` and ``map`` from the nodes of this process, by address; with the
-    ``registry`` of a virtual job's collectives, each host's ranks' progress too."""
-    by_address = {node.address: name for name, node in topo.nodes.items()}
+) -> Callable[[float], tuple[dict[str, Any], dict[str, Any]]]:
+    """What every node would answer to ``ports`` and ``map`` at emulated time ``t``, read from
+    the nodes of this process; with the ``registry`` of a virtual job's collectives, each
+    host's ranks' progress too."""
     ranks_of: dict[str, set[int]] = {}
     for h in topo.hosts:  # ranks are numbered host-major in topology order
         first = sum(len(r) for r in ranks_of.values())
         ranks_of[h.name] = set(range(first, first + h.ranks))
+    progress = registry is not None and any(ranks_of.values())
 
-    async def ask(address: str, msg: dict[str, Any]) -> Any:
-        name = by_address[address]
-        if name in switches:
-            return port_states(switches[name])
-        state = host_map_state(agents[name].ctx)
-        if registry is not None:
-            state["ranks"] = rank_progress(registry, ranks_of[name])
-        return state
+    def read(t: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        by_rank = rank_progress(registry) if progress and registry is not None else {}
+        hosts = {}
+        for name, agent in agents.items():
+            hosts[name] = host_map_state(agent.ctx, t)
+            if progress:
+                hosts[name]["ranks"] = {
+                    r: row for r, row in by_rank.items() if int(r) in ranks_of[name]
+                }
+        return {name: port_states(sw, t) for name, sw in switches.items()}, hosts
 
-    return ask
+    return read
 
 
 def recorder(
@@ -56,27 +62,35 @@ def recorder(
     path: str,
     period: float = PERIOD,
     registry: CollectorRegistry | None = None,
-) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
-    """The task that samples a virtual fabric into ``path`` until it is cancelled; with the
-    ``registry`` of its collective job, the ranks' progress too."""
+) -> Watcher:
+    """A watcher of a virtual fabric that records it into ``path``: every ``period`` of
+    emulated time, and when the run ends; with the ``registry`` of its collective job, the
+    ranks' progress too."""
 
-    async def record(switches: dict[str, Any], agents: dict[str, Any]) -> None:
-        sampler = Sampler(topo, ask=local_ask(topo, switches, agents, registry))
+    def start(switches: dict[str, Any], agents: dict[str, Any]) -> Callable[[], None]:
+        sampler = Sampler(topo)
+        read = local_read(topo, switches, agents, registry)
+        engine = next(iter(switches.values())).engine
         # a virtual run's file, written as it goes: blocking writes cost no emulated time
-        with open(path, "w", encoding="utf-8") as out:  # noqa: ASYNC230
-            out.write(json.dumps({"layout": layout(topo)}) + "\n")
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by finish()
+        out.write(json.dumps({"layout": layout(topo)}) + "\n")
+
+        def observe(t: float) -> None:
+            _write(out, sampler.compose(*read(t)))
+
+        def finish() -> None:
+            engine.watch(period, None)
             try:
-                while True:
-                    await _write(sampler, out)
-                    await trio.sleep(period)
-            finally:  # cancelled when the run ends: its last state too (answered at once)
-                with trio.CancelScope(shield=True):
-                    await _write(sampler, out)
+                _write(out, sampler.compose(*read(engine.now)))
+            finally:
+                out.close()
 
-    return record
+        engine.watch(period, observe)
+        return finish
+
+    return start
 
 
-async def _write(sampler: Sampler, out: TextIO) -> None:
-    sample = await sampler.sample()
+def _write(out: TextIO, sample: dict[str, Any]) -> None:
     sample["events"] = []
     out.write(json.dumps(sample) + "\n")

@@ -134,7 +134,11 @@ class Sampler:
         """One sample, the nodes asked one after another over ``spread`` wall seconds (not all
         at once: on a machine at its limit, fourteen nodes interrupted together fall behind
         together); each link's rate is over its sending node's own emulated time."""
-        switches, hosts = await self._read(spread)
+        return self.compose(*await self._read(spread))
+
+    def compose(self, switches: dict[str, Any], hosts: dict[str, Any]) -> dict[str, Any]:
+        """The sample of these answers (``ports`` by switch, ``map`` by host), rates since the
+        previous one: what :meth:`sample` returns, for answers read without asking."""
         now = max((s.get("now", 0.0) for s in [*switches.values(), *hosts.values()]), default=0.0)
         last = self._last
         links: list[dict[str, Any]] = []

@@ -9,8 +9,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import collectives.straggler  # noqa: F401  (registers the "iterations" job)
 from collectives.launch import run_virtual_recorded
+from collectives.straggler import bursts, straggler_topology
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology_file import parse
@@ -47,3 +47,24 @@ def test_a_recorded_job_shows_each_ranks_progress_within_its_operations(tmp_path
     ops = [max(v["ops"] for v in r.values()) for r in ranks]
     assert ops == sorted(ops) and ops[-1] == ITERS  # the last sample: when the job ended
     assert fabric["pfc_tx"] >= 0
+
+
+def test_recording_a_congested_run_changes_nothing_it_computes(tmp_path: Path) -> None:
+    """Bursts beside the ranks, PFC pausing hop by hop: a run whose order of events a
+    recorder run as a trio task would perturb (it did: p99 940 against 955 us)."""
+    topo = straggler_topology(1, dcqcn=False)
+    params = {"iters": 4, "bytes": 256 << 10, "timeout": 0.5}
+    flows = bursts(100e-6, 1 << 20, 1, 20e-6)
+    path = tmp_path / "pfc.jsonl"
+
+    def record(topo: Any, setting: str, registry: Any = None) -> Any:
+        return recorder(topo, str(path), registry=registry)
+
+    plain = run_virtual_recorded(topo, "iterations", params, "pfc", flows=flows)
+    recorded = run_virtual_recorded(
+        topo, "iterations", params, "pfc", Mode(record=record), flows=flows
+    )
+    assert plain[1]["pfc_tx"] > 0  # it was congested
+    assert recorded == plain  # every rank's times and every counter of the fabric
+    samples = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert max(s["totals"]["pfc_tx"] for s in samples) == plain[1]["pfc_tx"]
