@@ -27,13 +27,14 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import trio
 
 from collectives.cli import map_task
-from collectives.store import StoreServer
+from collectives.store import StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
@@ -44,6 +45,9 @@ from rocev2_emu.fabric.topology_file import load
 from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
 
 GRACE = 30.0  # wall seconds the other ranks get to exit after the first failure
+STORE_PORT = 29400  # launch --host: the rendezvous store, on the first host (torchrun's port)
+MASTER_PORT = 29500  # launch --host: torch's own store (MASTER_PORT), on the first host too
+RENDEZVOUS_SECONDS = 300.0  # launch --host: how long the ranks wait for each other
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,8 +87,17 @@ class RankLauncher:
         return [h.name for h in topo.hosts[:n]]
 
     def rank_env(
-        self, topo: Topology, tdf: float, epoch: float, rank: int, store: int, master: int
+        self,
+        topo: Topology,
+        tdf: float,
+        epoch: float,
+        rank: int,
+        store: int,
+        master: int,
+        where: str = "127.0.0.1",
     ) -> dict[str, str]:
+        """Rank ``rank``'s environment; ``where``: the address of the rendezvous store
+        (port ``store``) and of torch's own (``master``)."""
         world = len(self.hosts(topo))
         env = {
             **os.environ,
@@ -93,7 +106,7 @@ class RankLauncher:
             "ROCEV2_TOPOLOGY": str(Path(topo.path).resolve()),
             "ROCEV2_TDF": repr(tdf),
             "ROCEV2_EPOCH": repr(epoch),
-            "ROCEV2_STORE": f"127.0.0.1:{store}",
+            "ROCEV2_STORE": f"{where}:{store}",
             "ROCEV2_JOB": self.job,
             "ROCEV2_COMPUTE_MS": repr(self.compute_ms),
             "ROCEV2_HOST": topo.hosts[rank].name,
@@ -106,7 +119,7 @@ class RankLauncher:
             "ROLE_NAME": "default",
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": where,
             "MASTER_PORT": str(master),
             "TORCHELASTIC_RUN_ID": self.job,
             "PYTHONUNBUFFERED": "1",
@@ -195,6 +208,53 @@ class RankLauncher:
         return False
 
 
+async def run_one_rank(
+    job: RankLauncher, topo: Topology, host: str, tdf: float, job_id: str
+) -> int:
+    """``launch --host HOST``: only that host's rank, over switches already running (the
+    compose testbed's training service, a container per host).  The first host's process
+    serves the rendezvous store on its address (:data:`STORE_PORT`; torch's own store is
+    there too, on :data:`MASTER_PORT`) until every rank has said it is done; a failing rank
+    posts the job's abort, so the others raise instead of waiting out their deadlines."""
+    hosts = job.hosts(topo)
+    if host not in hosts:
+        raise ValueError(f"--host {host}: not one of the job's hosts ({', '.join(hosts)})")
+    rank, world = hosts.index(host), len(hosts)
+    where = topo.nodes[hosts[0]].address
+    job.job, job.topo = job_id, topo
+    async with trio.open_nursery() as nursery:
+        server = None
+        if rank == 0:
+            server = StoreServer(where, STORE_PORT)
+            await nursery.start(server.serve)
+        store = await TcpStore.connect(where, STORE_PORT, timeout=RENDEZVOUS_SECONDS)
+        env = job.rank_env(topo, tdf, time.monotonic(), rank, STORE_PORT, MASTER_PORT, where)
+        proc = await trio.lowlevel.open_process(
+            job.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        async with trio.open_nursery() as streams:
+            streams.start_soon(job._stream, proc.stdout, f"[rank{rank}]:", job.out)
+            streams.start_soon(job._stream, proc.stderr, f"[rank{rank}]:", job.err)
+            try:
+                code = await proc.wait()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await job._kill(proc)
+        if code != 0:
+            why = f"rank {rank} ({host}) exited with code {code}"
+            print(f"rocev2-emu launch: {why}", file=job.err, flush=True)
+            await store.set(f"{job_id}/abort", why)
+        await store.add(f"{job_id}/done", 1)
+        if server is not None:  # the store outlives every rank's use of it
+            try:
+                await server.store.wait_count(f"{job_id}/done", world, RENDEZVOUS_SECONDS)
+            except StoreTimeout as exc:
+                print(f"rocev2-emu launch: {exc}; closing the store", file=job.err, flush=True)
+        await store.aclose()
+        nursery.cancel_scope.cancel()
+    return 128 - code if code < 0 else code
+
+
 def launch(
     topo: Topology,
     path: str,
@@ -204,12 +264,19 @@ def launch(
     ranks: int | None,
     compute_ms: float,
     ui: str | None = None,
+    host: str | None = None,
+    job_id: str = "torch",
 ) -> int:
-    """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map)."""
+    """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map);
+    ``host``: only that host's rank, over running switches (:func:`run_one_rank`)."""
     if not command:
         raise ValueError("launch: no command; give it after --, e.g. -- python train.py")
     job = RankLauncher(command, ranks, compute_ms)
     job.hosts(topo)  # a bad --ranks fails before anything starts
+    if host is not None:
+        if ui is not None:
+            raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
+        return trio.run(run_one_rank, job, topo, host, tdf, job_id)
     switches = [n.name for n in topo.nodes.values() if n.kind == "switch"]
     print(
         f"# rocev2-emu launch: {len(job.hosts(topo))} ranks on {topo.name} "
@@ -234,7 +301,7 @@ def launch(
 def _args(p: argparse.ArgumentParser) -> None:
     p.usage = (
         "%(prog)s [-h] [--tdf TDF] [--ranks N] [--compute-ms MS] [--ui [ADDR:PORT]] "
-        "TOPOLOGY -- COMMAND ..."
+        "[--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
     )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
     p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
@@ -255,6 +322,18 @@ def _args(p: argparse.ArgumentParser) -> None:
         metavar="ADDR:PORT",
         help="the fabric's live map while the program runs (docs/ui.md)",
     )
+    p.add_argument(
+        "--host",
+        metavar="NAME",
+        help="run only this host's rank, over switches already running (the compose "
+        "testbed's training service: a container per host); the first host serves the "
+        f"rendezvous on ports {STORE_PORT} and {MASTER_PORT}",
+    )
+    p.add_argument(
+        "--job",
+        default="torch",
+        help="with --host: the job's name, the same for every rank (default torch)",
+    )
     p.set_defaults(program=True)  # the command line after -- is args.rest
     p.epilog = "COMMAND comes after --: rocev2-emu launch TOPOLOGY -- python train.py ..."
 
@@ -270,6 +349,8 @@ def _run(args: argparse.Namespace) -> int:
         ranks=args.ranks,
         compute_ms=args.compute_ms,
         ui=args.ui,
+        host=args.host,
+        job_id=args.job,
     )
 
 

@@ -1,8 +1,11 @@
 """``rocev2-emu launch`` with a program that is not PyTorch: the environment each rank gets, the
-rank prefix on its output, the first failing rank's exit code, and the refused command lines."""
+rank prefix on its output, the first failing rank's exit code, and the refused command lines;
+and ``launch --host`` (one rank per launcher, over a switch already running) with a real
+all-reduce."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,9 @@ import pytest
 
 from rocev2_emu.cli import main
 from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.runtime import auth
+from rocev2_emu.verbs import FABRIC_SECRET_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +75,65 @@ def test_refused_command_lines(topology: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):  # only launch takes a program after --
         main(["topology", "single-switch", "--hosts", "2", "--", "true"])
     assert "unrecognized arguments: -- true" in capsys.readouterr().err
+
+
+ALL_REDUCE = (
+    "import torch, torch.distributed as dist; dist.init_process_group('rocev2'); "
+    "r = dist.get_rank(); t = torch.full((1031,), float(r + 1)); dist.all_reduce(t); "
+    "print('sum', r, dist.get_world_size(), int(t[0]), bool((t == t[0]).all())); "
+    "dist.destroy_process_group()"
+)
+
+
+def test_one_rank_per_launcher_over_switches_already_running(topology: Path) -> None:
+    """``launch --host``, as the compose testbed's training service runs it (a container per
+    host): the switch is a node of its own, each host's launcher runs that host's rank, the
+    first host's serves the rendezvous; a real all-reduce crosses the fabric."""
+    if os.environ.get("CI") == "true":
+        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
+    else:
+        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+    topo = load(str(topology))
+    env = {**os.environ, FABRIC_SECRET_ENV: auth.new().hex()}
+    switch = subprocess.Popen(
+        [sys.executable, "-m", "rocev2_emu", "node", str(topology), "sw0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        assert switch.stdout is not None
+        assert switch.stdout.readline().startswith("READY sw0")  # its deadline: the timeout
+        for host in ("h2", "h0", "h1"):  # the store's host need not start first
+            command = ["launch", str(topology), "--host", host, "--job", "t1", "--"]
+            ranks.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rocev2_emu",
+                        *command,
+                        sys.executable,
+                        "-c",
+                        ALL_REDUCE,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                )
+            )
+        outs = [p.communicate(timeout=300)[0] for p in ranks]
+        assert [p.returncode for p in ranks] == [0, 0, 0], "\n".join(outs)
+        for out, host in zip(outs, ("h2", "h0", "h1"), strict=True):
+            rank = int(host[1:])
+            assert f"[rank{rank}]: sum {rank} 3 6 True" in out, out
+        assert topo.nodes["h0"].address != "127.0.0.1"  # the store lived on h0's own address
+    finally:
+        for p in [*ranks, switch]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
