@@ -17,6 +17,9 @@ raises at once (as torch's watchdog would, naming rank, operation and sequence),
 :data:`GRACE` seconds for the others to exit, kills what is left, and exits with that rank's
 code (128 + N for a signal N).  Ctrl-C stops every process.  The fabric's counters are printed
 at the end.
+
+``--host NAME`` runs only that host's rank, over switches already running (the compose
+testbed's training service, a container per host): :func:`run_one_rank`.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from rocev2_emu.fabric import dashboards
+from rocev2_emu.fabric.compose import TRAIN_STEPS
 from rocev2_emu.fabric.topology_file import load
 from rocev2_emu.runtime import auth
 from tests.conftest import require_tool
@@ -202,6 +203,112 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         assert set(modes.values()) == {"gso+gro"}, modes
     finally:
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+
+
+TRAINING = "rocev2train"  # the training testbed's own compose project (one at a time)
+
+
+def _training(*argv: str, timeout: float = 300, check: bool = True) -> Any:
+    return _run(
+        "docker-compose",
+        "-p",
+        TRAINING,
+        "-f",
+        "docker-compose.training.yml",
+        *argv,
+        timeout=timeout,
+        check=check,
+    )
+
+
+@pytest.fixture
+def torch_image(image: str) -> str:
+    """The training image (deploy/torch): the node image with PyTorch.  A torch wheel in pip's
+    find-links (``PIP_FIND_LINKS``, where CI's machine keeps its CPU build) goes into the build
+    context for the time of the build; without one, pip takes torch from PyPI."""
+    wheels = ROOT / "deploy" / "torch" / "wheels"
+    found = [
+        w
+        for d in os.environ.get("PIP_FIND_LINKS", "").split()
+        if Path(d).is_dir()
+        for w in sorted(Path(d).glob("torch-*.whl"))
+    ][-1:]
+    copied = []
+    try:
+        for wheel in found:
+            copied.append(wheels / wheel.name)
+            shutil.copyfile(wheel, copied[-1])
+        build = _training("build", "h0", timeout=1800, check=False)
+        assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    finally:
+        for path in copied:
+            path.unlink(missing_ok=True)
+    return "rocev2-emu-torch:latest"
+
+
+# a training image build (about a minute with a local wheel), eight ranks of DDP in containers
+@pytest.mark.timeout(1500)
+def test_compose_training_service_trains_ddp_over_the_fabric(torch_image: str) -> None:
+    """docker-compose.training.yml: the switches as nodes, each host a rank of
+    examples/ddp_train.py whose process is the host's NIC; the ranks finish their steps, and
+    the testbed's Prometheus has every rank's training series, the Collectives dashboard's
+    training panels included."""
+    topo = load(ROOT / "deploy" / "topology.toml")
+    hosts = [h.name for h in topo.hosts]
+    switches = [n for n in topo.nodes if n not in hosts]
+    url = "http://127.0.0.1:9090"
+    try:
+        _training("up", "-d", "prometheus", *switches, timeout=900)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "prometheus did not become ready in 60 s"
+                time.sleep(0.3)
+        started = time.time()
+        _training("up", "-d", *hosts)  # compose waits for the switches to be healthy
+        deadline = time.monotonic() + 900
+        while True:
+            ids = _training("ps", "-q", *hosts).stdout.split()
+            states = [
+                _run(
+                    "docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c
+                ).stdout.split()
+                for c in ids
+            ]
+            if len(states) == len(hosts) and all(st[0] == "exited" for st in states):
+                break
+            assert time.monotonic() < deadline, f"the ranks did not finish in 900 s: {states}"
+            time.sleep(2)
+        logs = _training("logs", "--no-color", *hosts).stdout
+        assert [st[1] for st in states] == ["0"] * len(hosts), logs[-4000:]
+        assert f"# DDP, {len(hosts)} ranks" in logs, logs[-4000:]
+        rows = [
+            line.split("[rank0]:", 1)[1].split() for line in logs.splitlines() if "[rank0]:" in line
+        ]
+        rows = [r for r in rows if r and r[0].isdigit()]  # step, loss, wall ms, collectives...
+        assert [int(r[0]) for r in rows] == list(range(TRAIN_STEPS)), logs[-4000:]
+        assert all(int(r[3]) >= 1 for r in rows)  # every step crossed the fabric
+        assert "Traceback" not in logs, logs[-4000:]
+        time.sleep(3)  # a last scrape of the switches
+
+        # every rank's series reached Prometheus while it trained (its target is gone now)
+        reported = _query(url, "query", query="max_over_time(rocev2_torch_steps_total[30m])")
+        assert sorted(r["metric"]["rank"] for r in reported) == sorted(
+            str(r) for r in range(len(hosts))
+        ), reported
+        assert all(float(r["value"][1]) >= 1 for r in reported), reported
+        # and the Collectives dashboard's training panels have data for the run
+        text = (ROOT / "deploy" / "grafana" / "dashboards" / "collectives.json").read_text()
+        training = [e for e in dashboards.expressions(text) if dashboards.TRAINING_ONLY in e]
+        assert training
+        for expr in training:
+            got = _query(url, "query_range", query=expr, start=started, end=time.time(), step=1)
+            assert got, expr
+    finally:
+        _training("down", "-v", "--remove-orphans", timeout=120, check=False)
 
 
 def test_swarm_stack_runs_the_job(image: str) -> None:
