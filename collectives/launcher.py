@@ -30,7 +30,9 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,6 +45,7 @@ from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import load
 from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
@@ -70,9 +73,11 @@ class RankLauncher:
         env: dict[str, str] | None = None,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        per_host: int = 1,
     ) -> None:
         self.command = command
         self.ranks = ranks
+        self.per_host = per_host  # ranks (NICs) per server of the original topology
         self.compute_ms = compute_ms
         self.extra_env = env or {}
         self.out, self.err = out or sys.stdout, err or sys.stderr
@@ -115,10 +120,10 @@ class RankLauncher:
             "ROCEV2_HOST": topo.hosts[rank].name,
             "RANK": str(rank),
             "WORLD_SIZE": str(world),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
-            "GROUP_WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank % self.per_host),
+            "LOCAL_WORLD_SIZE": str(self.per_host),
+            "GROUP_RANK": str(rank // self.per_host),
+            "GROUP_WORLD_SIZE": str(-(-world // self.per_host)),
             "ROLE_NAME": "default",
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(world),
@@ -258,6 +263,35 @@ async def run_one_rank(
     return 128 - code if code < 0 else code
 
 
+def per_host(data: dict[str, Any], n: int) -> dict[str, Any]:
+    """The topology (as data) with every host given ``n`` NICs, one per local rank, as the
+    servers of AI clusters have one NIC per accelerator: host ``hK`` becomes ``hK-0`` ...
+    ``hK-(n-1)``, each linked to what ``hK`` was linked to, with the same link settings.  The
+    ranks of one server then reach each other through its leaf (no NVLink is modelled)."""
+    if n < 1:
+        raise ValueError(f"--nproc-per-host {n}: at least 1")
+    if n == 1:
+        return data
+    groups: dict[str, list[str]] = {}
+    hosts: list[dict[str, Any]] = []
+    for host in data.get("host", []):
+        names = [f"{host['name']}-{i}" for i in range(n)]
+        groups[host["name"]] = names
+        hosts += [{**host, "name": name} for name in names]
+    links: list[dict[str, Any]] = []
+    for link in data.get("link", []):
+        a, b = link.get("a"), link.get("b")
+        if a in groups and b in groups:
+            raise ValueError(f"--nproc-per-host: link {a}-{b} joins two hosts")
+        if a in groups:
+            links += [{**link, "a": name} for name in groups[a]]
+        elif b in groups:
+            links += [{**link, "b": name} for name in groups[b]]
+        else:
+            links.append(link)
+    return {**data, "host": hosts, "link": links}
+
+
 def launch(
     topo: Topology,
     path: str,
@@ -269,12 +303,14 @@ def launch(
     ui: str | None = None,
     host: str | None = None,
     job_id: str = "torch",
+    nproc_per_host: int = 1,
 ) -> int:
     """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map);
-    ``host``: only that host's rank, over running switches (:func:`run_one_rank`)."""
+    ``host``: only that host's rank, over running switches (:func:`run_one_rank`);
+    ``nproc_per_host``: ``topo`` is already :func:`per_host`'s, for the ranks' environment."""
     if not command:
         raise ValueError("launch: no command; give it after --, e.g. -- python train.py")
-    job = RankLauncher(command, ranks, compute_ms)
+    job = RankLauncher(command, ranks, compute_ms, per_host=nproc_per_host)
     job.hosts(topo)  # a bad --ranks fails before anything starts
     if host is not None:
         if ui is not None:
@@ -303,8 +339,8 @@ def launch(
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.usage = (
-        "%(prog)s [-h] [--tdf TDF] [--ranks N] [--compute-ms MS] [--ui [ADDR:PORT]] "
-        "[--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
+        "%(prog)s [-h] [--tdf TDF] [--ranks N] [--nproc-per-host N] [--compute-ms MS] "
+        "[--ui [ADDR:PORT]] [--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
     )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
     p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
@@ -326,6 +362,14 @@ def _args(p: argparse.ArgumentParser) -> None:
         help="the fabric's live map while the program runs (docs/ui.md)",
     )
     p.add_argument(
+        "--nproc-per-host",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="N ranks per host, each with its own NIC on the host's links (one NIC per "
+        "accelerator, as AI servers have; LOCAL_RANK 0..N-1): host hK becomes hK-0..hK-(N-1)",
+    )
+    p.add_argument(
         "--host",
         metavar="NAME",
         help="run only this host's rank, over switches already running (the compose "
@@ -342,19 +386,28 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    topo = load(args.topology)
-    command = list(args.rest)
-    return launch(
-        topo,
-        args.topology,
-        args.tdf or topo.tdf,
-        command,
-        ranks=args.ranks,
-        compute_ms=args.compute_ms,
-        ui=args.ui,
-        host=args.host,
-        job_id=args.job,
-    )
+    n = args.nproc_per_host
+    if n > 1 and args.host is not None:
+        raise ValueError("--nproc-per-host with --host: give each NIC's host (hK-i) instead")
+    with tempfile.TemporaryDirectory(prefix="rocev2-launch-") as tmp:
+        path = args.topology
+        if n > 1:  # the fabric with N NICs per host, written for the nodes and ranks to read
+            data = per_host(tomllib.loads(Path(path).read_text()), n)
+            path = str(Path(tmp) / Path(path).name)
+            Path(path).write_text(to_toml(data))
+        topo = load(path)
+        return launch(
+            topo,
+            path,
+            args.tdf or topo.tdf,
+            list(args.rest),
+            ranks=args.ranks,
+            compute_ms=args.compute_ms,
+            ui=args.ui,
+            host=args.host,
+            job_id=args.job,
+            nproc_per_host=n,
+        )
 
 
 def register() -> None:

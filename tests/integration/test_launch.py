@@ -1,17 +1,19 @@
 """``rocev2-emu launch`` with a program that is not PyTorch: the environment each rank gets, the
 rank prefix on its output, the first failing rank's exit code, and the refused command lines;
-and ``launch --host`` (one rank per launcher, over a switch already running) with a real
-all-reduce."""
+``launch --host`` (one rank per launcher, over a switch already running) and
+``--nproc-per-host`` (a NIC per local rank), each with a real all-reduce."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from collectives.launcher import per_host
 from rocev2_emu.cli import main
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology_file import load
@@ -137,3 +139,42 @@ def test_one_rank_per_launcher_over_switches_already_running(topology: Path) -> 
             p.wait()
             if p.stdout is not None:
                 p.stdout.close()
+
+
+def test_nproc_per_host_gives_each_local_rank_its_own_nic(tmp_path: Path) -> None:
+    """``--nproc-per-host 2`` on two hosts: four ranks, each with its own NIC (h0-0, h0-1,
+    h1-0, h1-1 on the switch), torchrun's local and group ranks, and a real all-reduce."""
+    if os.environ.get("CI") == "true":
+        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
+    else:
+        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+    path = tmp_path / "two.toml"
+    path.write_text(single_switch(2, tdf=1000))
+    program = (
+        "import os; e = os.environ; "
+        "print('env', e['ROCEV2_HOST'], e['LOCAL_RANK'], e['LOCAL_WORLD_SIZE'], "
+        "e['GROUP_RANK'], e['GROUP_WORLD_SIZE']); " + ALL_REDUCE
+    )
+    command = ["launch", str(path), "--nproc-per-host", "2", "--", sys.executable, "-c", program]
+    run = subprocess.run(
+        [sys.executable, "-m", "rocev2_emu", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "# rocev2-emu launch: 4 ranks" in run.stdout
+    for rank, (host, local) in enumerate([("h0", 0), ("h0", 1), ("h1", 0), ("h1", 1)]):
+        assert f"[rank{rank}]: env {host}-{local} {local} 2 {rank // 2} 2" in run.stdout
+        assert f"[rank{rank}]: sum {rank} 4 10 True" in run.stdout
+
+
+def test_per_host_copies_each_hosts_links() -> None:
+    data = tomllib.loads(single_switch(2))
+    wide = per_host(data, 3)
+    assert [h["name"] for h in wide["host"]] == [f"h{k}-{i}" for k in (0, 1) for i in range(3)]
+    ends = sorted((lk["a"], lk["b"]) for lk in wide["link"])
+    assert ends == sorted((f"h{k}-{i}", "sw0") for k in (0, 1) for i in range(3))
+    assert per_host(data, 1) is data
+    with pytest.raises(ValueError, match="at least 1"):
+        per_host(data, 0)
