@@ -68,7 +68,8 @@ def _run(args: argparse.Namespace) -> int:
         virtual=args.virtual,
         tdf=args.tdf,
         scale=scale,
-        record=None if args.no_record or not args.virtual else _recorder(args),
+        # every run in virtual time is recorded (dilation's reference run too, with processes)
+        record=None if args.no_record else _recorder(args),
         ui=_live(args.ui) if args.ui else None,
     )
 

@@ -23,9 +23,11 @@ def dilation(seed: int, mode: Mode = Mode(virtual=False)) -> tuple[list[Run], li
     completion times must agree within 10 %, or the time dilation is not doing its job."""
     flows = [FlowSpec(i, f"h{i}", "h4", 1 << 20) for i in range(4)]
     data = topology_data(single_switch(5), seed, **settings(True, False, False))
-    runs = [fabric_run(data, flows, ("sw0", 4), 20e-6, "virtual", Mode(True))]
+    reference = Mode(True, record=mode.record)  # recorded for the map's replay, if asked
+    runs = [fabric_run(data, flows, ("sw0", 4), 20e-6, "virtual", reference)]
     for tdf in (mode.tdf, 2 * mode.tdf):
-        runs.append(fabric_run(data, flows, ("sw0", 4), 20e-6, f"TDF {tdf:g}", Mode(False, tdf)))
+        watched = Mode(False, tdf, ui=mode.ui)  # the live map beside each, with --ui
+        runs.append(fabric_run(data, flows, ("sw0", 4), 20e-6, f"TDF {tdf:g}", watched))
     lines, p50 = [], []
     for run in runs:
         fcts = sorted(r.fct for r in run.results)
