@@ -105,17 +105,22 @@ def prometheus(image: str) -> Iterator[str]:
     _compose("up", "-d", "prometheus")
     url = "http://127.0.0.1:9090"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "prometheus did not become ready in 60 s"
-                time.sleep(0.3)
+        _wait_ready(url)
         yield url
     finally:
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+
+
+def _wait_ready(url: str, timeout: float = 60) -> None:
+    """Until the Prometheus at ``url`` says it is ready (within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/-/ready", timeout=2)
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"prometheus did not become ready in {timeout} s"
+            time.sleep(0.3)
 
 
 def _query(url: str, path: str, **params: Any) -> list[dict[str, Any]]:
@@ -259,14 +264,7 @@ def test_compose_training_service_trains_ddp_over_the_fabric(torch_image: str) -
     url = "http://127.0.0.1:9090"
     try:
         _training("up", "-d", "prometheus", *switches, timeout=900)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "prometheus did not become ready in 60 s"
-                time.sleep(0.3)
+        _wait_ready(url)
         started = time.time()
         _training("up", "-d", *hosts)  # compose waits for the switches to be healthy
         deadline = time.monotonic() + 900
