@@ -144,19 +144,22 @@ class RankLauncher:
             async with trio.open_nursery() as ranks:
                 for rank in range(len(hosts)):
                     env = self.rank_env(topo, tdf, epoch, rank, store, master)
-                    proc = await trio.lowlevel.open_process(
-                        self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-                    )
+                    proc = await self.spawn(rank, env, ranks)
                     self.procs[rank] = proc
-                    ranks.start_soon(self._stream, proc.stdout, f"[rank{rank}]:", self.out)
-                    ranks.start_soon(self._stream, proc.stderr, f"[rank{rank}]:", self.err)
                     ranks.start_soon(self._watch, rank, proc, ranks)
             self.fabric = await self._stats(topo, hosts)
             nursery.cancel_scope.cancel()
-        if self.failed is None:
-            return 0
-        code = self.failed[1]
-        return 128 - code if code < 0 else code
+        return 0 if self.failed is None else exit_code(self.failed[1])
+
+    async def spawn(self, rank: int, env: dict[str, str], nursery: trio.Nursery) -> trio.Process:
+        """Rank ``rank``'s process running the command, its output streamed with the rank's
+        prefix by tasks of ``nursery``."""
+        proc = await trio.lowlevel.open_process(
+            self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        nursery.start_soon(self._stream, proc.stdout, f"[rank{rank}]:", self.out)
+        nursery.start_soon(self._stream, proc.stderr, f"[rank{rank}]:", self.err)
+        return proc
 
     async def _stream(self, stream: Any, prefix: str, to: TextIO) -> None:
         buf = b""
@@ -173,7 +176,7 @@ class RankLauncher:
             code = await proc.wait()
         finally:
             with trio.CancelScope(shield=True):
-                await self._kill(proc)
+                await self.kill(proc)
         if code == 0 or self.failed is not None:
             return
         self.failed = (rank, code)
@@ -191,7 +194,7 @@ class RankLauncher:
                 proc.kill()
 
     @staticmethod
-    async def _kill(proc: trio.Process) -> None:
+    async def kill(proc: trio.Process) -> None:
         if proc.returncode is not None:
             return
         proc.terminate()
@@ -237,17 +240,13 @@ async def run_one_rank(
             await nursery.start(server.serve)
         store = await TcpStore.connect(where, STORE_PORT, timeout=RENDEZVOUS_SECONDS)
         env = job.rank_env(topo, tdf, time.monotonic(), rank, STORE_PORT, MASTER_PORT, where)
-        proc = await trio.lowlevel.open_process(
-            job.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-        )
         async with trio.open_nursery() as streams:
-            streams.start_soon(job._stream, proc.stdout, f"[rank{rank}]:", job.out)
-            streams.start_soon(job._stream, proc.stderr, f"[rank{rank}]:", job.err)
+            proc = await job.spawn(rank, env, streams)
             try:
                 code = await proc.wait()
             finally:
                 with trio.CancelScope(shield=True):
-                    await job._kill(proc)
+                    await job.kill(proc)
         if code != 0:
             why = f"rank {rank} ({host}) exited with code {code}"
             print(f"rocev2-emu launch: {why}", file=job.err, flush=True)
@@ -260,6 +259,11 @@ async def run_one_rank(
                 print(f"rocev2-emu launch: {exc}; closing the store", file=job.err, flush=True)
         await store.aclose()
         nursery.cancel_scope.cancel()
+    return exit_code(code)
+
+
+def exit_code(code: int) -> int:
+    """A process's return code as a shell reports it: 128 + N for signal N."""
     return 128 - code if code < 0 else code
 
 

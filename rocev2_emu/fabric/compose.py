@@ -44,7 +44,7 @@ from typing import Any
 
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import Node, Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime import auth
 
@@ -101,7 +101,7 @@ def _list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{x}"' for x in items) + "]"
 
 
-def _node_service(node: Any) -> list[str]:
+def _node_service(node: Node) -> list[str]:
     command = ["node", TOPOLOGY_IN_CONTAINER, node.name, "--metrics-addr", "0.0.0.0"]
     return [
         f"  {node.name}:",

@@ -38,9 +38,10 @@ def local_read(
     the nodes of this process; with the ``registry`` of a virtual job's collectives, each
     host's ranks' progress too."""
     ranks_of: dict[str, set[int]] = {}
+    first = 0
     for h in topo.hosts:  # ranks are numbered host-major in topology order
-        first = sum(len(r) for r in ranks_of.values())
         ranks_of[h.name] = set(range(first, first + h.ranks))
+        first += h.ranks
     progress = registry is not None and any(ranks_of.values())
 
     def read(t: float) -> tuple[dict[str, Any], dict[str, Any]]:
