@@ -8,6 +8,11 @@ receiver's port; with PFC alone the pauses spread back over leaf 0's uplinks, wh
 crosses too, so iterations that meet a burst stall.  Three settings: no bursts (the baseline),
 bursts with PFC only, bursts with PFC + DCQCN.
 
+At scale (``--topology FILE``, for example a k = 8 fat-tree's 128 hosts): every host of the
+file is a rank; the receiver hangs off the switch of its first host, the six senders two each
+off the switches of its last three switches that hosts hang off (on the leaf-spine: leaf 0 and
+leaves 1-3, as above); ``--iterations`` and ``--size`` (bytes per all-reduce) set the job.
+
 Each iteration's time is the latest rank's finish minus the previous iteration's latest
 finish; the report gives p50 / p99 / max, the mean of the slowest tenth, the time lost in all
 (beyond the quiet run's median iteration), and which rank finished last most often.  The
@@ -52,20 +57,41 @@ async def iterations(comm: Communicator, p: dict[str, Any]) -> list[float]:
     return ends
 
 
-def straggler_topology(seed: int, dcqcn: bool) -> Topology:
-    data = tomllib.loads(leaf_spine(2, 4, 2))
+def host_switches(data: dict[str, Any]) -> list[str]:
+    """The switches that hosts hang off, in the order of the hosts they serve first."""
+    switches = {s["name"] for s in data.get("switch", [])}
+    hosts = {h["name"] for h in data.get("host", [])}
+    under: dict[str, str] = {}
+    for link in data.get("link", []):
+        for host, switch in ((link["a"], link["b"]), (link["b"], link["a"])):
+            if host in hosts and switch in switches:
+                under.setdefault(host, switch)
+    return list(dict.fromkeys(under[h["name"]] for h in data["host"] if h["name"] in under))
+
+
+def straggler_topology(seed: int, dcqcn: bool, base: str | None = None) -> Topology:
+    """The scenario's fabric: ``base`` (a topology file's text; default the shipped
+    leaf-spine), every host a rank, with the bursts' receiver and six senders added."""
+    data = tomllib.loads(leaf_spine(2, 4, 2) if base is None else base)
     data["fabric"]["seed"] = seed
-    extra = [("bgr", "leaf0")] + [
-        (f"bg{leaf}{k}", f"leaf{leaf}") for leaf in (1, 2, 3) for k in (0, 1)
+    under = host_switches(data)
+    if len(under) < 4:
+        raise ValueError(
+            f"straggler: {len(under)} switches with hosts; the bursts need 4 "
+            "(the receiver's and three for the senders)"
+        )
+    extra = [("bgr", under[0])] + [
+        (f"bg{j}{k}", switch) for j, switch in enumerate(under[-3:], 1) for k in (0, 1)
     ]
-    for name, leaf in extra:
+    for name, switch in extra:
         data["host"].append({"name": name, "ranks": 0})
-        data["link"].append({"a": leaf, "b": name})
+        data["link"].append({"a": switch, "b": name})
+    switches = {s["name"] for s in data["switch"]}
     for link in data["link"]:  # 400 Gbit/s uplinks, as a 100G-host fabric has them
-        if link["a"].startswith(("leaf", "spine")) and link["b"].startswith(("leaf", "spine")):
+        if link["a"] in switches and link["b"] in switches:
             link["rate_gbps"] = 400.0
-    data["dcqcn"]["enabled"] = dcqcn
-    data["ecn"]["enabled"] = dcqcn
+    data.setdefault("dcqcn", {})["enabled"] = dcqcn
+    data.setdefault("ecn", {})["enabled"] = dcqcn
     if dcqcn:  # mark as the DCQCN paper does, well before PFC engages
         data["ecn"].update(kmin_kb=5, kmax_kb=200, pmax=0.01)
     return parse(data, "straggler.toml")
@@ -98,6 +124,14 @@ BURSTS = 3
 def straggler(
     seed: int, mode: harness.Mode | None = None, iters: int = 40, size: int = 256 << 10
 ) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """The three settings' runs, report lines and verdict; the mode's ``topology``,
+    ``iterations`` and ``size`` (bytes per all-reduce), when given, replace the defaults."""
+    text = None
+    if mode is not None:
+        text = Path(mode.topology).read_text() if mode.topology else None
+        iters, size = mode.iterations or iters, mode.size or size
+    if size % 4 or iters < 1:
+        raise ValueError(f"straggler: --size must be a multiple of 4 bytes, got {size}")
     params = {"iters": iters, "bytes": size, "timeout": 0.5}
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
@@ -106,7 +140,7 @@ def straggler(
         ("pfc", False, True),
         ("pfc+dcqcn", True, True),
     ):
-        topo = straggler_topology(seed, dcqcn)
+        topo = straggler_topology(seed, dcqcn, text)
         flows = bursts(PERIOD, BURST, BURSTS, 50e-6) if with_bursts else []
         results, fab = run_virtual_recorded(topo, "iterations", params, setting, mode, flows=flows)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
@@ -122,6 +156,8 @@ def straggler(
         rows.append(
             {
                 "setting": setting,
+                "ranks": len(results),
+                "bytes": size,
                 "times": times,
                 "last": last,
                 "p50": p50,
@@ -169,11 +205,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.axvspan(start, start + 6 * BURST * 8 / 100e9 * 1e6, color="red", alpha=0.08, lw=0)
     ax.set_xlabel("time (emulated us); shaded: a burst's drain time at the receiver's port")
     ax.set_ylabel("all-reduce iteration (us)")
-    ax.set_title("straggler: 8-rank ring all-reduce, 256 KiB, beside micro-bursts")
+    ranks, size = rows[0]["ranks"], rows[0]["bytes"]
+    ax.set_title(f"straggler: {ranks}-rank ring all-reduce, {size >> 10} KiB, beside micro-bursts")
     ax.legend(fontsize=8)
     return save(plt, fig, path)
 
 
 def register() -> None:
     """Add ``straggler`` to ``rocev2-emu scenario`` (virtual time only)."""
-    harness.register(harness.virtual_scenario("straggler", straggler, plot))
+    scale = frozenset({"topology", "iterations", "size"})
+    harness.register(harness.virtual_scenario("straggler", straggler, plot, takes=scale))

@@ -41,13 +41,24 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="in virtual time, do not record each run (flows or a job) for the map's replay "
         "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
-    scale = p.add_argument_group("scale (incast)")
-    scale.add_argument("--senders", type=positive_int, help="senders (default 8; processes: 4)")
-    scale.add_argument("--size", type=positive_int, help="bytes per sender (default 4 MiB)")
+    scale = p.add_argument_group("scale (incast, straggler)")
+    scale.add_argument(
+        "--senders", type=positive_int, help="incast: senders (default 8; processes: 4)"
+    )
+    scale.add_argument(
+        "--size",
+        type=positive_int,
+        help="incast: bytes per sender (default 4 MiB); straggler: bytes per all-reduce "
+        "(default 256 KiB)",
+    )
     scale.add_argument(
         "--topology",
-        help="topology file to run on (its first N hosts send to its last), e.g. from "
-        "'rocev2-emu topology fat-tree -k 16'; default: one switch",
+        help="topology file to run on, e.g. from 'rocev2-emu topology fat-tree -k 8'; incast: "
+        "its first N hosts send to its last (default: one switch); straggler: every host a "
+        "rank, the bursts' hosts added (default: the shipped leaf-spine)",
+    )
+    scale.add_argument(
+        "--iterations", type=positive_int, help="straggler: all-reduces per setting (default 40)"
     )
     scale.add_argument(
         "--settings",
@@ -58,7 +69,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings")}
+    scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings", "iterations")}
     if args.ui and args.virtual:
         raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
     return harness.main(

@@ -154,8 +154,9 @@ class Recorder(Protocol):
 @dataclass(slots=True, frozen=True)
 class Mode:
     """How a scenario runs: in virtual time or with processes at ``tdf``; and, for scenarios
-    that take them (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow
-    (``size``), a ``topology`` file to run on, and which ``settings`` to run."""
+    that take them (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow or per
+    operation (``size``), a ``topology`` file to run on, which ``settings`` to run, and a
+    job's ``iterations``."""
 
     virtual: bool = True
     tdf: float = 1000.0
@@ -163,6 +164,7 @@ class Mode:
     size: int | None = None
     topology: str | None = None
     settings: tuple[str, ...] | None = None
+    iterations: int | None = None
     # the map: a recorder of each virtual run (by topology and setting), a live server beside
     # each run with processes (given by the CLI: this layer does not import the ui)
     record: Recorder | None = None
@@ -276,15 +278,16 @@ def virtual_scenario(
     name: str,
     experiment: Callable[[int, Mode], tuple[list[dict[str, Any]], list[str], bool]],
     plot: Callable[[list[dict[str, Any]], Path], bool],
+    takes: frozenset[str] = frozenset(),
 ) -> Scenario:
     """A scenario that runs in virtual time only and plots its own rows (a job's, not flows');
-    ``experiment(seed, mode)`` (the mode's recorder for the map's replay)."""
+    ``experiment(seed, mode)`` (the mode's recorder for the map's replay, its scale)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
         rows, lines, ok = experiment(seed, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
-    return Scenario(name, run, virtual_only=True, units="")
+    return Scenario(name, run, virtual_only=True, units="", takes=takes)
 
 
 def job_scenario(
@@ -303,7 +306,12 @@ def job_scenario(
     return Scenario(name, run, units="")
 
 
-SCALE_FLAGS = {"senders": "--senders", "size": "--size", "topology": "--topology"}
+SCALE_FLAGS = {
+    "senders": "--senders",
+    "size": "--size",
+    "topology": "--topology",
+    "iterations": "--iterations",
+}
 
 
 def host_port(topo: Topology, host: str) -> tuple[str, int]:
@@ -330,7 +338,7 @@ def main(
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
 ) -> int:
     """Run scenario ``name``; ``scale``: the Mode fields of scale given (senders, size,
-    topology, settings), each refused by a scenario that does not take it; ``record``,
+    topology, settings, iterations), each refused by a scenario that does not take it; ``record``,
     ``ui``: the map's recorder (virtual) and live server (processes), per run."""
     scenario = SCENARIOS.get(name)
     if scenario is None:

@@ -392,6 +392,53 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
     assert both["fabric"]["pfc_tx"] < pfc["fabric"]["pfc_tx"]  # DCQCN: fewer pauses
 
 
+def test_straggler_topology_keeps_the_leaf_spine_and_scales_to_a_fat_tree() -> None:
+    from collectives.straggler import straggler_topology
+
+    def placed(topo: Topology) -> dict[str, str]:
+        return {h.name: topo.host_link(h.name)[1].name for h in topo.hosts if h.ranks == 0}
+
+    small = straggler_topology(1, dcqcn=False)
+    assert placed(small) == {
+        "bgr": "leaf0",
+        **{f"bg{leaf}{k}": f"leaf{leaf}" for leaf in (1, 2, 3) for k in (0, 1)},
+    }
+    big = straggler_topology(1, dcqcn=True, base=fat_tree(4))
+    assert sum(h.ranks for h in big.hosts) == 16  # every host of the file is a rank
+    last_three = ["edge2_1", "edge3_0", "edge3_1"]  # of the eight edges, in host order
+    assert placed(big) == {
+        "bgr": "edge0_0",
+        **{f"bg{j}{k}": edge for j, edge in enumerate(last_three, 1) for k in (0, 1)},
+    }
+    switches = {s.name for s in big.switches}
+    uplinks = [lk for lk in big.links if lk.a in switches and lk.b in switches]
+    assert len(uplinks) == 32 and all(lk.rate_bps == 400e9 for lk in uplinks)
+    with pytest.raises(ValueError, match="the bursts need 4"):
+        straggler_topology(1, dcqcn=False, base=leaf_spine(1, 2, 2))
+
+
+# three 4-iteration virtual runs of a k = 4 fat-tree (16 ranks, 27 nodes): ~10 s here
+@pytest.mark.timeout(300)
+def test_straggler_at_scale_takes_a_topology_iterations_and_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from collectives.plugin import register
+    from rocev2_emu.experiments import harness
+
+    register()
+    (tmp_path / "ft4.toml").write_text(fat_tree(4))
+    scale: dict[str, Any] = {"topology": str(tmp_path / "ft4.toml"), "iterations": 4}
+    harness.main("straggler", seed=1, out=str(tmp_path), virtual=True, scale=scale)
+    quiet, pfc, both = json.loads((tmp_path / "straggler.json").read_text())["runs"]
+    assert [r["ranks"] for r in (quiet, pfc, both)] == [16, 16, 16]
+    assert quiet["bytes"] == 256 << 10 and len(quiet["times"]) == 4
+    assert pfc["fabric"]["pfc_tx"] > 0 and pfc["p99"] > 1.25 * quiet["p99"]
+    assert "edge0_0" in pfc["fabric"]["pfc_senders"]  # the receiver's edge pauses its uplinks
+    capsys.readouterr()
+    assert harness.main("straggler", seed=1, out=None, virtual=True, scale={"senders": 3}) == 2
+    assert "scenario straggler takes no --senders" in capsys.readouterr().err
+
+
 # ten virtual runs of a 40-node fabric, five of them an 8 MiB ring over 32 ranks: a few
 # minutes here, so past the default per-test timeout (a hang still ends the test)
 @pytest.mark.timeout(900)
