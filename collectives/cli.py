@@ -92,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--attach",
         action="store_true",
-        help="run on a fabric already running (rocev2-emu up, the compose testbed)",
+        help="run on a fabric already running (rocev2-emu up FILE, the compose testbed); "
+        "give its FILE as --topology",
     )
     g.add_argument(
         "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
@@ -169,6 +170,11 @@ def demo(tdf: float | None, ui: str | None = None) -> int:
 
 def main(which: str, args: BenchOptions) -> int:
     coll = {"sendrecv": "send_recv"}.get(which, which.replace("-", "_"))
+    if args.attach and not args.topology:  # the default is a fresh file no fabric runs from
+        raise ValueError(
+            "--attach needs --topology FILE: the file the running fabric was started from "
+            "(rocev2-emu up FILE), whose secret lets the bench's ranks join it"
+        )
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
     topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
     params = bench.params(

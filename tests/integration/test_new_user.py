@@ -278,6 +278,11 @@ def test_a_generated_topology_names_the_command_that_writes_it_again(shape: list
     assert again == text
 
 
+def test_an_attached_bench_without_the_fabrics_file_says_so() -> None:
+    out = run("bench", "all-reduce", "--attach")
+    assert out.returncode != 0 and "--attach needs --topology FILE" in out.stderr
+
+
 @pytest.mark.timeout(600)
 def test_an_attached_bench_reports_its_own_run_not_the_fabrics_past(topo: Path) -> None:
     bench = ["bench", "all-reduce", "--attach", "--topology", str(topo), "-b", "64K", "-e", "64K"]
