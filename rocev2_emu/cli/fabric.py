@@ -41,7 +41,7 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         "--record",
         metavar="FILE",
         help="write the map's samples here (with --ui; or with --virtual, every 10 us of "
-        "emulated time), for rocev2-emu view",
+        "emulated time, longer above 64 nodes), for rocev2-emu view",
     )
 
 

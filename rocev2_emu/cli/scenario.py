@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 def _recorder(args: argparse.Namespace) -> Recorder:
     """Each virtual run's recording (a flow run's or a collective job's), beside the
     scenario's JSON."""
-    from rocev2_emu.ui.record import recorder
+    from rocev2_emu.ui.record import period_for, recorder
 
     out = Path(args.out or ".")
 
@@ -96,7 +96,12 @@ def _recorder(args: argparse.Namespace) -> Recorder:
         out.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in setting)
         path = out / f"{args.name}-{safe}.jsonl"
-        print(f"# recording {setting} in {path} (rocev2-emu view {path})", flush=True)
+        every = period_for(topo) * 1e6
+        print(
+            f"# recording {setting} in {path}, a sample every {every:.0f} us "
+            f"(rocev2-emu view {path})",
+            flush=True,
+        )
         return recorder(topo, str(path), registry=registry)
 
     return make
