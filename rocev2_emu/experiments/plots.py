@@ -29,6 +29,28 @@ def save(plt: Any, fig: Any, path: Path) -> bool:
     return True
 
 
+MANY_FLOWS = 16  # beyond this a run's flows are drawn together, not one line (and label) each
+
+
+def _plot_many(ax: Any, t: list[float], goodput: dict[int, list[float]]) -> None:
+    """Many flows at once: their total, and the spread of one flow's goodput (min to max,
+    the mean between)."""
+    import numpy as np
+
+    rates = np.array([goodput[f] for f in sorted(goodput)])  # flow x sample
+    ax.plot(t, rates.sum(axis=0), color="tab:blue", label=f"all {len(rates)} flows, total")
+    ax.fill_between(
+        t,
+        rates.min(axis=0),
+        rates.max(axis=0),
+        color="tab:orange",
+        alpha=0.3,
+        linewidth=0,
+        label="one flow: min to max",
+    )
+    ax.plot(t, rates.mean(axis=0), color="tab:orange", label="one flow: mean")
+
+
 def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
@@ -36,9 +58,12 @@ def plot_runs(name: str, runs: list[Run], path: Path) -> bool:
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         t = [x * 1e6 for x in run.times]
-        ends = {r.id: f"{r.src} \u2192 {r.dst}" for r in run.results}  # which flow is which
-        for flow, series in sorted(run.goodput.items()):
-            ax.plot(t, series, label=ends.get(flow, f"flow {flow}"))
+        if len(run.goodput) <= MANY_FLOWS:
+            ends = {r.id: f"{r.src} \u2192 {r.dst}" for r in run.results}  # which flow is which
+            for flow, series in sorted(run.goodput.items()):
+                ax.plot(t, series, label=ends.get(flow, f"flow {flow}"))
+        elif run.goodput:
+            _plot_many(ax, t, run.goodput)
         ax.set_ylabel("goodput (Gbit/s)")
         ax.set_title(f"{name}: {run.setting}")
         q = ax.twinx()
