@@ -29,6 +29,7 @@ import numpy as np
 from collectives import ops
 from collectives.communicator import BUS_FACTOR, Communicator
 from collectives.registry import job
+from rocev2_emu.fabric.report import lateness
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 SPLIT = ("all_gather", "reduce_scatter", "all_to_all")  # size is n blocks: a count per block
@@ -209,8 +210,8 @@ def fabric_summary(fab: dict[str, Any], upper: set[str] | None = None) -> list[s
         f"handled {fab.get('cnps_handled', 0)}",
         f"#   retransmitted packets {fab.get('retransmitted', 0)}, transport timeouts "
         f"{fab.get('timeouts', 0)}, drops {drops} {dict(fab.get('drops', {})) or ''}".rstrip(),
-        f"#   late wake-ups {fab.get('late_wakeups', 0)}, datagrams the kernel dropped "
-        f"{fab.get('socket_drops', 0)}",
+        f"#   late wake-ups {fab.get('late_wakeups', 0)}{lateness(fab)}, datagrams the kernel "
+        f"dropped {fab.get('socket_drops', 0)}",
         *crossed,
     ]
 

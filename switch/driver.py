@@ -88,6 +88,7 @@ class EngineSwitch:
         self.port = EnginePort(address, None)
         core.catchup = 0.0  # the engine is never late, so no frame may leave "in the past"
         self.late_wakeups = 0  # the engine is never late: it stops time instead
+        self.late_seconds = self.peak_lateness = 0.0
         self.unknown_vni = 0
         self.node = engine.add(switch_node(core))
 

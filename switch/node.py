@@ -74,6 +74,8 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
         ),
         "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
         "late_wakeups": driver.late_wakeups,
+        "late_seconds": driver.late_seconds,
+        "peak_lateness_seconds": driver.peak_lateness,
         "socket_drops": driver.port.kernel_drops(),
         "down_vnis": [
             cfg.vni for cfg, ps in zip(driver.core.config.ports, ports, strict=True) if not ps.up

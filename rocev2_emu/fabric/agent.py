@@ -210,6 +210,8 @@ def host_stats(ctx: Context, now: float | None = None) -> dict[str, Any]:
         "nic_drops": sum(c.rx_drops.values()),
         "socket_drops": ctx.port.kernel_drops(),
         "late_wakeups": ctx.driver.late_wakeups,
+        "late_seconds": ctx.driver.late_seconds,
+        "peak_lateness_seconds": ctx.driver.peak_lateness,
     }
 
 

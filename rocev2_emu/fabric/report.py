@@ -63,6 +63,19 @@ def stats_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def lateness(fab: dict[str, Any]) -> str:
+    """How far behind the late wake-ups came (emulated), to weigh them against the run's
+    times; empty when none was late."""
+    late = fab.get("late_wakeups", 0)
+    if not late:
+        return ""
+    mean = fab.get("late_seconds", 0.0) / late
+    return (
+        f" ({mean * 1e6:.2f} us behind on average, the worst "
+        f"{fab.get('peak_lateness_seconds', 0.0) * 1e6:.2f} us; emulated)"
+    )
+
+
 def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent]) -> dict[str, Any]:
     """The summary of an in-process fabric (virtual mode), with the engine's frame-hops (a
     frame crossing one link is one hop)."""
@@ -105,7 +118,8 @@ def report(
         f"{fabric.get('paused_seconds', 0.0) * 1e6:.1f} us (port-priority total), ECN marks "
         f"{fabric.get('ecn_marked', 0)}, drops {sum(drops.values())} {dict(drops) or ''}, "
         f"watchdog storms {fabric.get('storms', 0)}, late wake-ups "
-        f"{fabric.get('late_wakeups', 0)}, socket drops {fabric.get('socket_drops', 0)}"
+        f"{fabric.get('late_wakeups', 0)}{lateness(fabric)}, socket drops "
+        f"{fabric.get('socket_drops', 0)}"
     )
     print(
         f"# hosts: PFC pauses honoured {fabric.get('nic_pauses', 0)}, CNPs sent "

@@ -117,6 +117,7 @@ class EngineNic(_Waiters):
         self.clock = clock
         self.port = port
         self.late_wakeups = 0  # the engine is never late: it stops time instead
+        self.late_seconds = self.peak_lateness = 0.0
         self.node = engine.add(nic_node(core, self.wake_waiters))
         self._init_waiters()
 

@@ -63,12 +63,16 @@ class LatenessMonitor:
         self.clock = clock
         self.what = what
         self.late_wakeups = 0
+        self.late_seconds = 0.0  # emulated seconds behind, summed over the late wake-ups
+        self.peak_lateness = 0.0  # the latest of them, emulated seconds behind
 
     def woke(self, now: float, deadline: float | None) -> None:
         """A driver woke at ``now`` (emulated) for ``deadline``."""
         if deadline is None or (now - deadline) * self.clock.tdf <= LATE_WALL_SECONDS:
             return
         self.late_wakeups += 1
+        self.late_seconds += now - deadline
+        self.peak_lateness = max(self.peak_lateness, now - deadline)
         if self.late_wakeups == 1:
             log.warning(
                 "%s fell %.0f µs (emulated) behind schedule at TDF %g: the emulation "

@@ -33,6 +33,9 @@ class Driven(Protocol):
     @property
     def late_wakeups(self) -> int: ...
 
+    @property
+    def late_seconds(self) -> float: ...
+
 
 def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     """The per-process families of one node (label ``node``)."""
@@ -43,6 +46,13 @@ def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | Gaug
     )
     late.add_metric([node], pump.late_wakeups)
     yield late
+    behind = CounterMetricFamily(
+        "rocev2_emulation_late_seconds",
+        "Emulated seconds the late wake-ups came behind their deadlines, summed",
+        labels=["node"],
+    )
+    behind.add_metric([node], pump.late_seconds)
+    yield behind
     sock = CounterMetricFamily(
         "rocev2_socket_rx_dropped_packets",
         "Datagrams the kernel dropped at this node's UDP socket",

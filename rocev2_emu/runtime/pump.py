@@ -92,6 +92,16 @@ class Pump:
     def late_wakeups(self) -> int:
         return self.lateness.late_wakeups
 
+    @property
+    def late_seconds(self) -> float:
+        """Emulated seconds behind schedule, summed over the late wake-ups."""
+        return self.lateness.late_seconds
+
+    @property
+    def peak_lateness(self) -> float:
+        """The worst late wake-up, in emulated seconds behind schedule."""
+        return self.lateness.peak_lateness
+
     def set_link_faults(self, index: int, faults: LinkFaults) -> None:
         """Change a link's faults (loss, corruption, delay) while running."""
         link = self.links[index]
