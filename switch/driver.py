@@ -11,7 +11,7 @@ link's propagation delay and faults.
 
 from __future__ import annotations
 
-from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.clock import BEHIND_MARKS, DilatedClock
 from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort, EnginePort
@@ -88,7 +88,8 @@ class EngineSwitch:
         self.port = EnginePort(address, None)
         core.catchup = 0.0  # the engine is never late, so no frame may leave "in the past"
         self.late_wakeups = 0  # the engine is never late: it stops time instead
-        self.late_seconds = self.peak_lateness = 0.0
+        self.late_seconds = 0.0
+        self.late_beyond = [0] * len(BEHIND_MARKS)
         self.unknown_vni = 0
         self.node = engine.add(switch_node(core))
 

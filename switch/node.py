@@ -18,7 +18,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.clock import DilatedClock, late_beyond
 from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
@@ -75,7 +75,7 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
         "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
         "late_wakeups": driver.late_wakeups,
         "late_seconds": driver.late_seconds,
-        "peak_lateness_seconds": driver.peak_lateness,
+        **late_beyond(driver.late_beyond),
         "socket_drops": driver.port.kernel_drops(),
         "down_vnis": [
             cfg.vni for cfg, ps in zip(driver.core.config.ports, ports, strict=True) if not ps.up

@@ -22,6 +22,7 @@ import numpy as np
 import trio
 
 from rocev2_emu.runtime import auth
+from rocev2_emu.runtime.clock import late_beyond
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
@@ -211,7 +212,7 @@ def host_stats(ctx: Context, now: float | None = None) -> dict[str, Any]:
         "socket_drops": ctx.port.kernel_drops(),
         "late_wakeups": ctx.driver.late_wakeups,
         "late_seconds": ctx.driver.late_seconds,
-        "peak_lateness_seconds": ctx.driver.peak_lateness,
+        **late_beyond(ctx.driver.late_beyond),
     }
 
 

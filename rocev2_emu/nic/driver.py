@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import trio
 
 from rocev2_emu.nic.core import NicCore
-from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.clock import BEHIND_MARKS, DilatedClock
 from rocev2_emu.runtime.engine import Datagram, Engine, Node
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort, PortInfo
@@ -117,7 +117,8 @@ class EngineNic(_Waiters):
         self.clock = clock
         self.port = port
         self.late_wakeups = 0  # the engine is never late: it stops time instead
-        self.late_seconds = self.peak_lateness = 0.0
+        self.late_seconds = 0.0
+        self.late_beyond = [0] * len(BEHIND_MARKS)
         self.node = engine.add(nic_node(core, self.wake_waiters))
         self._init_waiters()
 

@@ -18,6 +18,9 @@ import trio
 log = logging.getLogger(__name__)
 
 LATE_WALL_SECONDS: Final = 0.005  # a wake-up this late (real time) is counted as behind
+# emulated seconds behind: the late wake-ups are also counted beyond each (additive, so a run's
+# share is a difference of two readings, where a "worst since start" would not be)
+BEHIND_MARKS: Final = (1e-6, 10e-6, 100e-6)
 
 
 class DilatedClock:
@@ -55,6 +58,14 @@ class DilatedClock:
         return emulated_seconds * self.tdf
 
 
+def late_beyond(counts: list[int]) -> dict[str, int]:
+    """A driver's late wake-ups beyond each of :data:`BEHIND_MARKS`, as stats keys
+    (``late_beyond_1us``, ...)."""
+    return {
+        f"late_beyond_{mark * 1e6:.0f}us": n for mark, n in zip(BEHIND_MARKS, counts, strict=True)
+    }
+
+
 class LatenessMonitor:
     """Counts a driver's wake-ups that came too late for their deadline and warns once: from
     then on the emulation is no longer faithful and the TDF should go up."""
@@ -64,15 +75,18 @@ class LatenessMonitor:
         self.what = what
         self.late_wakeups = 0
         self.late_seconds = 0.0  # emulated seconds behind, summed over the late wake-ups
-        self.peak_lateness = 0.0  # the latest of them, emulated seconds behind
+        self.late_beyond = [0] * len(BEHIND_MARKS)  # of them, how many beyond each mark
 
     def woke(self, now: float, deadline: float | None) -> None:
         """A driver woke at ``now`` (emulated) for ``deadline``."""
         if deadline is None or (now - deadline) * self.clock.tdf <= LATE_WALL_SECONDS:
             return
         self.late_wakeups += 1
-        self.late_seconds += now - deadline
-        self.peak_lateness = max(self.peak_lateness, now - deadline)
+        behind = now - deadline
+        self.late_seconds += behind
+        for i, mark in enumerate(BEHIND_MARKS):
+            if behind > mark:
+                self.late_beyond[i] += 1
         if self.late_wakeups == 1:
             log.warning(
                 "%s fell %.0f µs (emulated) behind schedule at TDF %g: the emulation "

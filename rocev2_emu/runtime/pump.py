@@ -98,9 +98,9 @@ class Pump:
         return self.lateness.late_seconds
 
     @property
-    def peak_lateness(self) -> float:
-        """The worst late wake-up, in emulated seconds behind schedule."""
-        return self.lateness.peak_lateness
+    def late_beyond(self) -> list[int]:
+        """Late wake-ups more than each of ``clock.BEHIND_MARKS`` behind (emulated)."""
+        return self.lateness.late_beyond
 
     def set_link_faults(self, index: int, faults: LinkFaults) -> None:
         """Change a link's faults (loss, corruption, delay) while running."""

@@ -41,22 +41,35 @@ def test_the_fabrics_peak_queue_is_its_deepest_port_not_a_sum() -> None:
 
 async def test_late_wake_ups_are_weighed_in_emulated_time() -> None:
     from rocev2_emu.fabric.report import lateness
-    from rocev2_emu.runtime.clock import LATE_WALL_SECONDS, DilatedClock, LatenessMonitor
+    from rocev2_emu.runtime.clock import (
+        LATE_WALL_SECONDS,
+        DilatedClock,
+        LatenessMonitor,
+        late_beyond,
+    )
 
     clock = DilatedClock(10000.0, origin=0.0)  # the trio clock (a test of trio_mode)
     monitor = LatenessMonitor(clock, "test node")
     threshold = LATE_WALL_SECONDS / clock.tdf  # 0.5 us of emulated time at TDF 10 000
     monitor.woke(1e-3 + 0.9 * threshold, 1e-3)  # within the threshold: not late
     monitor.woke(2e-3, None)  # no deadline: woken by a datagram
-    monitor.woke(3e-3 + 1e-6, 3e-3)
+    monitor.woke(3e-3 + 0.8e-6, 3e-3)
     monitor.woke(4e-3 + 3e-6, 4e-3)
     assert monitor.late_wakeups == 2
-    assert abs(monitor.late_seconds - 4e-6) < 1e-12 and abs(monitor.peak_lateness - 3e-6) < 1e-12
-
-    nodes = {  # two nodes' stats as switch_stats / host_stats give them
-        "s0": {"late_wakeups": 2, "late_seconds": 4e-6, "peak_lateness_seconds": 3e-6},
-        "h0": {"late_wakeups": 2, "late_seconds": 12e-6, "peak_lateness_seconds": 10e-6},
+    assert abs(monitor.late_seconds - 3.8e-6) < 1e-12
+    assert late_beyond(monitor.late_beyond) == {
+        "late_beyond_1us": 1,  # the one 3 us behind
+        "late_beyond_10us": 0,
+        "late_beyond_100us": 0,
     }
-    fab = merge_stats(nodes)
-    assert lateness(fab) == " (4.00 us behind on average, the worst 10.00 us; emulated)"
+
+    before = {"late_wakeups": 2, "late_seconds": 3.8e-6, **late_beyond(monitor.late_beyond)}
+    monitor.woke(5e-3 + 20e-6, 5e-3)  # then a run that had one wake-up 20 us behind
+    after = {"late_wakeups": 3, "late_seconds": 23.8e-6, **late_beyond(monitor.late_beyond)}
+    nodes = {"s0": stats_delta(after, before), "h0": {"late_wakeups": 1, "late_seconds": 2e-6}}
+    fab = merge_stats(nodes)  # the run's share: 2 late wake-ups, 22 us behind in all
+    assert lateness(fab) == (
+        " (11.00 us behind on average; 1 more than 1 us, 1 more than 10 us, 0 more than 100 us;"
+        " emulated)"
+    )
     assert lateness(merge_stats({"s0": {"late_wakeups": 0}})) == ""
