@@ -8,10 +8,11 @@ receiver's port; with PFC alone the pauses spread back over leaf 0's uplinks, wh
 crosses too, so iterations that meet a burst stall.  Three settings: no bursts (the baseline),
 bursts with PFC only, bursts with PFC + DCQCN.
 
-At scale (``--topology FILE``, for example a k = 8 fat-tree's 128 hosts): every host of the
-file is a rank; the receiver hangs off the switch of its first host, the six senders two each
-off the switches of its last three switches that hosts hang off (on the leaf-spine: leaf 0 and
-leaves 1-3, as above); ``--iterations`` and ``--size`` (bytes per all-reduce) set the job.
+At scale (``--topology FILE``, for example a k = 8 fat-tree's 128 hosts): the file's hosts
+are the ranks (as many as their ``ranks`` say, one each by default); the receiver hangs off
+the switch of its first host, the six senders two each off the last three switches that hosts
+hang off (on the leaf-spine: leaf 0 and leaves 1-3, as above); ``--iterations`` and ``--size``
+(bytes per all-reduce) set the job.
 
 Each iteration's time is the latest rank's finish minus the previous iteration's latest
 finish; the report gives p50 / p99 / max, the mean of the slowest tenth, the time lost in all
@@ -71,7 +72,7 @@ def host_switches(data: dict[str, Any]) -> list[str]:
 
 def straggler_topology(seed: int, dcqcn: bool, base: str | None = None) -> Topology:
     """The scenario's fabric: ``base`` (a topology file's text; default the shipped
-    leaf-spine), every host a rank, with the bursts' receiver and six senders added."""
+    leaf-spine), its hosts the ranks, with the bursts' receiver and six senders added."""
     data = tomllib.loads(leaf_spine(2, 4, 2) if base is None else base)
     data["fabric"]["seed"] = seed
     under = host_switches(data)
@@ -131,7 +132,7 @@ def straggler(
         text = Path(mode.topology).read_text() if mode.topology else None
         iters, size = mode.iterations or iters, mode.size or size
     if size % 4 or iters < 1:
-        raise ValueError(f"straggler: --size must be a multiple of 4 bytes, got {size}")
+        raise ValueError(f"straggler: --size must be a multiple of 4 bytes (float32), got {size}")
     params = {"iters": iters, "bytes": size, "timeout": 0.5}
     rows: list[dict[str, Any]] = []
     lines: list[str] = []

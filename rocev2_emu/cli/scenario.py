@@ -54,8 +54,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--topology",
         help="topology file to run on, e.g. from 'rocev2-emu topology fat-tree -k 8'; incast: "
-        "its first N hosts send to its last (default: one switch); straggler: every host a "
-        "rank, the bursts' hosts added (default: the shipped leaf-spine)",
+        "its first N hosts send to its last (default: one switch); straggler: its hosts the "
+        "ranks, the bursts' hosts added (default: the shipped leaf-spine)",
     )
     scale.add_argument(
         "--iterations", type=positive_int, help="straggler: all-reduces per setting (default 40)"
