@@ -18,7 +18,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.clock import DilatedClock, late_beyond
+from rocev2_emu.runtime.clock import DilatedClock, lateness_stats
 from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
@@ -73,9 +73,7 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
             ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(PRIORITIES)
         ),
         "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
-        "late_wakeups": driver.late_wakeups,
-        "late_seconds": driver.late_seconds,
-        **late_beyond(driver.late_beyond),
+        **lateness_stats(driver),
         "socket_drops": driver.port.kernel_drops(),
         "down_vnis": [
             cfg.vni for cfg, ps in zip(driver.core.config.ports, ports, strict=True) if not ps.up

@@ -22,7 +22,7 @@ import numpy as np
 import trio
 
 from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.clock import late_beyond
+from rocev2_emu.runtime.clock import lateness_stats
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
@@ -210,9 +210,7 @@ def host_stats(ctx: Context, now: float | None = None) -> dict[str, Any]:
         "timeouts": c.local_ack_timeout_err,
         "nic_drops": sum(c.rx_drops.values()),
         "socket_drops": ctx.port.kernel_drops(),
-        "late_wakeups": ctx.driver.late_wakeups,
-        "late_seconds": ctx.driver.late_seconds,
-        **late_beyond(ctx.driver.late_beyond),
+        **lateness_stats(ctx.driver),
     }
 
 

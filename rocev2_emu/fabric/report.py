@@ -13,7 +13,7 @@ from typing import Any
 
 from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.runtime.clock import BEHIND_MARKS, late_beyond
+from rocev2_emu.runtime.clock import BEHIND_MARKS, beyond_key
 from rocev2_emu.stats import percentile
 from switch.driver import EngineSwitch
 from switch.node import switch_stats
@@ -71,10 +71,7 @@ def lateness(fab: dict[str, Any]) -> str:
     if not late:
         return ""
     mean = fab.get("late_seconds", 0.0) / late
-    beyond = [
-        f"{fab.get(key, 0)} more than {key.removeprefix('late_beyond_').removesuffix('us')} us"
-        for key in late_beyond([0] * len(BEHIND_MARKS))
-    ]
+    beyond = [f"{fab.get(beyond_key(m), 0)} more than {m * 1e6:.0f} us" for m in BEHIND_MARKS]
     return f" ({mean * 1e6:.2f} us behind on average; {', '.join(beyond)}; emulated)"
 
 

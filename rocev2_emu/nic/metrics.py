@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rocev2_emu.cc import Dcqcn
-from rocev2_emu.runtime.metrics import pump_metrics
+from rocev2_emu.runtime.metrics import node_counter, pump_metrics
 
 if TYPE_CHECKING:
     from rocev2_emu.nic.driver import EngineNic, NicDriver
@@ -106,13 +106,12 @@ class NicCollector(Collector):
                 target.add_metric(label, rc.target)
                 alpha.add_metric(label, rc.alpha)
         yield from (rate, target, alpha)
-        behind = CounterMetricFamily(
+        yield node_counter(
             "rocev2_nic_tx_behind_schedule",
             "Frames sent after their line-rate slot",
-            labels=["node"],
+            node,
+            core.tx_behind_schedule,
         )
-        behind.add_metric([node], core.tx_behind_schedule)
-        yield behind
         yield from pump_metrics(self.driver, node)
         qps = GaugeMetricFamily(
             "rocev2_nic_queue_pairs", "Queue pairs by state", labels=["node", "state"]

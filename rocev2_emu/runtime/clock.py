@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -58,11 +58,32 @@ class DilatedClock:
         return emulated_seconds * self.tdf
 
 
-def late_beyond(counts: list[int]) -> dict[str, int]:
-    """A driver's late wake-ups beyond each of :data:`BEHIND_MARKS`, as stats keys
-    (``late_beyond_1us``, ...)."""
+def beyond_key(mark: float) -> str:
+    """The stats key of the late wake-ups beyond ``mark`` (``late_beyond_10us``, ...)."""
+    return f"late_beyond_{mark * 1e6:.0f}us"
+
+
+class Late(Protocol):
+    """A driver's lateness as its stats report it: a pump's, or the engine's (never late)."""
+
+    @property
+    def late_wakeups(self) -> int: ...
+
+    @property
+    def late_seconds(self) -> float: ...
+
+    @property
+    def late_beyond(self) -> list[int]: ...
+
+
+def lateness_stats(driver: Late) -> dict[str, Any]:
+    """A node's stats entries for its driver's late wake-ups: the count, the emulated seconds
+    behind in all, and how many came beyond each of :data:`BEHIND_MARKS`."""
+    beyond = zip(BEHIND_MARKS, driver.late_beyond, strict=True)
     return {
-        f"late_beyond_{mark * 1e6:.0f}us": n for mark, n in zip(BEHIND_MARKS, counts, strict=True)
+        "late_wakeups": driver.late_wakeups,
+        "late_seconds": driver.late_seconds,
+        **{beyond_key(mark): n for mark, n in beyond},
     }
 
 

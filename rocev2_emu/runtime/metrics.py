@@ -16,12 +16,12 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.clock import DilatedClock, Late
 from rocev2_emu.runtime.control import DROPPED, REJECTED
 from rocev2_emu.runtime.ports import PortInfo, batch_mode
 
 
-class Driven(Protocol):
+class Driven(Late, Protocol):
     """A core's driver as the metrics see it: a pump, or a node of the virtual-time engine."""
 
     @property
@@ -30,36 +30,34 @@ class Driven(Protocol):
     @property
     def clock(self) -> DilatedClock: ...
 
-    @property
-    def late_wakeups(self) -> int: ...
 
-    @property
-    def late_seconds(self) -> float: ...
+def node_counter(name: str, documentation: str, node: str, value: float) -> CounterMetricFamily:
+    """A counter family of one sample, labelled with the node."""
+    family = CounterMetricFamily(name, documentation, labels=["node"])
+    family.add_metric([node], value)
+    return family
 
 
 def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     """The per-process families of one node (label ``node``)."""
-    late = CounterMetricFamily(
+    yield node_counter(
         "rocev2_emulation_late_wakeups",
         "Driver wake-ups later than their deadline (run unfaithful)",
-        labels=["node"],
+        node,
+        pump.late_wakeups,
     )
-    late.add_metric([node], pump.late_wakeups)
-    yield late
-    behind = CounterMetricFamily(
+    yield node_counter(
         "rocev2_emulation_late_seconds",
         "Emulated seconds the late wake-ups came behind their deadlines, summed",
-        labels=["node"],
+        node,
+        pump.late_seconds,
     )
-    behind.add_metric([node], pump.late_seconds)
-    yield behind
-    sock = CounterMetricFamily(
+    yield node_counter(
         "rocev2_socket_rx_dropped_packets",
         "Datagrams the kernel dropped at this node's UDP socket",
-        labels=["node"],
+        node,
+        pump.port.kernel_drops(),
     )
-    sock.add_metric([node], pump.port.kernel_drops())
-    yield sock
     tdf = GaugeMetricFamily(
         "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]
     )
