@@ -5,4 +5,8 @@ carried between processes as VXLAN datagrams; the reliable-connected transport, 
 switch pipeline are sans-IO cores driven by thin trio shells.  See ``docs/`` and DESIGN.md.
 """
 
+from rocev2_emu import cores as _cores  # first: decides compiled or pure before any core loads
+
 __version__ = "0.1.0"
+__all__ = ["__version__"]
+del _cores

@@ -6,3 +6,7 @@ It shares only the wire (:mod:`rocev2_emu.wire`: frame codecs, CRC, line-rate ti
 runtime (:mod:`rocev2_emu.runtime`: clock, ports, link faults, the pump, control framing,
 node metrics) with the host side; ``lint-imports`` checks it.
 """
+
+from rocev2_emu import cores as _cores  # first: compiled or pure, before any core loads
+
+del _cores

@@ -31,16 +31,13 @@ class SwitchDriver(Pump):
         super().__init__(
             port,
             clock,
+            core,
             name=f"switch {core.config.name}",
-            receive=self._receive_datagram,
-            transmit=core.transmit,
-            get_timer=core.get_timer,
-            handle_timer=core.handle_timer,
             faults=list(faults),
             peers=peers,
             recv=port.recv_from,
         )
-        self.core = core
+        self.core: SwitchCore = core
         core.catchup = CATCHUP_WALL_SECONDS / clock.tdf
         self.peers = peers
         self.unknown_vni = 0
@@ -50,9 +47,9 @@ class SwitchDriver(Pump):
         """Change a port's link faults (loss, corruption, delay) while running."""
         self.set_link_faults(index, faults)
 
-    def _receive_datagram(
-        self, item: tuple[bytes | memoryview, tuple[str, int]], now: float
-    ) -> None:
+    def deliver(self, item: tuple[bytes | memoryview, tuple[str, int]], now: float) -> None:
+        """A datagram and its sender: to the port its VNI names, if the sender is that link's
+        peer."""
         data, sender = item
         index = self._by_vni.get(data[4] << 16 | data[5] << 8 | data[6]) if len(data) >= 8 else None
         if index is None:
@@ -61,18 +58,12 @@ class SwitchDriver(Pump):
         if sender != self.peers[index]:  # only the link's far end may send into a port
             self.core.ports[index].drops["not_from_peer"] += 1
             return
-        self.core.receive(index, data, now)
+        self.core.receive(index, bytes(data), now)
 
 
 def switch_node(core: SwitchCore) -> Node:
     """The switch core as an engine node: each frame straight to the port its link ends at."""
-    return Node(
-        f"switch {core.config.name}",
-        receive=core.receive,
-        transmit=core.transmit,
-        get_timer=core.get_timer,
-        handle_timer=core.handle_timer,
-    )
+    return Node(f"switch {core.config.name}", core)
 
 
 class EngineSwitch:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Iterator
 from typing import Final
 
+from rocev2_emu.runtime.events import Core
 from rocev2_emu.wire.crc import crc32
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import (
@@ -94,7 +94,10 @@ class PortState:
         return self.paused_time[prio] + max(0.0, extra)
 
 
-class SwitchCore:
+class SwitchCore(Core):
+    """One switch: its ports, buffer, queues, PFC and ECN, driven through the four methods of
+    :class:`~rocev2_emu.runtime.events.Core`."""
+
     def __init__(self, config: SwitchConfig) -> None:
         self.config = config
         self.ports = [PortState(p.rate_bps) for p in config.ports]
@@ -115,6 +118,8 @@ class SwitchCore:
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
         self._prio = [config.priority_of(dscp) for dscp in range(64)]
         self._pending: set[int] = set()  # ports with frames queued
+        self._sweep: list[int] = []  # next_out's turn over the pending ports, and where it is
+        self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
@@ -139,7 +144,7 @@ class SwitchCore:
         return sum(ps.pacer.behind_schedule for ps in self.ports)
 
     # -- ingress ---------------------------------------------------------------------------
-    def receive(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
+    def receive(self, port: int, data: bytes, now: float) -> None:
         """One VXLAN datagram arrived on ``port``.  Never raises for bad input: counts it."""
         ps = self.ports[port]
         ps.rx_packets += 1
@@ -288,28 +293,38 @@ class SwitchCore:
             ps.xoff_refresh_at[prio] = 0.0
 
     # -- egress ----------------------------------------------------------------------------
-    def transmit(self, now: float) -> Iterator[tuple[int, bytes]]:
-        """Every datagram due to leave by ``now``, as (port, datagram), dequeued lazily: what
-        the caller does not take stays queued."""
+    def next_out(self, now: float) -> tuple[int, bytes] | None:
+        """The next datagram due to leave by ``now``, as (port, datagram), or None.  One sweep
+        over the ports with frames queued, in turn, each drained while its pacer lets it; what
+        the caller does not take stays queued (a blocked socket), and the sweep resumes there."""
+        sweep = self._sweep
+        if not sweep:
+            if not self._pending:
+                return None
+            sweep.extend(self._pending)
+            self._sweep_at = 0
         pending = self._pending
-        for index in list(pending):
+        while self._sweep_at < len(sweep):
+            index = sweep[self._sweep_at]
             ps = self.ports[index]
             pacer = ps.pacer
-            while pacer.ready(now):
+            if pacer.ready(now):
                 datagram = self._dequeue(index, ps, now)
-                if datagram is None:
-                    pacer.idle = True
-                    if not ps.control and not any(ps.queue_bytes):
-                        pending.discard(index)
-                    break
-                size = len(datagram) - VXLAN_LEN
-                ps.tx_packets += 1
-                ps.tx_bytes += size
-                pacer.depart(size, now)
-                if ps.up:
-                    yield index, datagram
-                else:
+                if datagram is not None:
+                    size = len(datagram) - VXLAN_LEN
+                    ps.tx_packets += 1
+                    ps.tx_bytes += size
+                    pacer.depart(size, now)
+                    if ps.up:
+                        return index, datagram
                     ps.drops["link_down"] += 1
+                    continue
+                pacer.idle = True
+                if not ps.control and not any(ps.queue_bytes):
+                    pending.discard(index)
+            self._sweep_at += 1
+        sweep.clear()
+        return None
 
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
@@ -366,7 +381,7 @@ class SwitchCore:
 
     # -- timers, links ---------------------------------------------------------------------
     def get_timer(self) -> float | None:
-        """The next time :meth:`transmit` or :meth:`handle_timer` has work: only ports with
+        """The next time :meth:`next_out` or :meth:`handle_timer` has work: only ports with
         frames queued and ports refreshing an XOFF are looked at, not every port."""
         t = self.watchdog.get_timer()
         for index in self._pending:

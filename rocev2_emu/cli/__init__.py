@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from rocev2_emu import __version__
+from rocev2_emu import __version__, cores
 from rocev2_emu.cli import bench, demo, fabric, perftest, scenario
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.fabric.services import load_plugins
@@ -51,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="A RoCEv2 fabric that really runs: software NICs "
         "speaking real RoCEv2 frames between processes.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__}, {cores.describe()}",
+        help="the version, and which build of the protocol cores runs (compiled or pure)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--no-batch-io",

@@ -21,6 +21,7 @@ from typing import Any, Final
 from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.cc import create as create_rate_control
 from rocev2_emu.nic.ingress import IngressConfig, IngressQueue
+from rocev2_emu.runtime.events import Core
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
@@ -76,8 +77,9 @@ class NicConfig:
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
 
 
-class NicCore:
-    """A RoCEv2 NIC with one Ethernet port."""
+class NicCore(Core):
+    """A RoCEv2 NIC with one Ethernet port (port 0), driven through the four methods of
+    :class:`~rocev2_emu.runtime.events.Core`."""
 
     def __init__(self, config: NicConfig, rng: random.Random | None = None) -> None:
         """``rng`` draws QPNs, PSNs and keys: a CSPRNG unless a test injects a seeded one."""
@@ -104,7 +106,7 @@ class NicCore:
         self._prio_order: list[int] = []  # the priorities QPs use, highest first
         self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
-        self._control: deque[bytes | bytearray] = deque()
+        self._control: deque[bytes] = deque()
         self._peer_ip: dict[int, int] = {}  # QPN -> its peer's address (the path's source IP)
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap of (deadline, QPN) with stale entries skipped, refreshed for the QPs
@@ -213,6 +215,14 @@ class NicCore:
     def random_psn(self) -> int:
         return self.rng.getrandbits(24)
 
+    # -- the core interface ----------------------------------------------------------------
+    def receive(self, port: int, data: bytes, now: float) -> None:
+        self.receive_datagram(data, now)
+
+    def next_out(self, now: float) -> tuple[int, bytes] | None:
+        datagram = self.next_datagram(now)
+        return None if datagram is None else (0, datagram)
+
     # -- receive ---------------------------------------------------------------------------
     def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Handle one VXLAN datagram from the link.  Never raises for bad input: counts it."""
@@ -320,9 +330,9 @@ class NicCore:
     # -- transmit --------------------------------------------------------------------------
     def queue_control(self, datagram: bytes | bytearray) -> None:
         """Queue a control frame (PFC, CNP) that is not subject to PFC pause or QP order."""
-        self._control.append(datagram)
+        self._control.append(bytes(datagram))
 
-    def next_datagram(self, now: float) -> bytes | bytearray | None:
+    def next_datagram(self, now: float) -> bytes | None:
         """The next VXLAN datagram to put on the link at ``now``, or None (see get_timer)."""
         pacer = self.pacer
         if not pacer.ready(now):

@@ -9,13 +9,13 @@ queue grew, receive waiters when datagrams arrived; and a verbs call that change
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import trio
 
 from rocev2_emu.nic.core import NicCore
 from rocev2_emu.runtime.clock import BEHIND_MARKS, DilatedClock
-from rocev2_emu.runtime.engine import Datagram, Engine, Node
+from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort, PortInfo
 from rocev2_emu.runtime.pump import Pump
@@ -24,20 +24,7 @@ from rocev2_emu.wire.pcap import PcapWriter
 
 def nic_node(core: NicCore, after: Callable[[int], bool] | None = None) -> Node:
     """The NIC core as an engine node: its one port is port 0."""
-    return Node(
-        f"NIC {core.config.ip}",
-        receive=lambda _port, data, now: core.receive_datagram(data, now),
-        transmit=lambda now: _due(core, now),
-        get_timer=core.get_timer,
-        handle_timer=core.handle_timer,
-        after=after,
-    )
-
-
-def _due(core: NicCore, now: float) -> Iterator[tuple[int, Datagram]]:
-    next_datagram = core.next_datagram
-    while (datagram := next_datagram(now)) is not None:
-        yield 0, datagram
+    return Node(f"NIC {core.config.ip}", core, after)
 
 
 class _Waiters:
@@ -77,18 +64,9 @@ class NicDriver(Pump, _Waiters):
         faults: LinkFaults | None = None,
         pcap: PcapWriter | None = None,
     ) -> None:
-        super().__init__(
-            port,
-            clock,
-            name=f"NIC {core.config.ip}",
-            receive=core.receive_datagram,
-            transmit=self._due,
-            get_timer=core.get_timer,
-            handle_timer=core.handle_timer,
-            faults=[faults],
-            pcap=pcap,
-        )
-        self.core = core
+        name = f"NIC {core.config.ip}"
+        super().__init__(port, clock, core, name=name, faults=[faults], pcap=pcap)
+        self.core: NicCore = core
         self._init_waiters()
 
     @property
@@ -100,9 +78,6 @@ class NicDriver(Pump, _Waiters):
         """Change the link's faults (loss, corruption, delay) while running."""
         self.set_link_faults(0, faults)
         self.kick()
-
-    def _due(self, now: float) -> Iterator[tuple[int, Datagram]]:
-        return _due(self.core, now)
 
     def after_round(self, received: int) -> None:
         self.wake_waiters(received)

@@ -18,8 +18,11 @@ CHECK_EVERY: Final = 256  # engine instants between two looks at the wall clock
 
 
 class Progressing(Protocol):
-    now: float  # emulated seconds
-    hops: int
+    @property
+    def now(self) -> float: ...  # emulated seconds
+
+    @property
+    def hops(self) -> int: ...
 
 
 class ProgressLine:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
 import trio
 
 from rocev2_emu.runtime.clock import DilatedClock, LatenessMonitor
+from rocev2_emu.runtime.events import Core
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort
 from rocev2_emu.wire.ethernet import VXLAN_LEN
@@ -32,31 +33,26 @@ TX_BATCH: Final = 64  # datagrams to one link gathered for one batched send (GSO
 CATCHUP_WALL_SECONDS: Final = 0.002
 
 Datagram = bytes | bytearray
-Receive = Callable[[Any, float], None]  # (what ``recv`` returned, now)
-Transmit = Callable[[float], Iterable[tuple[int, Datagram]]]
 
 
 class Pump:
-    """Pumps ``port`` for one core.
+    """Pumps ``port`` for one sans-IO ``core`` (:class:`~rocev2_emu.runtime.events.Core`).
 
-    ``receive(item, now)`` takes each datagram ``recv()`` returns (default ``port.recv``, the
-    datagram; a switch passes ``port.recv_from``, the datagram and its sender);
-    ``transmit(now)`` yields ``(link, datagram)`` pairs due by ``now``, lazily, so what a
-    blocked socket cannot take stays in the core's own queues; ``get_timer()`` /
-    ``handle_timer(now)`` are the core's deadline.  ``peers`` names each link's far end (None:
-    one link through the port's connected peer).
+    Each item ``recv()`` returns (default ``port.recv``, the datagram; a switch passes
+    ``port.recv_from``, the datagram and its sender) goes to :meth:`deliver`, which hands it to
+    the core (port 0 here; the switch's driver demultiplexes).  The core's ``next_out`` is asked
+    for frames one at a time while the socket takes them, so what a blocked socket cannot take
+    stays in the core's own queues.  ``peers`` names each link's far end (None: one link through
+    the port's connected peer).
     """
 
     def __init__(
         self,
         port: DatagramPort,
         clock: DilatedClock,
+        core: Core,
         *,
         name: str,
-        receive: Receive,
-        transmit: Transmit,
-        get_timer: Callable[[], float | None],
-        handle_timer: Callable[[float], None],
         faults: list[LinkFaults | None],
         peers: list[tuple[str, int]] | None = None,
         pcap: PcapWriter | None = None,
@@ -65,11 +61,8 @@ class Pump:
         self.port = port
         self.clock = clock
         self.pcap = pcap
-        self._receive = receive
+        self.core = core
         self._recv = recv or port.recv
-        self._transmit_due = transmit
-        self._core_timer = get_timer
-        self._handle_timer = handle_timer
         self._send: list[Callable[[Datagram], bool]] = (
             [port.send] if peers is None else [partial(port.send_to, peer=p) for p in peers]
         )
@@ -118,15 +111,20 @@ class Pump:
         else:
             self._kicked = True
 
+    def deliver(self, item: Any, now: float) -> None:
+        """One item ``recv()`` returned: a datagram for the core's one port."""
+        self.core.receive(0, bytes(item), now)
+
     def after_round(self, received: int) -> None:
         """Called after each round that sent everything due; drivers wake their waiters."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        port, clock, receive, recv, pcap = (
+        port, clock, core, deliver, recv, pcap = (
             self.port,
             self.clock,
-            self._receive,
+            self.core,
+            self.deliver,
             self._recv,
             self.pcap,
         )
@@ -143,8 +141,8 @@ class Pump:
                 got += 1
                 if pcap is not None:  # a NIC's: its items are datagrams
                     pcap.write(now, memoryview(item)[VXLAN_LEN:])
-                receive(item, now)
-            self._handle_timer(now)
+                deliver(item, now)
+            core.handle_timer(now)
             if not self._transmit(now):
                 await port.wait_writable()
                 continue
@@ -161,7 +159,7 @@ class Pump:
             self._scope = None
 
     def _next_deadline(self) -> float | None:
-        t = self._core_timer()
+        t = self.core.get_timer()
         for index in self._faulty:
             link = self.links[index]
             assert link is not None
@@ -184,8 +182,9 @@ class Pump:
         pcap = self.pcap
         batch: list[Datagram] = []  # due datagrams to one link, in order, sent together
         batch_index = -1
-        due: Iterator[tuple[int, Datagram]] = iter(self._transmit_due(now))
-        for index, datagram in due:
+        next_out = self.core.next_out
+        while (out := next_out(now)) is not None:
+            index, datagram = out
             if pcap is not None:
                 pcap.write(now, memoryview(datagram)[VXLAN_LEN:])
             link = links[index]

@@ -8,22 +8,37 @@ so the halves never import the QP that owns them and the package has no import c
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.memory import Access, MemoryTable, ProtectionDomain
 from rocev2_emu.transport.work import CompletionQueue, WcStatus
 
 
-class OutPacket(NamedTuple):
+class OutPacket:
     """A transport packet for the NIC to frame: BTH fields, extension headers, payload."""
 
-    opcode: int
-    psn: int
-    ackreq: bool
-    solicited: bool
-    ext: bytes
-    payload: bytes | memoryview
+    def __init__(
+        self,
+        opcode: int,
+        psn: int,
+        ackreq: bool,
+        solicited: bool,
+        ext: bytes,
+        payload: bytes | memoryview,
+    ) -> None:
+        self.opcode = opcode
+        self.psn = psn
+        self.ackreq = ackreq
+        self.solicited = solicited
+        self.ext = ext
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return (
+            f"OutPacket(opcode={self.opcode}, psn={self.psn}, ackreq={self.ackreq}, "
+            f"solicited={self.solicited}, ext={self.ext!r}, payload=<{len(self.payload)} B>)"
+        )
 
 
 class QPEndpoint(Protocol):

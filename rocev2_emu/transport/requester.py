@@ -50,7 +50,6 @@ from rocev2_emu.wire.bth import Opcode as Op
 from rocev2_emu.wire.roce import RoceFrame, pack_atomic_eth, pack_reth
 
 ACKREQ_INTERVAL: Final = 16
-_new_tuple = tuple.__new__
 
 
 class Requester:
@@ -128,9 +127,7 @@ class Requester:
                 self.tx_pkt = k + 1
                 size = mtu
             payload = w.sges.gather(k * mtu, size)
-            pkt = _new_tuple(
-                OutPacket, (opcode, (w.first_psn + k) & PSN_MASK, ackreq, solicited, ext, payload)
-            )
+            pkt = OutPacket(opcode, (w.first_psn + k) & PSN_MASK, ackreq, solicited, ext, payload)
             npsn = 1
         ahead = (pkt.psn + npsn - self.frontier) & PSN_MASK
         if 0 < ahead < 1 << 23:

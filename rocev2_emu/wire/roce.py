@@ -14,7 +14,7 @@ decoder; it raises :class:`~rocev2_emu.wire.errors.MalformedFrame` and nothing e
 from __future__ import annotations
 
 import struct
-from typing import Final, NamedTuple
+from typing import Final
 
 from rocev2_emu.wire.bth import (
     AETH,
@@ -79,37 +79,104 @@ def _mask(masked: bytearray) -> None:
     masked[8 + 32] = 0xFF  # BTH byte 4: FECN, BECN, resv6
 
 
-class RoceFrame(NamedTuple):
-    """A decoded RoCEv2 frame, flat so the hot path allocates one tuple per packet."""
+class RoceFrame:
+    """A decoded RoCEv2 frame: one native object per packet, its fields typed attributes
+    (``payload`` a view of the received bytes, valid while they are)."""
 
-    dst_mac: bytes
-    src_mac: bytes
-    dscp: int
-    ecn: int
-    ttl: int
-    ip_id: int
-    src_ip: int
-    dst_ip: int
-    sport: int
-    opcode: int
-    solicited: bool
-    migreq: bool
-    pad: int
-    tver: int
-    pkey: int
-    fecn: bool
-    becn: bool
-    dqpn: int
-    ackreq: bool
-    psn: int
-    reth: Reth | None
-    aeth: Aeth | None
-    imm: int | None
-    atomic_eth: AtomicEth | None
-    atomic_ack: int | None
-    deth: Deth | None
-    payload: memoryview
-    icrc: int
+    __match_args__ = (
+        "dst_mac",
+        "src_mac",
+        "dscp",
+        "ecn",
+        "ttl",
+        "ip_id",
+        "src_ip",
+        "dst_ip",
+        "sport",
+        "opcode",
+        "solicited",
+        "migreq",
+        "pad",
+        "tver",
+        "pkey",
+        "fecn",
+        "becn",
+        "dqpn",
+        "ackreq",
+        "psn",
+        "reth",
+        "aeth",
+        "imm",
+        "atomic_eth",
+        "atomic_ack",
+        "deth",
+        "payload",
+        "icrc",
+    )
+
+    def __init__(
+        self,
+        dst_mac: bytes,
+        src_mac: bytes,
+        dscp: int,
+        ecn: int,
+        ttl: int,
+        ip_id: int,
+        src_ip: int,
+        dst_ip: int,
+        sport: int,
+        opcode: int,
+        solicited: bool,
+        migreq: bool,
+        pad: int,
+        tver: int,
+        pkey: int,
+        fecn: bool,
+        becn: bool,
+        dqpn: int,
+        ackreq: bool,
+        psn: int,
+        reth: Reth | None,
+        aeth: Aeth | None,
+        imm: int | None,
+        atomic_eth: AtomicEth | None,
+        atomic_ack: int | None,
+        deth: Deth | None,
+        payload: memoryview,
+        icrc: int,
+    ) -> None:
+        self.dst_mac = dst_mac
+        self.src_mac = src_mac
+        self.dscp = dscp
+        self.ecn = ecn
+        self.ttl = ttl
+        self.ip_id = ip_id
+        self.src_ip = src_ip
+        self.dst_ip = dst_ip
+        self.sport = sport
+        self.opcode = opcode
+        self.solicited = solicited
+        self.migreq = migreq
+        self.pad = pad
+        self.tver = tver
+        self.pkey = pkey
+        self.fecn = fecn
+        self.becn = becn
+        self.dqpn = dqpn
+        self.ackreq = ackreq
+        self.psn = psn
+        self.reth = reth
+        self.aeth = aeth
+        self.imm = imm
+        self.atomic_eth = atomic_eth
+        self.atomic_ack = atomic_ack
+        self.deth = deth
+        self.payload = payload
+        self.icrc = icrc
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__match_args__)
+        return f"RoceFrame({fields})"
 
 
 class FrameTemplate:
@@ -229,7 +296,6 @@ class FrameTemplate:
 # IPv4+UDP header bytes already validated -> CRC state of the ICRC's masked prefix.  A pure
 # memo (the key is the whole header), bounded; it spares the checksum and masking per packet.
 _VALID_HEADERS: dict[bytes, int] = {}
-_new_tuple = tuple.__new__
 _VALID_HEADERS_MAX: Final = 4096
 _IPUDP: Final = struct.Struct("!BBHHHBBHIIHHHH")
 _BTH_AT: Final = ETH_LEN + IPV4_LEN + UDP_LEN
@@ -343,39 +409,35 @@ def decode_frame_untrusted(
             e += 4
         if layout & _X_CNP_PAD:
             e += 16
-    # tuple.__new__ skips NamedTuple's keyword-aware __new__: a third of the cost
-    return _new_tuple(
-        RoceFrame,
-        (
-            dst,
-            src,
-            tos >> 2,
-            tos & 3,
-            ttl,
-            ip_id,
-            sip,
-            dip,
-            sport,
-            opcode,
-            bool(flags & 0x80),
-            bool(flags & 0x40),
-            pad,
-            tver,
-            pkey,
-            bool(word1 >> 31),
-            bool(word1 >> 30 & 1),
-            word1 & 0xFFFFFF,
-            bool(word2 >> 31),
-            word2 & 0xFFFFFF,
-            reth,
-            aeth,
-            imm,
-            atomic_eth,
-            atomic_ack,
-            deth,
-            view[e : end - pad],
-            icrc,
-        ),
+    return RoceFrame(
+        dst,
+        src,
+        tos >> 2,
+        tos & 3,
+        ttl,
+        ip_id,
+        sip,
+        dip,
+        sport,
+        opcode,
+        bool(flags & 0x80),
+        bool(flags & 0x40),
+        pad,
+        tver,
+        pkey,
+        bool(word1 >> 31),
+        bool(word1 >> 30 & 1),
+        word1 & 0xFFFFFF,
+        bool(word2 >> 31),
+        word2 & 0xFFFFFF,
+        reth,
+        aeth,
+        imm,
+        atomic_eth,
+        atomic_ack,
+        deth,
+        view[e : end - pad],
+        icrc,
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Iterator
 from dataclasses import asdict
 
 import pytest
@@ -15,11 +14,11 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import fat_tree
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_flows_virtual
-from rocev2_emu.runtime.engine import Engine, EngineError, Node
+from rocev2_emu.runtime.engine import Core, Engine, EngineError, Node
 from rocev2_emu.runtime.link import LinkFaults
 
 
-class Echo:
+class Echo(Core):
     """A toy core: sends what it is given at the times it is told, records what arrives."""
 
     def __init__(self, name: str) -> None:
@@ -29,21 +28,29 @@ class Echo:
         self.timer_calls = 0
 
     def node(self) -> Node:
-        return Node(
-            self.name,
-            receive=lambda port, data, now: self.got.append((now, port, bytes(data))),
-            transmit=self.transmit,
-            get_timer=self.get_timer,
-            handle_timer=lambda now: None,
-        )
+        return Node(self.name, self)
 
-    def transmit(self, now: float) -> Iterator[tuple[int, bytes]]:
-        while self.outbox and self.outbox[0][0] <= now:
-            yield 0, self.outbox.pop(0)[1]
+    def receive(self, port: int, data: bytes, now: float) -> None:
+        self.got.append((now, port, bytes(data)))
+
+    def next_out(self, now: float) -> tuple[int, bytes] | None:
+        if self.outbox and self.outbox[0][0] <= now:
+            return 0, self.outbox.pop(0)[1]
+        return None
 
     def get_timer(self) -> float | None:
         self.timer_calls += 1
         return self.outbox[0][0] if self.outbox else None
+
+    def handle_timer(self, now: float) -> None:
+        pass
+
+
+class Stuck(Echo):
+    """A core whose deadline is always "now": it never gets past an instant."""
+
+    def get_timer(self) -> float | None:
+        return 0.0
 
 
 def pair(faults: LinkFaults | None = None) -> tuple[Engine, Echo, Echo, Node, Node]:
@@ -87,13 +94,7 @@ def test_link_faults_are_the_seeded_ones_and_are_counted() -> None:
 
 def test_a_core_that_never_gets_past_an_instant_is_an_error_not_a_hang() -> None:
     engine = Engine()
-    stuck = Node(
-        "stuck",
-        receive=lambda port, data, now: None,
-        transmit=lambda now: iter(()),
-        get_timer=lambda: 0.0,  # always "now"
-        handle_timer=lambda now: None,
-    )
+    stuck = Stuck("stuck").node()
     engine.add(stuck)
     engine.kick(stuck)
     with pytest.raises(EngineError, match=r"livelock.*stuck"):

@@ -1,0 +1,299 @@
+"""The one core interface and the event heap of virtual time (sans-IO, compiled with mypyc).
+
+:class:`Core` is what every sans-IO core of the fabric is driven through, NIC and switch alike,
+in the manner of aioquic's ``QuicConnection``: :meth:`~Core.receive` a datagram on a port at
+``now``, :meth:`~Core.next_out` hands out the frames due by ``now`` one at a time (what a
+driver does not take stays queued in the core), :meth:`~Core.get_timer` is the next deadline,
+:meth:`~Core.handle_timer` runs the timers due.  The process mode's pump and this heap hold a
+core object and call these four methods: no stored callables or per-frame generators between
+them.
+
+:class:`EventHeap` runs every core of a virtual fabric on one heap of events: frames in flight
+on a link (:class:`Wire`: delay and seeded faults, the same decisions as the process mode's
+:class:`~rocev2_emu.runtime.link.FaultyLink`) and each core's deadline (one live entry per core,
+replaced lazily).  The trio task that hands control between this heap and application tasks
+is :mod:`rocev2_emu.runtime.engine`, interpreted beside it.
+
+Ordering is deterministic: events at one time run in the order they were scheduled, and the
+cores they touched are serviced in the order they were first touched.  The same topology, flows
+and seed give the same frames, counters and results, run after run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from mypy_extensions import mypyc_attr
+
+from rocev2_emu.runtime.link import FaultyLink, LinkFaults
+
+# A core serviced this many times at one instant is livelocked (a timer that never passes).
+LIVELOCK_SERVICES: Final = 1_000_000
+# A watcher that missed more multiples of its period than this (a quiet stretch) sees only these.
+WATCH_CATCH_UP: Final = 1000
+NO_TIMER: Final = -1.0  # a node with no live deadline entry on the heap
+
+
+class EngineError(Exception):
+    """The engine cannot go on (a core that keeps asking for the same instant)."""
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Core:
+    """The four methods a driver (the pump, the event heap) drives a sans-IO core through.
+    Times are emulated seconds; datagrams are whole VXLAN datagrams."""
+
+    def receive(self, port: int, data: bytes, now: float) -> None:
+        """One datagram arrived on ``port``.  Never raises for bad input: counts it."""
+        raise NotImplementedError
+
+    def next_out(self, now: float) -> tuple[int, bytes] | None:
+        """The next datagram due to leave by ``now``, as (port, datagram), or None."""
+        raise NotImplementedError
+
+    def get_timer(self) -> float | None:
+        """When :meth:`next_out` or :meth:`handle_timer` next has work, or None."""
+        raise NotImplementedError
+
+    def handle_timer(self, now: float) -> None:
+        """Run whatever is due by ``now``."""
+        raise NotImplementedError
+
+
+class LinkModel(Protocol):
+    """What becomes of a datagram sent into a link at ``now``: (arrival time, datagram) for
+    each copy that arrives.  :class:`~rocev2_emu.runtime.link.FaultyLink` is the product's;
+    test harnesses bring their own (a tamperer, a link that is down)."""
+
+    def fates(self, datagram: bytes, now: float) -> list[tuple[float, bytes]]: ...
+
+
+class Wire:
+    """One direction of a link: where a port's frames go, after which delay and faults."""
+
+    def __init__(self, peer: Node, peer_port: int, faults: LinkFaults | None) -> None:
+        self.peer = peer
+        self.peer_port = peer_port
+        self.delay = 0.0
+        # only while something besides the delay is set (or a harness's own model)
+        self.faulty: LinkModel | None = None
+        self._first = faults
+        self.set_faults(faults)
+
+    def set_faults(self, faults: LinkFaults | None) -> None:
+        """New faults at run time.  As in the process mode, the link's random state is seeded
+        once, from the faults it started with, and carries on across changes."""
+        if faults is None:
+            return
+        self.delay = faults.delay
+        faulty = self.faulty
+        if isinstance(faulty, FaultyLink):
+            faulty.update(faults)
+        elif not faults.delay_only:
+            link = FaultyLink(self._first or faults)
+            link.update(faults)
+            self.faulty = link
+
+
+class Node:
+    """A core on the heap, and ``after``: called after each service with the datagrams
+    received since the last, True when it woke a trio task (the driver's waiters)."""
+
+    def __init__(self, name: str, core: Core, after: Callable[[int], bool] | None = None) -> None:
+        self.name = name
+        self.core = core
+        self.after = after
+        self.wires: list[Wire | None] = []
+        self.wake_at = NO_TIMER  # the time of this node's live heap entry
+        self.touched = False
+        self.received = 0  # datagrams since the last service
+        self.services = 0
+
+
+# A heap entry: (time, sequence, node, port or -1 for the node's deadline, datagram)
+Event = tuple[float, int, Node, int, bytes]
+
+
+class EventHeap:
+    """Every core of a virtual fabric on one heap.  Add nodes, :meth:`connect` them, then step
+    it with :meth:`advance_to` / :meth:`step`, or let :class:`~rocev2_emu.runtime.engine.Engine`
+    run it under trio."""
+
+    def __init__(self) -> None:
+        self.now = 0.0  # emulated seconds
+        self.nodes: list[Node] = []
+        self._heap: list[Event] = []
+        self._seq = 0
+        self._touched: list[Node] = []
+        self.hops = 0  # frames that crossed a link
+        self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
+        self.on_kick: Callable[[], None] | None = None  # the trio runner's wake-up
+        # an observer called at every multiple of a period (watch)
+        self._observe: Callable[[float], None] | None = None
+        self._period = 0.0
+        self._watch_k = 0
+
+    # -- building --------------------------------------------------------------------------
+    def add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def connect(
+        self, a: Node, a_port: int, b: Node, b_port: int, faults: tuple[LinkFaults | None, ...]
+    ) -> None:
+        """A full-duplex link between ``a``'s port and ``b``'s; ``faults`` for a->b, b->a."""
+        for node, port, peer, peer_port, f in (
+            (a, a_port, b, b_port, faults[0]),
+            (b, b_port, a, a_port, faults[1]),
+        ):
+            while len(node.wires) <= port:
+                node.wires.append(None)
+            node.wires[port] = Wire(peer, peer_port, f)
+
+    def watch(self, period: float, observe: Callable[[float], None] | None) -> None:
+        """Call ``observe(t)`` at every multiple ``t`` of ``period`` that emulated time
+        passes, before the events of ``t`` run (None: stop).  Called between events, by the
+        heap itself: no trio task and no trio deadline, so an observer that only reads (the
+        map's recorder) cannot change the run's order of events.  After a long quiet stretch
+        only its last multiple is observed."""
+        if period <= 0:
+            raise ValueError(f"watch period {period}: must be > 0")
+        self._observe = observe
+        self._period = period
+        self._watch_k = math.ceil(self.now / period)
+
+    def _watch_due(self) -> None:
+        observe, period = self._observe, self._period
+        assert observe is not None
+        last = math.floor(self.now / period)
+        k = max(self._watch_k, last - WATCH_CATCH_UP)
+        while k <= last and k * period <= self.now:
+            observe(k * period)
+            k += 1
+        self._watch_k = k
+
+    # -- events ----------------------------------------------------------------------------
+    def kick(self, node: Node) -> None:
+        """Something changed in ``node``'s core outside the heap (a post, a modify)."""
+        if not node.touched:
+            node.touched = True
+            self._touched.append(node)
+        on_kick = self.on_kick
+        if on_kick is not None:
+            on_kick()
+
+    @property
+    def pending(self) -> bool:
+        """A kicked node waits for its service."""
+        return bool(self._touched)
+
+    def next_event_time(self) -> float | None:
+        heap = self._heap
+        while heap:
+            t, _, node, port, _ = heap[0]
+            if port >= 0 or t == node.wake_at:
+                return t
+            heapq.heappop(heap)  # a deadline the node has since moved
+        return None
+
+    def advance_to(self, t: float) -> None:
+        """Run every event up to emulated time ``t`` (by hand: tests, no trio)."""
+        self.run_due()
+        while (nt := self.next_event_time()) is not None and nt <= t:
+            self.now = max(self.now, nt)
+            self.run_due()
+        self.now = max(self.now, t)
+
+    def step(self) -> bool:
+        """Run the next instant's events; False when nothing is left to happen."""
+        self.run_due()
+        nt = self.next_event_time()
+        if nt is None:
+            return False
+        self.now = max(self.now, nt)
+        self.run_due()
+        return True
+
+    def run_until(self, limit: float, progress: Callable[[], None] | None) -> float | None:
+        """Run instant after instant while the next event comes before ``limit`` and no trio
+        task was woken; the next event's time (None: nothing is left)."""
+        nt = self.next_event_time()
+        while nt is not None and nt < limit and not self.woke:
+            self.now = nt
+            self.run_due()
+            if progress is not None:
+                progress()
+            nt = self.next_event_time()
+        return nt
+
+    def run_due(self) -> None:
+        """Every event due by ``now``, and the services of every core they touched."""
+        now = self.now
+        if self._observe is not None and self._watch_k * self._period <= now:
+            self._watch_due()
+        heap, touched = self._heap, self._touched
+        rounds = 0
+        while True:
+            while heap and heap[0][0] <= now:
+                t, _, node, port, data = heapq.heappop(heap)
+                if port < 0:
+                    if t != node.wake_at:
+                        continue  # stale: the node moved its deadline
+                    node.wake_at = NO_TIMER
+                else:
+                    node.core.receive(port, data, now)
+                    node.received += 1
+                if not node.touched:
+                    node.touched = True
+                    touched.append(node)
+            if not touched:
+                return
+            rounds += 1
+            if rounds > LIVELOCK_SERVICES:
+                names = ", ".join(n.name for n in touched[:5])
+                raise EngineError(f"livelock at t={now:.9f} s: {names} never get past it")
+            batch = touched[:]
+            touched.clear()
+            for node in batch:
+                self._service(node, now)
+
+    def _service(self, node: Node, now: float) -> None:
+        node.touched = False
+        node.services += 1
+        core = node.core
+        core.handle_timer(now)
+        wires = node.wires
+        heap = self._heap
+        while True:
+            out = core.next_out(now)
+            if out is None:
+                break
+            port, data = out
+            wire = wires[port]
+            if wire is None:
+                continue
+            self.hops += 1
+            faulty = wire.faulty
+            if faulty is None:
+                self._seq += 1
+                heapq.heappush(heap, (now + wire.delay, self._seq, wire.peer, wire.peer_port, data))
+            else:
+                for at, copy in faulty.fates(data, now):
+                    self._seq += 1
+                    heapq.heappush(heap, (at, self._seq, wire.peer, wire.peer_port, copy))
+        after = node.after
+        if after is not None and after(node.received):
+            self.woke = True
+        node.received = 0
+        t = core.get_timer()
+        if t is None:
+            node.wake_at = NO_TIMER
+        elif t != node.wake_at:
+            if t < now:
+                t = now
+            node.wake_at = t
+            self._seq += 1
+            heapq.heappush(heap, (t, self._seq, node, -1, b""))
