@@ -5,8 +5,16 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
+# a C compiler and Python's headers: the wheel carries the cores compiled with mypyc (setup.py);
+# the runtime stage needs neither
+RUN if command -v apt-get >/dev/null; then \
+        apt-get update \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            gcc libc6-dev python3-dev \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY rocev2_emu rocev2_emu
 COPY switch switch
 COPY collectives collectives

@@ -27,7 +27,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -37,7 +37,7 @@ MANIFEST: Final = Path(__file__).with_name("_cores.json")
 _PACKAGES: Final = ("rocev2_emu", "switch")
 
 
-class _SourceFirst(importlib.machinery.PathFinder):
+class SourceFirst(importlib.machinery.PathFinder):
     """Finds the modules of this project's packages as ``.py`` files only."""
 
     @classmethod
@@ -57,22 +57,23 @@ class _SourceFirst(importlib.machinery.PathFinder):
         return None
 
 
-def _decide() -> tuple[str, str]:
-    """(``compiled`` or ``pure``, why), from the environment and the build's manifest."""
-    if os.environ.get(PURE_ENV) == "1":
+def decide(manifest_path: Path, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(``compiled`` or ``pure``, why), from the environment and the build's manifest (the
+    package directory is the manifest's)."""
+    if environ.get(PURE_ENV) == "1":
         return "pure", f"{PURE_ENV}=1"
     try:
-        manifest = json.loads(MANIFEST.read_text())
+        manifest = json.loads(manifest_path.read_text())
         modules: dict[str, str] = manifest["modules"]
         compiler = str(manifest["compiler"])
         python = manifest["python"]
     except FileNotFoundError:
         return "pure", "not compiled at install (no C compiler, or mypyc absent)"
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return "pure", f"unreadable build manifest {MANIFEST}: {exc}"
+        return "pure", f"unreadable build manifest {manifest_path}: {exc}"
     if python != sys.implementation.cache_tag:
         return "pure", f"compiled for {python}, this is {sys.implementation.cache_tag}"
-    root = MANIFEST.parent.parent
+    root = manifest_path.parent.parent
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name, digest in sorted(modules.items()):
         source = root.joinpath(*name.split(".")).with_suffix(".py")
@@ -96,9 +97,9 @@ def _warn_stale(source: Path) -> None:
     )
 
 
-BUILD, WHY = _decide()
-if BUILD == "pure" and not any(f is _SourceFirst for f in sys.meta_path):
-    sys.meta_path.insert(0, _SourceFirst)
+BUILD, WHY = decide(MANIFEST, os.environ)
+if BUILD == "pure" and not any(f is SourceFirst for f in sys.meta_path):
+    sys.meta_path.insert(0, SourceFirst)
 
 
 def describe() -> str:

@@ -96,6 +96,11 @@ def image() -> str:
     return "rocev2-emu:latest"
 
 
+def test_the_image_runs_the_compiled_cores(image: str) -> None:
+    version = _run("docker", "run", "--rm", image, "--version", timeout=120)
+    assert "cores: compiled (mypyc " in version.stdout, version.stdout + version.stderr
+
+
 @pytest.fixture
 def prometheus(image: str) -> Iterator[str]:
     """The testbed's own Prometheus service, built by compose from Debian's package on the
