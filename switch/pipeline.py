@@ -409,17 +409,20 @@ class SwitchCore(Core):
         return t
 
     def handle_timer(self, now: float) -> None:
-        for index in sorted(self._refreshing) if self._refreshing else ():
-            ps = self.ports[index]
-            for prio in range(PRIORITIES):
-                t = ps.xoff_refresh_at[prio]
-                if t and t <= now:
-                    if self.mmu.paused[index][prio]:
-                        self._send_pfc(index, prio, self.config.pfc_quanta, now)  # refresh
-                    else:
-                        ps.xoff_refresh_at[prio] = 0.0
-            if not any(ps.xoff_refresh_at):
-                self._refreshing.discard(index)
+        if self._refreshing:
+            for index in sorted(self._refreshing):
+                ps = self.ports[index]
+                for prio in range(PRIORITIES):
+                    t = ps.xoff_refresh_at[prio]
+                    if t and t <= now:
+                        if self.mmu.paused[index][prio]:
+                            self._send_pfc(index, prio, self.config.pfc_quanta, now)  # refresh
+                        else:
+                            ps.xoff_refresh_at[prio] = 0.0
+                if not any(ps.xoff_refresh_at):
+                    self._refreshing.discard(index)
+        if not self.watchdog.watching:
+            return
         for port, prio in self.watchdog.check(now, self._queue_paused):
             ps = self.ports[port]
             if self.watchdog.stormed[port][prio]:

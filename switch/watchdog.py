@@ -29,6 +29,11 @@ class Watchdog:
         self.storms_restored = [[0] * PRIORITIES for _ in range(ports)]
         self._watched: set[tuple[int, int]] = set()  # (port, prio): paused, or stormed
 
+    @property
+    def watching(self) -> bool:
+        """Some queue is paused or stormed: :meth:`check` has something to look at."""
+        return bool(self._watched)
+
     def pause_seen(self, port: int, prio: int, now: float, xoff: bool, was_paused: bool) -> None:
         if xoff:
             self.last_pause[port][prio] = now

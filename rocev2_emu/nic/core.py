@@ -45,7 +45,7 @@ from rocev2_emu.wire.roce import (
     DSCP_CNP,
     DSCP_ROCE,
     FrameTemplate,
-    decode_frame_untrusted,
+    decode_frame_at,
     rxe_udp_sport,
 )
 
@@ -247,10 +247,11 @@ class NicCore(Core):
         c = self.counters
         c.rx_packets += 1
         c.rx_bytes += max(0, len(data) - VXLAN_LEN)  # a runt counts as a packet, not as bytes
+        datagram = data if type(data) is bytes else bytes(data)
         try:
-            if len(data) < VXLAN_LEN or not data[0] & VXLAN_FLAG_I:
+            if len(datagram) < VXLAN_LEN or not datagram[0] & VXLAN_FLAG_I:
                 raise MalformedFrame("vxlan", "not a VXLAN datagram (short, or no I flag)")
-            frame = decode_frame_untrusted(memoryview(data)[VXLAN_LEN:])
+            frame = decode_frame_at(datagram, VXLAN_LEN)
         except MalformedFrame as exc:
             c.rx_drops[exc.reason] += 1
             return
@@ -417,18 +418,27 @@ class NicCore(Core):
 
     def get_timer(self) -> float | None:
         """Emulated time at which handle_timer / next_datagram next have work, or None."""
-        times = []
-        if (t := self._next_qp_timer()) is not None:
-            times.append(t)
-        if self.ingress is not None and (t := self.ingress.get_timer()) is not None:
-            times.append(t)
-        waiting = [self._earliest(p) for p in self._prio_order if self._active[p]]
-        if self._control or waiting:
-            t = self.pacer.free_at if self.config.link_bps else 0.0
-            if not self._control:
-                t = max(t, min(waiting))  # the earliest priority that may send
-            times.append(t)
-        return min(times) if times else None
+        t = self._next_qp_timer()
+        if self.ingress is not None:
+            i = self.ingress.get_timer()
+            if i is not None and (t is None or i < t):
+                t = i
+        if self._control:
+            send: float | None = self.pacer.free_at if self.config.link_bps else 0.0
+        else:
+            send = None
+            for prio in self._prio_order:
+                if self._active[prio]:
+                    e = self._earliest(prio)
+                    if send is None or e < send:
+                        send = e
+            if send is not None and self.config.link_bps:
+                free = self.pacer.free_at
+                if free > send:
+                    send = free
+        if send is not None and (t is None or send < t):
+            t = send
+        return t
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
@@ -456,9 +466,16 @@ class NicCore(Core):
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
-        paced = [qp.rc.next_send_time for qp in self._active[prio].values() if qp.rc is not None]
-        first = min(paced) if len(paced) == len(self._active[prio]) else 0.0
-        return max(first, self.paused_until[prio])
+        first = 0.0
+        for i, qp in enumerate(self._active[prio].values()):
+            rc = qp.rc
+            if rc is None:  # an unpaced QP may send at once
+                first = 0.0
+                break
+            if i == 0 or rc.next_send_time < first:
+                first = rc.next_send_time
+        paused = self.paused_until[prio]
+        return first if first > paused else paused
 
     def handle_timer(self, now: float) -> None:
         if self.ingress is not None:

@@ -2,13 +2,11 @@
 
 :class:`OutPacket` is a transport packet for the NIC to frame.  :class:`QPEndpoint` is the part
 of a :class:`~rocev2_emu.transport.qp.QueuePair` its two halves read and call (attributes set by
-``ibv_modify_qp``, its memory, counters and completion queues, and ``fail``): a structural type,
-so the halves never import the QP that owns them and the package has no import circle.
+``ibv_modify_qp``, its memory, counters and completion queues, and ``fail``): a base class of
+the QP, so the halves never import the QP that owns them and the package has no import circle.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.memory import Access, MemoryTable, ProtectionDomain
@@ -41,8 +39,10 @@ class OutPacket:
         )
 
 
-class QPEndpoint(Protocol):
-    """The queue pair as its requester and responder see it."""
+class QPEndpoint:
+    """The queue pair as its requester and responder see it: a base class that
+    :class:`~rocev2_emu.transport.qp.QueuePair` inherits and sets up (not a Protocol, so that
+    the compiled halves read these attributes as native fields)."""
 
     qpn: int
     pd: ProtectionDomain
@@ -62,8 +62,11 @@ class QPEndpoint(Protocol):
     max_inflight: int
     last_error: str
 
-    def fail(self, head_status: WcStatus | None) -> None: ...
+    def fail(self, head_status: WcStatus | None) -> None:
+        raise NotImplementedError
 
-    def in_error(self) -> bool: ...
+    def in_error(self) -> bool:
+        raise NotImplementedError
 
-    def may_start_new_requests(self) -> bool: ...
+    def may_start_new_requests(self) -> bool:
+        raise NotImplementedError

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from rocev2_emu.transport.counters import NicCounters
-from rocev2_emu.transport.endpoint import OutPacket
+from rocev2_emu.transport.endpoint import OutPacket, QPEndpoint
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryTable, ProtectionDomain
 from rocev2_emu.transport.qp_state import (
@@ -58,7 +58,7 @@ MAX_MESSAGE: Final = 1 << 31
 DEFAULT_MAX_INFLIGHT: Final = 512
 
 
-class QueuePair:
+class QueuePair(QPEndpoint):
     """One RC QP of a NIC."""
 
     def __init__(

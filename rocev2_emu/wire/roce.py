@@ -302,7 +302,7 @@ _BTH_AT: Final = ETH_LEN + IPV4_LEN + UDP_LEN
 _EXT_AT: Final = _BTH_AT + BTH_LEN
 
 
-def _check_ip_udp(frame: bytes | bytearray | memoryview, header: bytes) -> int:
+def _check_ip_udp(header: bytes) -> int:
     """Validate an IPv4+UDP header seen for the first time; returns its ICRC prefix CRC."""
     vihl, _tos, total, _id, _frag, _ttl, proto, csum, *_rest, dport, udp_len, _c = _IPUDP.unpack(
         header
@@ -326,8 +326,10 @@ def _check_ip_udp(frame: bytes | bytearray | memoryview, header: bytes) -> int:
     return crc
 
 
-# The layouts as plain ints: an IntFlag's ``&`` is a Python-level call, once per header per frame
-_LAYOUT: Final = {opcode: int(layout) for opcode, layout in OPCODE_LAYOUT.items()}
+# The layouts as plain ints, indexed by opcode (-1: not supported): an IntFlag's ``&`` is a
+# Python-level call, and a list index is cheaper than a dict look-up on every frame
+_LAYOUT: Final = [int(OPCODE_LAYOUT[op]) if op in OPCODE_LAYOUT else -1 for op in range(256)]
+_EXT_LEN: Final = [OPCODE_EXT_LEN.get(op, 0) for op in range(256)]
 _X_DETH, _X_RETH, _X_ATOMIC_ETH, _X_AETH = (
     int(Ext.DETH),
     int(Ext.RETH),
@@ -335,41 +337,59 @@ _X_DETH, _X_RETH, _X_ATOMIC_ETH, _X_AETH = (
     int(Ext.AETH),
 )
 _X_ATOMIC_ACK_ETH, _X_IMM, _X_CNP_PAD = int(Ext.ATOMIC_ACK_ETH), int(Ext.IMM), int(Ext.CNP_PAD)
+_MASK_BYTE: Final = b"\xff"
 
 
 def decode_frame_untrusted(
     frame: bytes | bytearray | memoryview, *, verify_icrc: bool = True
 ) -> RoceFrame | PfcFrame:
     """Decode one Ethernet frame (no FCS) that must be RoCEv2 over IPv4, or a PFC frame."""
-    n = len(frame)
+    return decode_frame_at(frame if type(frame) is bytes else bytes(frame), 0, verify_icrc)
+
+
+def _u16(data: bytes, i: int) -> int:
+    return data[i] << 8 | data[i + 1]
+
+
+def _u32(data: bytes, i: int) -> int:
+    return data[i] << 24 | data[i + 1] << 16 | data[i + 2] << 8 | data[i + 3]
+
+
+def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame | PfcFrame:
+    """:func:`decode_frame_untrusted` of the frame that starts at ``data[at]`` (a NIC passes a
+    whole VXLAN datagram and the frame's offset: no copy, no view of the headers)."""
+    n = len(data) - at
     if n < ETH_LEN:
         raise MalformedFrame("truncated", f"Ethernet frame of {n} bytes < {ETH_LEN}")
-    dst, src, ethertype = ETH_HEADER.unpack_from(frame, 0)
+    ethertype = _u16(data, at + 12)
     if ethertype != ETHERTYPE_IPV4:
         if ethertype == ETHERTYPE_MAC_CONTROL:
-            return decode_pfc_untrusted(frame)
+            return decode_pfc_untrusted(memoryview(data)[at:])
         raise MalformedFrame("ethertype", f"ethertype 0x{ethertype:04x} is neither IPv4 nor PFC")
     if n < _ROCE_MIN:
         raise MalformedFrame("truncated", f"IPv4 RoCE frame of {n} bytes < {_ROCE_MIN}")
-    header = bytes(frame[ETH_LEN:_BTH_AT])
+    ip = at + ETH_LEN
+    header = data[ip : ip + IPV4_LEN + UDP_LEN]
     crc = _VALID_HEADERS.get(header)
     if crc is None:
-        crc = _check_ip_udp(frame, header)
-    _v, tos, total, ip_id, _f, ttl, _p, _c, sip, dip, sport, _d, _l, _u = _IPUDP.unpack(header)
+        crc = _check_ip_udp(header)
+    total = _u16(data, ip + 2)
     if total > n - ETH_LEN or total < IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN:
         raise MalformedFrame(
             "truncated", f"IPv4 total length {total} vs {n - ETH_LEN} bytes after Ethernet"
         )
-    opcode, flags, pkey, word1, word2 = BTH.unpack_from(frame, _BTH_AT)
-    layout = _LAYOUT.get(opcode)
-    if layout is None:
+    b = at + _BTH_AT
+    opcode = data[b]
+    flags = data[b + 1]
+    layout = _LAYOUT[opcode]
+    if layout < 0:
         raise MalformedFrame("opcode", f"BTH opcode 0x{opcode:02x} is not supported")
     tver = flags & 0x0F
     if tver != 0:
         raise MalformedFrame("bth_tver", f"BTH transport version {tver} != 0")
-    end = ETH_LEN + total - ICRC_LEN
-    e = _EXT_AT
-    elen = OPCODE_EXT_LEN[opcode]
+    end = ip + total - ICRC_LEN
+    e = at + _EXT_AT
+    elen = _EXT_LEN[opcode]
     pad = flags >> 4 & 3
     if e + elen + pad > end:
         raise MalformedFrame(
@@ -377,54 +397,63 @@ def decode_frame_untrusted(
             f"opcode 0x{opcode:02x} needs {elen} header bytes + pad {pad}, "
             f"{end - e} left before the ICRC",
         )
-    view = memoryview(frame)
-    icrc = ICRC_LE.unpack_from(frame, end)[0]
+    view = memoryview(data)
+    icrc = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
     if verify_icrc:
-        crc = crc32(BTH.pack(opcode, flags, pkey, word1 | 0xFF000000, word2), crc)
-        computed = crc32(view[e:end], crc)
+        # the BTH with byte 4 (FECN, BECN, resv6) masked, then everything up to the ICRC
+        crc = crc32(view[b : b + 4], crc)
+        crc = crc32(_MASK_BYTE, crc)
+        computed = crc32(view[b + 5 : end], crc)
         if computed != icrc:
             raise MalformedFrame("icrc", f"ICRC 0x{icrc:08x} != computed 0x{computed:08x}")
-    reth = aeth = atomic_eth = deth = None
-    imm = atomic_ack = None
+    word1 = _u32(data, b + 4)
+    reth: Reth | None = None
+    aeth: Aeth | None = None
+    atomic_eth: AtomicEth | None = None
+    deth: Deth | None = None
+    imm: int | None = None
+    atomic_ack: int | None = None
     if layout:
         if layout & _X_DETH:
-            qkey, sqp = DETH.unpack_from(frame, e)
+            qkey, sqp = DETH.unpack_from(data, e)
             deth = Deth(qkey, sqp & 0xFFFFFF)
             e += 8
         if layout & _X_RETH:
-            reth = Reth._make(RETH.unpack_from(frame, e))
+            reth = Reth._make(RETH.unpack_from(data, e))
             e += 16
         if layout & _X_ATOMIC_ETH:
-            atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(frame, e))
+            atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(data, e))
             e += 28
         if layout & _X_AETH:
-            word = AETH.unpack_from(frame, e)[0]
+            word = _u32(data, e)
             aeth = Aeth(word >> 24, word & 0xFFFFFF)
             e += 4
         if layout & _X_ATOMIC_ACK_ETH:
-            atomic_ack = ATOMIC_ACK_ETH.unpack_from(frame, e)[0]
+            atomic_ack = ATOMIC_ACK_ETH.unpack_from(data, e)[0]
             e += 8
         if layout & _X_IMM:
-            imm = IMM.unpack_from(frame, e)[0]
+            imm = _u32(data, e)
             e += 4
         if layout & _X_CNP_PAD:
             e += 16
+    tos = data[ip + 1]
+    word2 = _u32(data, b + 8)
     return RoceFrame(
-        dst,
-        src,
+        data[at : at + 6],
+        data[at + 6 : at + 12],
         tos >> 2,
         tos & 3,
-        ttl,
-        ip_id,
-        sip,
-        dip,
-        sport,
+        data[ip + 8],
+        _u16(data, ip + 4),
+        _u32(data, ip + 12),
+        _u32(data, ip + 16),
+        _u16(data, ip + 20),
         opcode,
         bool(flags & 0x80),
         bool(flags & 0x40),
         pad,
         tver,
-        pkey,
+        _u16(data, b + 2),
         bool(word1 >> 31),
         bool(word1 >> 30 & 1),
         word1 & 0xFFFFFF,

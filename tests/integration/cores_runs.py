@@ -1,21 +1,27 @@
 """Seeded virtual runs whose JSON the two builds of the cores must print byte for byte
 (tests/integration/test_cores_build.py): ``python -m tests.integration.cores_runs``.
 
-A 15 -> 1 incast on a k = 4 fat-tree with PFC, ECN and DCQCN; the same with two lossy
-links (go-back-N recovery); an 8-rank ring all-reduce on the leaf-spine.
+The incast scenario's four settings (its checks must pass); a 15 -> 1 incast on a k = 4
+fat-tree with PFC, ECN and DCQCN; the same with two lossy links (go-back-N recovery); an
+8-rank ring all-reduce on the leaf-spine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+import tempfile
 import tomllib
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from collectives.job import run_virtual
 from collectives.virtual_bench import all_reduce_once
 from rocev2_emu import cores
+from rocev2_emu.experiments import catalog, harness
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
 from rocev2_emu.fabric.topology_file import parse
@@ -40,8 +46,20 @@ def _all_reduce() -> dict[str, Any]:
     return {"results": results, "fabric": fabric}
 
 
+def _scenario_incast() -> Any:
+    """The incast scenario's four settings (lossy, PFC, PFC + DCQCN, PFC + NIC pacing)."""
+    assert "incast" in catalog.SCENARIOS  # the catalog registers the scenarios
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        scale = {"senders": 4, "size": 256 << 10}
+        code = harness.main("incast", seed=3, out=out, virtual=True, scale=scale, record=None)
+        if code != 0:
+            raise AssertionError(f"scenario incast exited {code}")
+        return json.loads((Path(out) / "incast.json").read_text())
+
+
 def main() -> int:
     runs = {
+        "scenario_incast": _scenario_incast(),
         "build": cores.BUILD,
         "incast": _incast(0.0),
         "faulty": _incast(0.02),

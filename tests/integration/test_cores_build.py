@@ -55,4 +55,5 @@ def test_compiled_and_pure_cores_give_the_same_json_byte_for_byte() -> None:
     assert a["incast"]["fabric"]["frame_hops"] > 1000
     assert a["faulty"]["fabric"] != a["incast"]["fabric"]  # the faults changed the run
     assert all(r["verified"] for r in a["faulty"]["results"])
+    assert a["scenario_incast"]["ok"] is True  # its four settings ran and its checks passed
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
