@@ -31,6 +31,7 @@ import numpy as np
 from collectives.communicator import Communicator
 from collectives.job import run_virtual
 from collectives.registry import job
+from rocev2_emu import cores
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
 from rocev2_emu.fabric.topology import Topology
@@ -114,6 +115,7 @@ def measure(case: str) -> dict[str, Any]:
 def main(cases: list[str], timeout: float = 3600.0) -> int:
     """Each case in its own process; print one line per case."""
     print("# rocev2-emu bench virtual: frame-hops per second of wall time (one core)")
+    print(f"# {cores.describe()}")
     print(
         f"# {'case':8} {'frame-hops':>11} {'wall s':>8} {'hops/s':>9} {'peak MiB':>9} "
         f"{'emulated us':>12}  what"

@@ -21,7 +21,6 @@ and seed give the same frames, counters and results, run after run.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable
 from typing import Final, Protocol
@@ -113,8 +112,61 @@ class Node:
         self.services = 0
 
 
-# A heap entry: (time, sequence, node, port or -1 for the node's deadline, datagram)
-Event = tuple[float, int, Node, int, bytes]
+class Event:
+    """An entry of the heap: a datagram arriving on a node's port at ``at``, or (port -1) the
+    node's deadline.  ``seq`` orders events of one instant by when they were scheduled."""
+
+    def __init__(self, at: float, seq: int, node: Node, port: int, data: bytes) -> None:
+        self.at = at
+        self.seq = seq
+        self.node = node
+        self.port = port
+        self.data = data
+
+
+def _before(a: Event, b: Event) -> bool:
+    return a.at < b.at or (a.at == b.at and a.seq < b.seq)
+
+
+def heap_push(heap: list[Event], event: Event) -> None:
+    """heapq's push, on native events (no tuple comparisons through the interpreter)."""
+    heap.append(event)
+    pos = len(heap) - 1
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        above = heap[parent]
+        if not _before(event, above):
+            break
+        heap[pos] = above
+        pos = parent
+    heap[pos] = event
+
+
+def heap_pop(heap: list[Event]) -> Event:
+    """heapq's pop (the same sift: the hole goes to a leaf, then the last entry rises)."""
+    last = heap.pop()
+    if not heap:
+        return last
+    first = heap[0]
+    end = len(heap)
+    pos = 0
+    child = 1
+    while child < end:
+        right = child + 1
+        if right < end and not _before(heap[child], heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        above = heap[parent]
+        if not _before(last, above):
+            break
+        heap[pos] = above
+        pos = parent
+    heap[pos] = last
+    return first
 
 
 class EventHeap:
@@ -193,10 +245,10 @@ class EventHeap:
     def next_event_time(self) -> float | None:
         heap = self._heap
         while heap:
-            t, _, node, port, _ = heap[0]
-            if port >= 0 or t == node.wake_at:
-                return t
-            heapq.heappop(heap)  # a deadline the node has since moved
+            head = heap[0]
+            if head.port >= 0 or head.at == head.node.wake_at:
+                return head.at
+            heap_pop(heap)  # a deadline the node has since moved
         return None
 
     def advance_to(self, t: float) -> None:
@@ -237,14 +289,15 @@ class EventHeap:
         heap, touched = self._heap, self._touched
         rounds = 0
         while True:
-            while heap and heap[0][0] <= now:
-                t, _, node, port, data = heapq.heappop(heap)
-                if port < 0:
-                    if t != node.wake_at:
+            while heap and heap[0].at <= now:
+                event = heap_pop(heap)
+                node = event.node
+                if event.port < 0:
+                    if event.at != node.wake_at:
                         continue  # stale: the node moved its deadline
                     node.wake_at = NO_TIMER
                 else:
-                    node.core.receive(port, data, now)
+                    node.core.receive(event.port, event.data, now)
                     node.received += 1
                 if not node.touched:
                     node.touched = True
@@ -279,11 +332,11 @@ class EventHeap:
             faulty = wire.faulty
             if faulty is None:
                 self._seq += 1
-                heapq.heappush(heap, (now + wire.delay, self._seq, wire.peer, wire.peer_port, data))
+                heap_push(heap, Event(now + wire.delay, self._seq, wire.peer, wire.peer_port, data))
             else:
                 for at, copy in faulty.fates(data, now):
                     self._seq += 1
-                    heapq.heappush(heap, (at, self._seq, wire.peer, wire.peer_port, copy))
+                    heap_push(heap, Event(at, self._seq, wire.peer, wire.peer_port, copy))
         after = node.after
         if after is not None and after(node.received):
             self.woke = True
@@ -296,4 +349,4 @@ class EventHeap:
                 t = now
             node.wake_at = t
             self._seq += 1
-            heapq.heappush(heap, (t, self._seq, node, -1, b""))
+            heap_push(heap, Event(t, self._seq, node, -1, b""))

@@ -11,7 +11,7 @@ from typing import Final
 ACK_TIMEOUT_UNIT: Final = 4.096e-6
 
 # Table 45: RNR NAK timer field encodings, in milliseconds; code 0 is the longest (655.36 ms).
-RNR_TIMER_MS: Final = (
+RNR_TIMER_MS: Final[tuple[float, ...]] = (  # not a fixed-size native tuple: mypyc left that unset
     655.36,
     0.01,
     0.02,
