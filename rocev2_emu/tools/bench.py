@@ -251,12 +251,11 @@ def main(which: str, seconds: float) -> int:
         plain, switch = switch_vs_forwarder(seconds)
         print(f"forwarder      blocking Python recv_into -> sendto   {plain:>10.0f} frames/s")
         print(f"switch         rocev2-emu node (unpaced links)       {switch:>10.0f} frames/s")
-        print(f"ratio          switch / forwarder                    {switch / plain:>10.2f}")
         if not switch or not plain:
-            print(
-                "error: no frame came through (see the drops: rocev2-emu node -v)", file=sys.stderr
-            )
+            who = "the switch" if not switch else "the blocking forwarder"
+            print(f"error: no frame came through {who}: no ratio (see rocev2-emu node -v)")
             return 1
+        print(f"ratio          switch / forwarder                    {switch / plain:>10.2f}")
         return 0
     baseline = udp_baseline(seconds)
     print(f"udp-baseline   blocking Python send -> recv_into     {baseline:>10.0f} datagrams/s")
@@ -265,5 +264,9 @@ def main(which: str, seconds: float) -> int:
     rate, out = nic_write_bw(seconds)
     print(out.rstrip())
     print(f"nic write-bw   perftest, unpaced, MTU 4096, TDF 1    {rate:>10.0f} data packets/s")
+    if not rate or not baseline:
+        who = "the NIC" if not rate else "the plain UDP baseline"
+        print(f"error: no datagram came through {who}: no ratio")
+        return 1
     print(f"ratio          nic / baseline                        {rate / baseline:>10.2f}")
     return 0
