@@ -54,12 +54,10 @@ class LineRate(RateControl):
         pass
 
 
-class StaticRate(RateControl):
+class StaticRate(LineRate):
     """NIC pacing: every QP sends at a fixed ``rate`` (bit/s, at most the line rate), as a
     sender told its fair share up front would (the seed's "packet pacing" for incast).  Like
-    :class:`LineRate` it ignores CNPs; unlike it, it spaces the QP's frames (the base class's
-    ``on_sent``: a method it inherits, never one assigned as a class attribute, which a
-    compiled class's method table would not see)."""
+    :class:`LineRate` it ignores CNPs; unlike it, it spaces the QP's frames."""
 
     def __init__(self, *, line_rate: float, now: float, rate: float) -> None:
         super().__init__(line_rate=line_rate, now=now)
@@ -67,14 +65,10 @@ class StaticRate(RateControl):
             raise ValueError(f"pacing rate {rate} bit/s must be > 0")
         self.rate = min(rate, line_rate)
 
-    def on_cnp(self, *, now: float) -> None:
-        pass
-
-    def get_timer(self) -> float | None:
-        return None
-
-    def handle_timer(self, *, now: float) -> None:
-        pass
+    def on_sent(self, *, size: int, now: float) -> None:
+        # defined, not assigned (on_sent = RateControl.on_sent): a compiled class dispatches
+        # through its own method table and ignored the assignment
+        RateControl.on_sent(self, size=size, now=now)
 
 
 REGISTRY: dict[str, Callable[..., RateControl]] = {"none": LineRate, "static": StaticRate}

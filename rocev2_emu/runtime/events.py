@@ -128,10 +128,8 @@ def _before(a: Event, b: Event) -> bool:
     return a.at < b.at or (a.at == b.at and a.seq < b.seq)
 
 
-def heap_push(heap: list[Event], event: Event) -> None:
-    """heapq's push, on native events (no tuple comparisons through the interpreter)."""
-    heap.append(event)
-    pos = len(heap) - 1
+def _sift_up(heap: list[Event], pos: int, event: Event) -> None:
+    """Put ``event`` in the hole at ``pos``, moving it towards the root past later parents."""
     while pos > 0:
         parent = (pos - 1) >> 1
         above = heap[parent]
@@ -142,8 +140,14 @@ def heap_push(heap: list[Event], event: Event) -> None:
     heap[pos] = event
 
 
+def heap_push(heap: list[Event], event: Event) -> None:
+    """heapq's push, on native events (no tuple comparisons through the interpreter)."""
+    heap.append(event)
+    _sift_up(heap, len(heap) - 1, event)
+
+
 def heap_pop(heap: list[Event]) -> Event:
-    """heapq's pop (the same sift: the hole goes to a leaf, then the last entry rises)."""
+    """heapq's pop (the same sift: the hole goes down to a leaf, then the last entry rises)."""
     last = heap.pop()
     if not heap:
         return last
@@ -158,14 +162,7 @@ def heap_pop(heap: list[Event]) -> Event:
         heap[pos] = heap[child]
         pos = child
         child = 2 * pos + 1
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        above = heap[parent]
-        if not _before(last, above):
-            break
-        heap[pos] = above
-        pos = parent
-    heap[pos] = last
+    _sift_up(heap, pos, last)
     return first
 
 
