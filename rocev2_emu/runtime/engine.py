@@ -21,9 +21,7 @@ import trio.testing
 from rocev2_emu.runtime.events import Core, EngineError, EventHeap, Node
 from rocev2_emu.runtime.link import LinkFaults
 
-Datagram = bytes | bytearray
-
-__all__ = ["Core", "Datagram", "Engine", "EngineError", "Node"]
+__all__ = ["Core", "Engine", "EngineError", "Node"]
 
 
 class Engine:
@@ -68,9 +66,6 @@ class Engine:
     def kick(self, node: Node) -> None:
         """Something changed in ``node``'s core outside the engine (a post, a modify)."""
         self.events.kick(node)
-
-    def next_event_time(self) -> float | None:
-        return self.events.next_event_time()
 
     def advance_to(self, t: float) -> None:
         """Run every event up to emulated time ``t`` (by hand: tests, no trio)."""
