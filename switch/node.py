@@ -11,6 +11,7 @@ fabric summary), ``ports`` (each port now: the live map's), ``set_link`` (a port
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -81,14 +82,30 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
     }
 
 
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
 async def serve_control(
     stream: trio.SocketStream, driver: SwitchDriver, secret: bytes | None = None
 ) -> None:
     """One control connection to the switch; the client must prove ``secret`` (default: this
     process's fabric secret)."""
+    await serve_requests(
+        stream, control_replies(driver), timeout=3600.0, secret=secret or auth.current()
+    )
+
+
+def control_replies(
+    driver: SwitchDriver | EngineSwitch, more: dict[str, Handler] | None = None
+) -> Callable[[Any], Awaitable[Any]]:
+    """The switch's answer to each control request (``more``: further commands, which take
+    precedence: the exact mode's ``engine`` and its refusals)."""
+    extra = more or {}
 
     async def reply(msg: Any) -> Any:
         cmd = msg.get("cmd") if isinstance(msg, dict) else None
+        if cmd in extra:
+            return await extra[cmd](msg)
         now = driver.clock.now()
         if cmd == "stats":
             return switch_stats(driver)
@@ -106,7 +123,7 @@ async def serve_control(
             return {"error": f"unknown command {msg!r}"}
         return {"ok": True}
 
-    await serve_requests(stream, reply, timeout=3600.0, secret=secret or auth.current())
+    return reply
 
 
 async def run_switch(

@@ -11,6 +11,7 @@ import trio
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
 from rocev2_emu.fabric.compose import generate
+from rocev2_emu.fabric.exact import run_exact_node
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.runtime import auth
 
@@ -28,7 +29,15 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one process in virtual time (deterministic; needs --flows)",
     )
+    p.add_argument(
+        "--clock",
+        choices=["wall", "exact"],
+        default="wall",
+        help="with processes: wall (dilated by the TDF, for live interop) or exact (every node "
+        "on emulated time, synchronised: the virtual run's results; needs --flows)",
+    )
     p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
+    p.add_argument("--json", metavar="FILE", help="also write the results and counters as JSON")
     p.add_argument(
         "--ui",
         nargs="?",
@@ -69,6 +78,8 @@ def _up(args: argparse.Namespace) -> int:
         virtual=args.virtual,
         beside=beside,
         watch=watch,
+        exact=args.clock == "exact",
+        json_out=args.json,
     )
 
 
@@ -103,6 +114,10 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
     )
+    p.add_argument("--clock", choices=["wall", "exact"], default="wall", help="(wall)")
+    p.add_argument(
+        "--sync", metavar="HOST:PORT", help="the coordinator of an exact run (--clock exact)"
+    )
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -111,6 +126,12 @@ def _node(args: argparse.Namespace) -> int:
         args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
     )
     auth.use(auth.load_or_create(args.topology)[0])  # a node by hand makes the fabric's secret
+    if args.clock == "exact":
+        if not args.sync:
+            raise ValueError("--clock exact needs --sync HOST:PORT (rocev2-emu up starts it)")
+        host, _, port = args.sync.rpartition(":")
+        run_exact_node(topo, args.name, (host, int(port)))
+        return 0
     trio.run(nodes.run_node, topo, args.name, opts)
     return 0
 

@@ -24,6 +24,7 @@ import trio
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import lateness_stats
 from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.sync import holding_clock
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WrOpcode
@@ -98,6 +99,7 @@ class HostAgent:
         self.retry_cnt = retry_cnt
         self.pd = PD(ctx)
         self._inbound: dict[int, tuple[QP, MR, np.ndarray]] = {}
+        self._outbound: dict[int, _OpenFlow] = {}
 
     def _connect(self, qp: QP, peer: QPInfo, dscp: int) -> None:
         qp.connect(
@@ -126,8 +128,11 @@ class HostAgent:
         _, _, buf = self._inbound.pop(flow_id)
         return hashlib.sha256(buf.tobytes()).hexdigest()
 
-    async def run_flow(self, spec: FlowSpec, peer: FlowPeer, t0: float) -> FlowResult:
-        """Source side: connect, wait for the start time, write, verify."""
+    async def open_flow(self, spec: FlowSpec, peer: FlowPeer) -> None:
+        """Source side, before the job's clock starts: the flow's buffer and QP, the
+        destination's (``peer.accept_flow``), and the connection.  Flows are opened one at a
+        time in the job's order, so each NIC draws its QPNs and PSNs in the same order however
+        the fabric runs (one process in virtual time, or one per node)."""
         data = flow_data(spec)
         mr = MR(self.pd, data if spec.size else np.zeros(1, np.uint8), Access.LOCAL_WRITE)
         chunks = max(1, -(-spec.size // CHUNK))
@@ -135,6 +140,13 @@ class HostAgent:
         qp = QP(self.pd, cq, max_send_wr=chunks + 16)
         remote = await peer.accept_flow(spec, QPInfo.of(qp))
         self._connect(qp, remote, spec.dscp)
+        self._outbound[spec.id] = _OpenFlow(spec, peer, data, mr, cq, qp, remote)
+
+    async def run_flow(self, flow_id: int, t0: float) -> FlowResult:
+        """Source side: wait for the start time, write, close the QP, verify."""
+        flow = self._outbound.pop(flow_id)
+        spec, mr, cq, qp, remote = flow.spec, flow.mr, flow.cq, flow.qp, flow.remote
+        chunks = max(1, -(-spec.size // CHUNK))
         await trio.sleep_until(self.ctx.clock.to_trio(t0 + spec.start))
         begin = self.ctx.now()
         qp.post_send(
@@ -163,24 +175,45 @@ class HostAgent:
         except RemoteVerbsError as exc:
             status = str(exc)
         fct = self.ctx.now() - begin if status == "ok" else 0.0
+        qp.close()  # at the instant the flow ended, before any out-of-band wait
         verified = False
         if status == "ok":
-            verified = await peer.digest(spec.id) == hashlib.sha256(data.tobytes()).hexdigest()
-        qp.close()
+            expected = hashlib.sha256(flow.data.tobytes()).hexdigest()
+            verified = await flow.peer.digest(spec.id) == expected
         return FlowResult(spec.id, spec.src, spec.dst, spec.size, spec.start, fct, status, verified)
+
+    async def run_open_flows(self, t0: float) -> list[FlowResult]:
+        """Every flow opened here, concurrently (one task each, in the order opened)."""
+        results: list[FlowResult] = []
+
+        async def one(flow_id: int) -> None:
+            results.append(await self.run_flow(flow_id, t0))
+
+        async with trio.open_nursery() as nursery:
+            for flow_id in list(self._outbound):
+                nursery.start_soon(one, flow_id)
+        return sorted(results, key=lambda r: r.id)
 
     async def run_flows(
         self, specs: list[FlowSpec], peers: dict[str, FlowPeer], t0: float
     ) -> list[FlowResult]:
-        results: list[FlowResult] = []
+        """Open ``specs`` one by one, then run them: a job of this host alone."""
+        for spec in specs:
+            await self.open_flow(spec, peers[spec.dst])
+        return await self.run_open_flows(t0)
 
-        async def one(spec: FlowSpec) -> None:
-            results.append(await self.run_flow(spec, peers[spec.dst], t0))
 
-        async with trio.open_nursery() as nursery:
-            for spec in specs:
-                nursery.start_soon(one, spec)
-        return sorted(results, key=lambda r: r.id)
+@dataclass(slots=True)
+class _OpenFlow:
+    """A flow opened at its source and not yet run."""
+
+    spec: FlowSpec
+    peer: FlowPeer
+    data: np.ndarray
+    mr: MR
+    cq: CQ
+    qp: QP
+    remote: QPInfo
 
 
 def host_map_state(ctx: Context, now: float | None = None) -> dict[str, Any]:
@@ -222,22 +255,26 @@ class RemotePeer:
         self._chans: dict[int, OobChannel] = {}
 
     async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
-        chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
-        self._chans[spec.id] = chan
-        await chan.send({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
-        return QPInfo.from_wire((await chan.recv())["qp"])
+        with holding_clock():
+            chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
+            self._chans[spec.id] = chan
+            await chan.send({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
+            return QPInfo.from_wire((await chan.recv())["qp"])
 
     async def digest(self, flow_id: int) -> str:
         chan = self._chans.pop(flow_id)
         try:
-            await chan.send({"cmd": "digest", "id": flow_id})
-            return str((await chan.recv())["sha256"])
+            with holding_clock():
+                await chan.send({"cmd": "digest", "id": flow_id})
+                return str((await chan.recv())["sha256"])
         finally:
             await chan.aclose()
 
 
 class AgentServer:
-    """Serves an agent's calls over TCP: accept_flow, digest, run_flows."""
+    """Serves an agent's calls over TCP: accept_flow, digest, run_flows (a job of this host), and
+    for a job that sets every flow up before the clock starts (the exact mode): open_flow,
+    start_flows (they run in the background) and flow_results (waits for them)."""
 
     def __init__(
         self,
@@ -248,6 +285,9 @@ class AgentServer:
         self.agent = agent
         self.handlers = handlers or {}  # more commands (the node adds "collective")
         self.secret = secret  # what clients must prove (None: this process's fabric secret)
+        self._jobs: trio.Nursery | None = None  # where started flows run
+        self._results: list[FlowResult] | None = None
+        self._done = trio.Event()
 
     async def serve(
         self,
@@ -258,16 +298,39 @@ class AgentServer:
     ) -> None:
         self.secret = self.secret or auth.current()  # no secret, no server
         listeners = await trio.open_tcp_listeners(port, host=host)
-        task_status.started()
-        await trio.serve_listeners(connection_limit(self._handle), listeners)
+        async with trio.open_nursery() as jobs:
+            self._jobs = jobs
+            task_status.started()
+            await trio.serve_listeners(connection_limit(self._handle), listeners)
+
+    async def keep_jobs(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Where started flows run, for a server whose connections are served elsewhere (the
+        exact mode serves them on the wall clock, :class:`~rocev2_emu.runtime.exact.WallServer`)."""
+        async with trio.open_nursery() as jobs:
+            self._jobs = jobs
+            task_status.started()
+            await trio.sleep_forever()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         secret = self.secret or auth.current()
-        await serve_requests(stream, self._dispatch, timeout=3600.0, secret=secret)
+        await serve_requests(stream, self.dispatch, timeout=3600.0, secret=secret)
 
-    async def _dispatch(self, msg: Any) -> dict[str, Any]:
+    async def _run_started(self, t0: float) -> None:
+        assert self._results is not None
+        try:
+            self._results.extend(await self.agent.run_open_flows(t0))
+        finally:
+            self._done.set()
+
+    async def dispatch(self, msg: Any) -> dict[str, Any]:
+        """The answer to one request (handlers given to the server take precedence over the
+        agent's own commands)."""
         cmd = msg.get("cmd") if isinstance(msg, dict) else None
         try:
+            if cmd in self.handlers:
+                return await self.handlers[cmd](msg)
             if cmd == "accept_flow":
                 spec = FlowSpec.from_dict(msg["spec"])
                 info = await self.agent.accept_flow(spec, QPInfo.from_wire(msg["qp"]))
@@ -281,13 +344,26 @@ class AgentServer:
                 }
                 results = await self.agent.run_flows(specs, peers, float(msg["t0"]))
                 return {"results": [asdict(r) for r in results]}
+            if cmd == "open_flow":
+                spec = FlowSpec.from_dict(msg["spec"])
+                await self.agent.open_flow(spec, RemotePeer(str(msg["dst"])))
+                return {"ok": True}
+            if cmd == "start_flows":
+                if self._jobs is None or self._results is not None or self._done.is_set():
+                    return {"error": "start_flows: flows already started"}
+                self._results = []
+                self._jobs.start_soon(self._run_started, float(msg["t0"]))
+                return {"ok": True}
+            if cmd == "flow_results":
+                if self._results is None:
+                    return {"error": "flow_results: no flows were started"}
+                await self._done.wait()
+                return {"results": [asdict(r) for r in self._results]}
             if cmd == "stats":
                 return host_stats(self.agent.ctx)
             if cmd == "set_faults":
                 self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
                 return {"ok": True}
-            if cmd in self.handlers:
-                return await self.handlers[cmd](msg)
         except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
             return {"error": f"{cmd}: {exc!r}"}
         return {"error": f"unknown command {msg!r}"}

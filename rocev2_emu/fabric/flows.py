@@ -71,16 +71,20 @@ def load_flows(path: str | Path, topo: Topology) -> list[FlowSpec]:
 async def run_flows(
     agents: dict[str, HostAgent], flows: list[FlowSpec], t0: float
 ) -> list[FlowResult]:
-    """Each source host runs its flows (concurrently), toward in-process peers."""
+    """Open every flow, one at a time in the order of their ids (so each NIC draws its QPNs in
+    the same order in every mode), then each source host runs its flows, concurrently, toward
+    in-process peers."""
     peers: dict[str, FlowPeer] = dict(agents)
+    for spec in sorted(flows, key=lambda f: f.id):
+        await agents[spec.src].open_flow(spec, peers[spec.dst])
     results: list[FlowResult] = []
 
-    async def source(name: str, specs: list[FlowSpec]) -> None:
-        results.extend(await agents[name].run_flows(specs, peers, t0))
+    async def source(name: str) -> None:
+        results.extend(await agents[name].run_open_flows(t0))
 
     async with trio.open_nursery() as jobs:
         for name in sorted({f.src for f in flows}):
-            jobs.start_soon(source, name, [f for f in flows if f.src == name])
+            jobs.start_soon(source, name)
     return sorted(results, key=lambda r: r.id)
 
 

@@ -7,8 +7,11 @@ faithful (late wake-ups, datagrams the kernel dropped).
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
@@ -84,6 +87,15 @@ def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent])
     )
     stats["frame_hops"] = next(iter(drivers.values())).engine.hops if drivers else 0
     return stats
+
+
+def write_json(path: str | None, results: list[FlowResult], fabric: dict[str, Any]) -> None:
+    """The flows' results and the fabric's counters as JSON (``up --json``), keys sorted: two
+    runs that agree give the same bytes."""
+    if path is None:
+        return
+    doc = {"results": [asdict(r) for r in results], "fabric": fabric}
+    Path(path).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def report(

@@ -24,11 +24,13 @@ import trio
 import trio.abc
 
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
+from rocev2_emu.fabric.exact import ExactFlowsJob, lookahead
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
-from rocev2_emu.fabric.report import report
+from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime import auth
+from rocev2_emu.runtime.sync import Coordinator, SyncError
 
 READY_TIMEOUT = 60.0
 
@@ -97,7 +99,10 @@ async def _watch(
         scope.cancel()
 
 
-def _node_command(topo_path: str, name: str, tdf: float, epoch: float) -> list[str]:
+def _node_command(
+    topo_path: str, name: str, tdf: float, epoch: float, sync: tuple[str, int] | None = None
+) -> list[str]:
+    exact = [] if sync is None else ["--clock", "exact", "--sync", f"{sync[0]}:{sync[1]}"]
     return [
         sys.executable,
         "-m",
@@ -111,6 +116,7 @@ def _node_command(topo_path: str, name: str, tdf: float, epoch: float) -> list[s
         repr(epoch),
         "--parent-pid",
         str(os.getpid()),
+        *exact,
     ]
 
 
@@ -143,10 +149,12 @@ async def _supervise(
     quiet: bool = False,
     only: Collection[str] | None = None,
     beside: Callable[..., Awaitable[None]] | None = None,
+    coordinator: Coordinator | None = None,
 ) -> Any:
     """Start every node (``only``: these), run ``job`` (or wait for Ctrl-C), stop; the job's
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
-    (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map)."""
+    (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
+    ``coordinator``: an exact run - it is served here and every node synchronises with it."""
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
@@ -156,14 +164,18 @@ async def _supervise(
     env = {**os.environ, auth.ENV: secret.hex()}  # the environment, not argv: ps shows argv
     try:
         async with trio.open_nursery() as nursery:
+            sync = None
+            if coordinator is not None:
+                coordinator.secret = secret
+                sync = await nursery.start(coordinator.serve)
             tails: dict[str, deque[str]] = {}
             for name in topo.nodes:
                 if only is not None and name not in only:
                     continue
                 procs[name] = await trio.lowlevel.open_process(
-                    _node_command(topo_path, name, tdf, epoch),
+                    _node_command(topo_path, name, tdf, epoch, sync),
                     stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
+                    stderr=None if os.environ.get("DBG") else subprocess.PIPE,
                     env=env,
                 )
                 tails[name] = deque(maxlen=8)
@@ -175,7 +187,8 @@ async def _supervise(
                     _watch, name, proc, tails[name], stopping, nursery.cancel_scope, job
                 )
             if not quiet:
-                print(f"# {topo.name}: {len(procs)} node processes ready at TDF {tdf:g}")
+                clock = "clock: exact" if coordinator is not None else f"clock: wall, TDF {tdf:g}"
+                print(f"# {topo.name}: {len(procs)} node processes ready, {clock}")
                 for name in procs:
                     print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
             if beside is not None:
@@ -248,15 +261,43 @@ def up(
     virtual: bool = False,
     beside: Callable[..., Awaitable[None]] | None = None,
     watch: Watcher | None = None,
+    exact: bool = False,
+    json_out: str | None = None,
 ) -> int:
-    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time);
-    ``beside``: a task alongside the running fabric (the map of ``--ui``); in virtual time,
-    ``watch``: an observer of the run (the recorder of ``--record``)."""
+    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time;
+    ``exact``: node processes synchronised on emulated time); ``beside``: a task alongside the
+    running fabric (the map of ``--ui``); in virtual time, ``watch``: an observer of the run
+    (the recorder of ``--record``); ``json_out``: the results and counters as JSON too."""
     flows = load_flows(flows_path, topo) if flows_path else None
     if virtual:
         if flows is None:
             raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
-        return run_virtual(topo, flows, watch)
+        return run_virtual(topo, flows, watch, json_out)
+    if exact:
+        if flows is None:
+            raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
+        coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
+        try:
+            results, fabric = trio.run(
+                _supervise,
+                topo,
+                topo_path,
+                1.0,
+                ExactFlowsJob(flows, coordinator),
+                False,
+                None,
+                beside,
+                coordinator,
+            )
+        except BaseExceptionGroup as group:
+            sync = group.subgroup(SyncError)
+            if sync is None:
+                raise
+            print(f"rocev2-emu up: {_first(sync)}", file=sys.stderr)
+            return 1
+        write_json(json_out, results, fabric)
+        mode = f"local processes, clock: exact ({coordinator.rounds} windows)"
+        return report(topo, 1.0, mode, results, fabric)
     tdf = tdf or topo.tdf
     try:
         job = FlowsJob(flows) if flows else None
@@ -270,4 +311,12 @@ def up(
         raise
     if outcome is None:
         return 1  # a node died; _watch said which
-    return report(topo, tdf, "local processes", *outcome)
+    write_json(json_out, *outcome)
+    return report(topo, tdf, f"local processes, clock: wall, TDF {tdf:g}", *outcome)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

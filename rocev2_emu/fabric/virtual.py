@@ -19,11 +19,11 @@ import trio.testing
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
-from rocev2_emu.fabric.report import fabric_stats, report
+from rocev2_emu.fabric.report import fabric_stats, report, write_json
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.determinism import seed_trio_scheduler
+from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.progress import ProgressLine
 from rocev2_emu.verbs.api import Context
@@ -35,8 +35,10 @@ T = TypeVar("T")
 
 
 def run_virtual_time(seed: int, main: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``trio.run(main, *args)`` in virtual time, its scheduling seeded with ``seed``."""
-    seed_trio_scheduler(seed)
+    """``trio.run(main, *args)`` in virtual time; tasks that wake together run in the order they
+    were created (:func:`~rocev2_emu.runtime.determinism.canonical_trio_scheduler`); ``seed``
+    is the topology's, which seeds the cores and links."""
+    canonical_trio_scheduler()
     return trio.run(main, *args, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
@@ -129,6 +131,9 @@ async def _flows(
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
         with watching(watch, drivers, agents):
             results = await run_flows(agents, flows, t0)
+            driver = next(iter(agents.values())).ctx.driver
+            assert isinstance(driver, EngineNic)
+            await driver.engine.wait_quiet()
         return results, fabric_stats(drivers, agents)
 
 
@@ -140,7 +145,11 @@ def run_flows_virtual(
     return run_virtual_time(topo.seed, _flows, topo, flows, watch)
 
 
-def run_virtual(topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None) -> int:
-    """``rocev2-emu up --virtual``: the flows in virtual time, then the report."""
+def run_virtual(
+    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None, json_out: str | None = None
+) -> int:
+    """``rocev2-emu up --virtual``: the flows in virtual time, then the report (``json_out``:
+    and the JSON)."""
     results, fabric = run_flows_virtual(topo, flows, watch)
+    write_json(json_out, results, fabric)
     return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

@@ -34,6 +34,7 @@ class Engine:
         self.origin = 0.0  # the trio-clock time of emulated 0 (set by run)
         self.progress: Callable[[Engine], None] | None = None
         self._scope: trio.CancelScope | None = None
+        self._quiet = trio.lowlevel.ParkingLot()  # tasks waiting for the fabric to go quiet
 
     # -- the heap's surface ----------------------------------------------------------------
     @property
@@ -74,6 +75,17 @@ class Engine:
     def step(self) -> bool:
         """Run the next instant's events; False when nothing is left to happen."""
         return self.events.step()
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing is left to happen in the fabric: no frame in flight, no core deadline."""
+        return self.events.next_event_time() is None and not self.events.pending
+
+    async def wait_quiet(self) -> None:
+        """Until the fabric is :attr:`quiet`: a job's counters are read then, when no frame
+        of it (a last CNP, an XON) can still change them, the same instant in every mode."""
+        while not self.quiet:
+            await self._quiet.park()
 
     def _wake(self) -> None:
         if self._scope is not None:
@@ -121,6 +133,8 @@ class Engine:
             self._sync_clock(clock)
             if events.woke:
                 continue
+            if nt is None and self._quiet.unpark_all():
+                continue  # they run at this instant; the engine comes back when they block
             at = math.inf if nt is None else self.to_trio(nt)
             with trio.move_on_at(at) as scope:
                 self._scope = scope

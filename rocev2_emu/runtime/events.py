@@ -14,9 +14,16 @@ on a link (:class:`Wire`: delay and seeded faults, the same decisions as the pro
 replaced lazily).  The trio task that hands control between this heap and application tasks
 is :mod:`rocev2_emu.runtime.engine`, interpreted beside it.
 
-Ordering is deterministic: events at one time run in the order they were scheduled, and the
-cores they touched are serviced in the order they were first touched.  The same topology, flows
-and seed give the same frames, counters and results, run after run.
+Ordering is deterministic and does not depend on the order in which events were pushed: an
+event's key is (time, the receiving node's index, its port, the link's own sequence number), a
+deadline's port is -1 and its sequence the node's own.  Events of one node at one instant are
+all received before the node is serviced, and a node's outputs reach other nodes only after a
+link's delay, so any split of a fabric over several heaps (the exact process mode,
+:mod:`rocev2_emu.runtime.sync`) gives every core the same inputs in the same order as one heap.
+A wire whose far end is in another process (:attr:`Wire.outbox`) queues its frames, with their
+arrival times and sequence numbers, for the process's driver to send; :meth:`EventHeap.arrive`
+puts a frame from another process on the heap.  The same topology, flows and seed give the same
+frames, counters and results, run after run.
 """
 
 from __future__ import annotations
@@ -71,11 +78,16 @@ class LinkModel(Protocol):
 
 
 class Wire:
-    """One direction of a link: where a port's frames go, after which delay and faults."""
+    """One direction of a link: where a port's frames go, after which delay and faults.
+    ``seq`` numbers the frames put on it (the order key of their arrivals); ``outbox``, when
+    the far end is in another process, collects (arrival time, seq, datagram) for the driver
+    to send instead of putting them on this heap."""
 
     def __init__(self, peer: Node, peer_port: int, faults: LinkFaults | None) -> None:
         self.peer = peer
         self.peer_port = peer_port
+        self.seq = 0
+        self.outbox: list[tuple[float, int, bytes]] | None = None
         self.delay = 0.0
         # only while something besides the delay is set (or a harness's own model)
         self.faulty: LinkModel | None = None
@@ -110,11 +122,14 @@ class Node:
         self.touched = False
         self.received = 0  # datagrams since the last service
         self.services = 0
+        self.index = -1  # its place in the order key (EventHeap.add numbers it if unset)
+        self.deadline_seq = 0  # sequence numbers of its deadline entries
 
 
 class Event:
     """An entry of the heap: a datagram arriving on a node's port at ``at``, or (port -1) the
-    node's deadline.  ``seq`` orders events of one instant by when they were scheduled."""
+    node's deadline.  Ordered by (at, node index, port, seq): ``seq`` is the link's sequence
+    number of the frame (a deadline's: the node's), never a heap-wide push counter."""
 
     def __init__(self, at: float, seq: int, node: Node, port: int, data: bytes) -> None:
         self.at = at
@@ -125,7 +140,14 @@ class Event:
 
 
 def _before(a: Event, b: Event) -> bool:
-    return a.at < b.at or (a.at == b.at and a.seq < b.seq)
+    if a.at != b.at:
+        return a.at < b.at
+    ai, bi = a.node.index, b.node.index
+    if ai != bi:
+        return ai < bi
+    if a.port != b.port:
+        return a.port < b.port
+    return a.seq < b.seq
 
 
 def _sift_up(heap: list[Event], pos: int, event: Event) -> None:
@@ -175,7 +197,6 @@ class EventHeap:
         self.now = 0.0  # emulated seconds
         self.nodes: list[Node] = []
         self._heap: list[Event] = []
-        self._seq = 0
         self._touched: list[Node] = []
         self.hops = 0  # frames that crossed a link
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
@@ -187,6 +208,8 @@ class EventHeap:
 
     # -- building --------------------------------------------------------------------------
     def add(self, node: Node) -> Node:
+        if node.index < 0:
+            node.index = len(self.nodes)
         self.nodes.append(node)
         return node
 
@@ -233,6 +256,17 @@ class EventHeap:
         on_kick = self.on_kick
         if on_kick is not None:
             on_kick()
+
+    def arrive(self, node: Node, port: int, at: float, seq: int, data: bytes) -> None:
+        """A frame from another process, arriving on ``node``'s ``port`` at ``at`` (the
+        sending wire's sequence number ``seq``).  Arriving before ``now`` breaks the
+        synchronisation's promise: an error, never a silently reordered run."""
+        if at < self.now:
+            raise EngineError(
+                f"{node.name} port {port}: a frame for t={at:.9f} s came at t={self.now:.9f} s "
+                "(the lookahead was broken)"
+            )
+        heap_push(self._heap, Event(at, seq, node, port, data))
 
     @property
     def pending(self) -> bool:
@@ -327,13 +361,22 @@ class EventHeap:
                 continue
             self.hops += 1
             faulty = wire.faulty
+            outbox = wire.outbox
             if faulty is None:
-                self._seq += 1
-                heap_push(heap, Event(now + wire.delay, self._seq, wire.peer, wire.peer_port, data))
+                wire.seq += 1
+                if outbox is not None:
+                    outbox.append((now + wire.delay, wire.seq, data))
+                else:
+                    heap_push(
+                        heap, Event(now + wire.delay, wire.seq, wire.peer, wire.peer_port, data)
+                    )
             else:
                 for at, copy in faulty.fates(data, now):
-                    self._seq += 1
-                    heap_push(heap, Event(at, self._seq, wire.peer, wire.peer_port, copy))
+                    wire.seq += 1
+                    if outbox is not None:
+                        outbox.append((at, wire.seq, copy))
+                    else:
+                        heap_push(heap, Event(at, wire.seq, wire.peer, wire.peer_port, copy))
         after = node.after
         if after is not None and after(node.received):
             self.woke = True
@@ -345,5 +388,5 @@ class EventHeap:
             if t < now:
                 t = now
             node.wake_at = t
-            self._seq += 1
-            heap_push(heap, Event(t, self._seq, node, -1, b""))
+            node.deadline_seq += 1
+            heap_push(heap, Event(t, node.deadline_seq, node, -1, b""))

@@ -1,0 +1,176 @@
+"""The exact process mode: every node its own process on its own event engine, the links between
+them real UDP datagrams carrying emulated time, the windows granted by a coordinator in the
+supervisor (:mod:`rocev2_emu.runtime.sync`, :mod:`rocev2_emu.runtime.exact`).
+
+A node process (``rocev2-emu node TOPOLOGY NAME --clock exact --sync HOST:PORT``) builds its core
+exactly as the virtual fabric does (:mod:`rocev2_emu.fabric.virtual`) - the same seeded QPNs and
+PSNs, the same link faults - serves its control port as a process-mode node does, and runs its
+engine window by window.  :class:`ExactFlowsJob` runs a flow job on such a fabric as
+:func:`~rocev2_emu.fabric.virtual.run_flows_virtual` runs it in one process: the flows opened
+one by one in the order of their ids while the clock is held, started at the same emulated
+instant, and the counters read when the fabric is quiet.  The same topology and flows therefore
+give the same results and counters as the virtual run, whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any, Final
+
+import trio
+import trio.testing
+
+from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
+from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
+from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.nic.driver import EngineNic
+from rocev2_emu.runtime import auth
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.control import open_channel
+from rocev2_emu.runtime.determinism import canonical_trio_scheduler
+from rocev2_emu.runtime.engine import Node
+from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
+from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.sync import Coordinator, RunOver
+from rocev2_emu.verbs.api import Context
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
+from switch.driver import EngineSwitch
+from switch.node import Handler, control_replies
+from switch.pipeline import SwitchCore
+
+FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
+
+
+def lookahead(topo: Topology) -> float:
+    """The smallest delay of a link between processes (here: every link)."""
+    delay = min((link.delay for link in topo.links), default=math.inf)
+    if not delay > 0:
+        zero = next(lk for lk in topo.links if not lk.delay > 0)
+        raise TopologyError(
+            f"{topo.path}: link {zero.a} <-> {zero.b} has no delay; an exact run over processes "
+            "needs every link between processes to take time (its lookahead): give it delay_us"
+        )
+    return delay
+
+
+def run_exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
+    """``rocev2-emu node ... --clock exact``: this node until the coordinator ends the run."""
+    canonical_trio_scheduler()
+    try:
+        trio.run(_exact_node, topo, name, sync, clock=trio.testing.MockClock())
+    except BaseExceptionGroup as group:
+        if group.subgroup(RunOver) is None or group.subgroup(lambda e: not isinstance(e, RunOver)):
+            raise
+
+
+async def _refuse(msg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "error": f"{msg.get('cmd')}: an exact run does not take changes to the fabric from outside "
+        "yet (they would land at no defined emulated instant); use --clock wall"
+    }
+
+
+REFUSED: Final = ("set_link", "set_faults", "set_routes")
+
+
+async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
+    node = topo.nodes.get(name)
+    if node is None:
+        raise ValueError(f"{topo.path}: no node named {name!r}")
+    secret = auth.current()
+    chan = await open_channel(sync[0], sync[1], timeout=30, wait_for_listener=False, secret=secret)
+    chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
+    await chan.send({"hello": name})
+    udp = UdpPort((node.address, LINK_UDP_PORT), None, batch=False)
+    engine = ExactEngine(name, udp, chan)
+    address = node.address
+
+    async def engine_state(msg: dict[str, Any]) -> dict[str, Any]:
+        return {"frame_hops": engine.hops, "rounds": engine.rounds, "now": engine.now}
+
+    more: dict[str, Handler] = {"engine": engine_state, **dict.fromkeys(REFUSED, _refuse)}
+    async with trio.open_nursery() as nursery:
+        local: Node
+        if node.kind == "switch":
+            core = SwitchCore(topo.switch_config(name))
+            switch = EngineSwitch(core, engine, DilatedClock(1.0), (address, LINK_UDP_PORT))
+            local = switch.node
+            reply = control_replies(switch, more)
+        else:
+            cfg = host_config(topo, name, 1.0, None, seeded=True)
+            ctx = await nursery.start(_host_context, cfg, engine)
+            assert isinstance(ctx.driver, EngineNic)
+            local = ctx.driver.node
+            server = AgentServer(host_agent(topo, ctx, name), more, secret)
+            await nursery.start(server.keep_jobs)
+            reply = server.dispatch
+        for index, (link, peer) in enumerate(node.ports):
+            far = topo.nodes[peer]
+            faults = link_faults(topo, link)
+            engine.link(
+                RemoteLink(local, index, link.vni, peer, (far.address, LINK_UDP_PORT), faults)
+            )
+        await WallServer((address, CONTROL_PORT), reply, secret).start()
+        await nursery.start(engine.run)
+        print(f"READY {name} control={address}:{CONTROL_PORT} clock=exact", flush=True)
+
+
+async def _host_context(
+    cfg: Any, engine: ExactEngine, *, task_status: trio.TaskStatus[Context]
+) -> None:
+    async with Context.open(cfg, engine=engine) as ctx:
+        task_status.started(ctx)
+        await trio.sleep_forever()
+
+
+class ExactFlowsJob:
+    """The flows on an exact fabric of node processes (see the module); the supervisor runs
+    ``coordinator`` beside it."""
+
+    def __init__(self, flows: list[FlowSpec], coordinator: Coordinator) -> None:
+        self.flows = flows
+        self.coordinator = coordinator
+
+    async def run(
+        self, topo: Topology, tdf: float, epoch: float
+    ) -> tuple[list[FlowResult], dict[str, Any]]:
+        coordinator = self.coordinator
+        with trio.fail_after(60):
+            await coordinator.connected.wait()
+        for spec in sorted(self.flows, key=lambda f: f.id):  # one at a time: the QPN order
+            dst = topo.nodes[spec.dst].address
+            await _ask(topo, spec.src, {"cmd": "open_flow", "spec": asdict(spec), "dst": dst})
+        sources = sorted({f.src for f in self.flows})
+        for name in sources:
+            await _ask(topo, name, {"cmd": "start_flows", "t0": FLOW_START})
+        coordinator.release()
+        results: list[FlowResult] = []
+        for name in sources:
+            reply = await _ask(topo, name, {"cmd": "flow_results"}, timeout=math.inf)
+            results.extend(FlowResult(**r) for r in reply["results"])
+        await coordinator.quiet.wait()
+        coordinator.hold()
+        stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
+        fabric = merge_stats(stats)
+        hops = [await control(n.address, {"cmd": "engine"}) for n in topo.nodes.values()]
+        fabric["frame_hops"] = sum(int(h["frame_hops"]) for h in hops)
+        await coordinator.finish()
+        return sorted(results, key=lambda r: r.id), fabric
+
+    async def node_died(self, name: str, code: int) -> bool:
+        return False
+
+
+async def _ask(
+    topo: Topology, name: str, msg: dict[str, Any], timeout: float = 30.0
+) -> dict[str, Any]:
+    with trio.fail_after(timeout):
+        reply = await control(topo.nodes[name].address, msg, timeout=min(timeout, 1e6))
+    if not isinstance(reply, dict) or "error" in reply:
+        raise RuntimeError(
+            f"host {name}: {reply.get('error') if isinstance(reply, dict) else reply}"
+        )
+    return reply

@@ -1,0 +1,300 @@
+"""The event engine of one process of an exact run: the cores it hosts on its own heap, the
+links to other processes as real UDP datagrams carrying their emulated arrival times, and the
+windows of :mod:`rocev2_emu.runtime.sync`.
+
+:class:`ExactEngine` is the virtual-time :class:`~rocev2_emu.runtime.engine.Engine` (trio under
+MockClock, applications on the engine's clock exactly as in one process) whose run loop stops
+at the end of each granted window: it reports to the coordinator, waits for the next window,
+takes in the frames other processes sent it (all of them: the coordinator says how many), and
+runs on.  A :class:`RemoteLink` is one link whose far end is in another process: the local end
+of it is a :class:`~rocev2_emu.runtime.events.Wire` with an outbox, the frames coming back are
+checked (sender, VNI, sequence) and put on the heap at their arrival time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+import trio.testing
+
+from rocev2_emu.runtime.control import MessageChannel, connection_limit, serve_requests
+from rocev2_emu.runtime.engine import Engine, EngineError
+from rocev2_emu.runtime.events import Core, Node, Wire
+from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.sync import (
+    DONE,
+    RunOver,
+    SyncError,
+    set_holder,
+    split_trailer,
+    with_trailer,
+)
+
+
+class RemoteLink:
+    """A link from ``node``'s ``port`` to ``peer_name`` in another process, at ``peer``
+    (its UDP address); ``vni`` names it in every datagram."""
+
+    def __init__(
+        self,
+        node: Node,
+        port: int,
+        vni: int,
+        peer_name: str,
+        peer: tuple[str, int],
+        faults: LinkFaults | None,
+    ) -> None:
+        self.node = node
+        self.port = port
+        self.vni = vni
+        self.peer_name = peer_name
+        self.peer = peer
+        far = Node(peer_name, Core())  # stands for the far end; never on this heap
+        self.wire = Wire(far, -1, faults)
+        self.wire.outbox = []
+        while len(node.wires) <= port:
+            node.wires.append(None)
+        node.wires[port] = self.wire
+        self.expect = 1  # the next sequence number due from the far end
+        self.name = f"{node.name} port {port} <- {peer_name} (VNI {vni})"
+
+
+class ExactEngine(Engine):
+    """The engine of one process of an exact run (see the module)."""
+
+    def __init__(self, name: str, udp: UdpPort, chan: MessageChannel) -> None:
+        super().__init__()
+        self.name = name
+        self.udp = udp
+        self.chan = chan
+        self.links: list[RemoteLink] = []
+        self._by_vni: dict[int, RemoteLink] = {}
+        self.sent: dict[str, int] = {}
+        self.received = 0
+        self.rounds = 0
+        self._inflight = math.inf  # the earliest arrival of what was sent since the last report
+        self._holds = 0
+        self._poke: trio.CancelScope | None = None
+        self._backlog: list[tuple[bytes, tuple[str, int]]] = []
+
+    def link(self, link: RemoteLink) -> RemoteLink:
+        if link.vni in self._by_vni:
+            raise EngineError(f"two links with VNI {link.vni} in {self.name}")
+        self.links.append(link)
+        self._by_vni[link.vni] = link
+        self.sent.setdefault(link.peer_name, 0)
+        return link
+
+    # -- the clock hold (rocev2_emu.runtime.sync.holding_clock) --------------------------------
+    def hold(self) -> None:
+        self._holds += 1
+
+    def release(self) -> None:
+        self._holds -= 1
+        if not self._holds:
+            self._wake_barrier()
+
+    def _wake_barrier(self) -> None:
+        if self._poke is not None:
+            self._poke.cancel()
+
+    def _wake(self) -> None:  # a kick: also re-report if waiting for a window
+        super()._wake()
+        self._wake_barrier()
+
+    # -- frames between processes ----------------------------------------------------------
+    def _flush(self) -> None:
+        """Send what the cores put on remote links (in order, per link)."""
+        backlog = self._backlog
+        for link in self.links:
+            outbox = link.wire.outbox
+            if not outbox:
+                continue
+            for at, seq, data in outbox:
+                backlog.append((with_trailer(data, at, seq), link.peer))
+                if at < self._inflight:
+                    self._inflight = at
+            self.sent[link.peer_name] += len(outbox)
+            outbox.clear()
+
+    async def _send_backlog(self) -> None:
+        backlog, udp = self._backlog, self.udp
+        i = 0
+        while i < len(backlog):
+            data, peer = backlog[i]
+            if udp.send_to(data, peer):
+                i += 1
+            else:
+                await udp.wait_writable()
+        backlog.clear()
+
+    def _pull(self) -> None:
+        """Every datagram the socket holds, onto the heap (checked)."""
+        udp, events = self.udp, self.events
+        while (got := udp.recv_from()) is not None:
+            data, sender = got
+            vni = data[4] << 16 | data[5] << 8 | data[6] if len(data) >= 8 else -1
+            link = self._by_vni.get(vni)
+            if link is None or sender != link.peer:
+                raise SyncError(
+                    f"{self.name}: a datagram from {sender[0]}:{sender[1]} with VNI {vni} is on "
+                    "no link of this node"
+                )
+            try:
+                frame, at, seq = split_trailer(data)
+            except ValueError as exc:
+                raise SyncError(f"link {link.name}: {exc}") from exc
+            if seq != link.expect:
+                raise SyncError(
+                    f"link {link.name}: frame {seq} came when {link.expect} was due (a datagram "
+                    "was lost or reordered between processes); the run stops"
+                )
+            link.expect += 1
+            self.received += 1
+            events.arrive(link.node, link.port, at, seq, frame)
+
+    async def _take_in(self, expect: int) -> None:
+        """Until every frame the others sent this process is on the heap."""
+        self._pull()
+        while self.received < expect:
+            await self.udp.wait_readable()
+            self._pull()
+
+    # -- the windows -----------------------------------------------------------------------
+    def _report(self) -> dict[str, Any]:
+        events = self.events
+        heap_next = events.next_event_time()
+        deadline = trio.current_time() + trio.lowlevel.current_statistics().seconds_to_next_deadline
+        nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
+        nxt = min(nxt, self._inflight)
+        if self._holds:
+            nxt = min(nxt, events.now)
+        quiet = heap_next is None and not events.pending and self._inflight == math.inf
+        return {
+            "next": nxt,
+            "quiet": quiet,
+            "held": bool(self._holds),
+            "sent": self.sent,
+            "received": self.received,
+        }
+
+    async def _barrier(self) -> float:
+        """Report, then wait for the next window (re-reporting when a kick or the end of a
+        clock hold changed what this process would say); the window's end."""
+        settle = trio.testing.wait_all_tasks_blocked
+        await settle()
+        await self._send_backlog()
+        await self.chan.send(self._report())
+        while True:
+            with trio.CancelScope() as scope:
+                self._poke = scope
+                msg = await self.chan.recv()
+            self._poke = None
+            if scope.cancelled_caught:
+                await settle()
+                await self.chan.send(self._report())
+                continue
+            if isinstance(msg, dict) and msg.get("stop") == DONE:
+                raise RunOver(self.name)
+            if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
+                why = msg.get("stop") if isinstance(msg, dict) else msg
+                raise SyncError(f"{self.name}: the run was stopped: {why}")
+            self.rounds += 1
+            self._inflight = math.inf
+            await self._take_in(int(msg["expect"]))
+            return float(msg["until"])
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The engine as a trio task under MockClock (no autojump: this loop moves the clock),
+        window by window, until cancelled."""
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock) or clock.autojump_threshold != math.inf:
+            raise EngineError("an exact run's engine needs trio.testing.MockClock() (no autojump)")
+        events = self.events
+        self.origin = trio.current_time() - events.now
+        set_holder(self)
+        task_status.started()
+        statistics = trio.lowlevel.current_statistics
+        settle = trio.testing.wait_all_tasks_blocked
+        until = await self._barrier()
+        while True:
+            await settle()
+            events.now = max(events.now, trio.current_time() - self.origin)
+            events.woke = False
+            if events.now < until:
+                events.run_due()
+                self._flush()
+                if events.woke:
+                    continue
+            trio_next = events.now + statistics().seconds_to_next_deadline
+            limit = min(until, trio_next)
+            nt = events.run_until(limit, None)
+            self._flush()
+            self._sync_clock(clock)
+            if events.woke:
+                continue
+            nxt = min(math.inf if nt is None else nt, trio_next)
+            if nxt < until and not self._holds:
+                # an application deadline before the window's end: trio runs it at its time
+                ahead = self.to_trio(nxt) - trio.current_time()
+                if ahead > 0:
+                    clock.jump(ahead)
+                events.now = max(events.now, nxt)
+                await self._send_backlog()
+                continue
+            until = await self._barrier()
+
+
+class WallServer:
+    """A control port of an exact process, served on the wall clock in a thread of its own:
+    its deadlines (a client that does not authenticate, a half-sent request) are real seconds
+    and never emulated events, which would move the fabric's clock.  Each request is answered
+    by ``reply`` inside the emulation's trio run, at its current emulated instant."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        reply: Callable[[Any], Awaitable[Any]],
+        secret: bytes,
+    ) -> None:
+        self.address = address
+        self.reply = reply
+        self.secret = secret
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    async def start(self) -> None:
+        """Listen (in the thread), from inside the emulation's trio run; errors if it cannot."""
+        self._token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._thread, name="wall-control", daemon=True)
+        thread.start()
+        await trio.to_thread.run_sync(self._ready.wait, abandon_on_cancel=True)
+        if self._error is not None:
+            raise self._error
+
+    def _thread(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        listeners = await trio.open_tcp_listeners(self.address[1], host=self.address[0])
+        self._ready.set()
+        await trio.serve_listeners(connection_limit(self._connection), listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        await serve_requests(stream, self._bridge, timeout=3600.0, secret=self.secret)
+
+    async def _bridge(self, msg: Any) -> Any:
+        token = self._token
+        return await trio.to_thread.run_sync(
+            lambda: trio.from_thread.run(self.reply, msg, trio_token=token)
+        )

@@ -1,0 +1,291 @@
+"""Conservative synchronisation of an emulation split over processes: the wire format of a
+frame between processes, the coordinator's windows, and the clock hold of out-of-band waits.
+
+The model is ns-3's distributed simulator (``DistributedSimulatorImpl``: every rank reports
+the time of its next event, an all-reduce takes the global minimum, and each rank runs the
+events of the granted window) with SST's per-window message accounting, on this project's own
+engine (:mod:`rocev2_emu.runtime.events`).  A *round*:
+
+1. every process runs the events of its window - those strictly before ``until`` - sending the
+   frames its cores put on links to other processes as UDP datagrams, then *reports*: the time
+   of its next event (its heap's, its application tasks' next trio deadline, or "now" while an
+   out-of-band wait holds its clock), the earliest arrival time of the frames it sent in the
+   window, and how many frames it has sent to each other process since the start;
+2. once every process has reported, the coordinator grants the next window to all:
+   ``until = min(everything reported) + lookahead``, where the lookahead is the smallest delay
+   of a link between processes, and tells each process how many frames it must have received
+   before it runs it (the sum of what the others sent it).
+
+Why that is exact: a frame sent at ``t >= min`` arrives at ``t + delay >= until``, so nothing
+can still arrive inside a granted window once its frames are all in; the events of one node run
+in the key order of :mod:`rocev2_emu.runtime.events`, which no split changes.  Idle stretches
+cost one round (the minimum jumps to the next event, wherever it is).  A round that could not
+move ``until`` (a process holds its clock at ``now`` for an out-of-band wait) is not granted:
+the coordinator waits for a report that changes it.
+
+**The wire**: a frame between processes is the VXLAN datagram of the process mode, unchanged,
+followed by a 16-byte trailer - its arrival time (IEEE 754 double, emulated seconds, the exact
+value the sender's heap computed) and the link's sequence number (unsigned 64-bit) - both in
+network byte order.  A trailer and not a header: everything from the VXLAN header to the ICRC
+stays where Wireshark expects it (the trailer shows as the Ethernet frame's trailer), and the
+frame's own bytes are what the virtual run carries.  The receiver checks that each link's
+sequence numbers come in order with no gap; a gap, a datagram from the wrong sender, or a
+malformed one stops the run naming the link (no silently different result).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import trio
+
+TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's sequence number
+
+
+class SyncError(Exception):
+    """The synchronised run cannot go on (a dead or silent process, a broken link)."""
+
+
+class RunOver(Exception):
+    """The coordinator ended the run normally (its job is done)."""
+
+
+DONE: Final = "done"  # the stop reason of a run that ended normally
+
+
+def with_trailer(datagram: bytes, at: float, seq: int) -> bytes:
+    return datagram + TRAILER.pack(at, seq)
+
+
+def split_trailer(datagram: bytes | memoryview) -> tuple[bytes, float, int]:
+    """(the datagram, its arrival time, its sequence number); ValueError if too short."""
+    n = len(datagram) - TRAILER.size
+    if n <= 0:
+        raise ValueError(f"a {len(datagram)}-byte datagram has no room for the sync trailer")
+    at, seq = TRAILER.unpack_from(datagram, n)
+    if not math.isfinite(at) or at < 0:
+        raise ValueError(f"arrival time {at!r} in the sync trailer")
+    return bytes(datagram[:n]), at, seq
+
+
+# -- the clock hold of out-of-band waits ---------------------------------------------------
+
+
+class Holdable(Protocol):
+    """What holds its clock during out-of-band waits (the exact engine)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+_HOLDER: trio.lowlevel.RunVar[Holdable | None] = trio.lowlevel.RunVar("exact_holder", None)
+
+
+def set_holder(holder: Holdable | None) -> None:
+    """This trio run's engine, whose clock out-of-band waits hold (None: no synchronised
+    engine here; holds are no-ops)."""
+    _HOLDER.set(holder)
+
+
+@contextmanager
+def holding_clock() -> Iterator[None]:
+    """Around an out-of-band wait (a control request, the rendezvous store): while it lasts,
+    this process's emulated clock does not move past now, so whatever the answer's wall-clock
+    arrival, it is seen at the same emulated instant.  A no-op outside an exact run."""
+    try:
+        holder = _HOLDER.get()
+    except RuntimeError:  # not inside trio.run
+        holder = None
+    if holder is None:
+        yield
+        return
+    holder.hold()
+    try:
+        yield
+    finally:
+        holder.release()
+
+
+# -- the coordinator -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Report:
+    """One process's report at the end of a window."""
+
+    next_time: float  # its next event, deadline or held instant; inf: none
+    quiet: bool  # no frame event or core deadline on its heap, nothing in flight from it
+    sent: dict[str, int]  # frames sent to each other process since the start
+    received: int  # frames received since the start
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> Report:
+        """A report as a node sent it, each field checked (ValueError names it)."""
+        if not isinstance(msg, dict):
+            raise ValueError(f"a sync report must be a map, not {type(msg).__name__}")
+        try:
+            next_time = float(msg["next"])
+            quiet = bool(msg["quiet"])
+            sent = {str(k): int(v) for k, v in dict(msg["sent"]).items()}
+            received = int(msg["received"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"a sync report's field is missing or wrong: {exc!r}") from exc
+        if math.isnan(next_time):
+            raise ValueError("a sync report's next time is NaN")
+        return cls(next_time, quiet, sent, received)
+
+
+@dataclass(slots=True)
+class Window:
+    """What the coordinator decided for one round."""
+
+    until: float
+    expect: dict[str, int] = field(default_factory=dict)  # frames each process must have
+    quiet: bool = False  # nothing left in the fabric (only application deadlines, or none)
+
+
+def next_window(reports: dict[str, Report], lookahead: float) -> Window:
+    """The window every process may run once each has reported (see the module)."""
+    earliest = min((r.next_time for r in reports.values()), default=math.inf)
+    expect = dict.fromkeys(reports, 0)
+    for r in reports.values():
+        for peer, n in r.sent.items():
+            if peer in expect:
+                expect[peer] += n
+    quiet = all(r.quiet for r in reports.values()) and all(
+        r.received == expect[name] for name, r in reports.items()
+    )
+    return Window(earliest + lookahead, expect, quiet)
+
+
+STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run stops
+
+
+class Coordinator:
+    """The windows of a synchronised run, for ``names`` (every process of the fabric), on the
+    real clock.  Nodes connect (:func:`~rocev2_emu.runtime.control.open_channel`, proving the
+    fabric's secret), say ``{"hello": name}``, then report and wait for each window.  While
+    :attr:`held` (a job setting up, or reading counters) no window is granted."""
+
+    def __init__(self, names: list[str], lookahead: float, secret: bytes) -> None:
+        if not lookahead > 0:
+            raise ValueError(
+                f"lookahead {lookahead!r}: a link between processes needs a delay > 0 for an "
+                "exact run (give every link a delay)"
+            )
+        self.names = list(names)
+        self.lookahead = lookahead
+        self.secret = secret
+        self.until = -math.inf  # the last window granted
+        self.rounds = 0
+        self.held = True
+        self.now = 0.0  # the earliest next time of the last round (emulated time reached)
+        self.reports: dict[str, Report] = {}
+        self.connected = trio.Event()
+        self.quiet = trio.Event()  # set by a round that found the fabric quiet
+        self._chans: dict[str, Any] = {}
+        self._changed = trio.Event()
+        self._holding: set[str] = set()
+        self._poll = False
+
+    def hold(self) -> None:
+        """No window from now on until :meth:`release` (those granted still run)."""
+        self.held = True
+
+    async def finish(self) -> None:
+        """The job is done: tell every node (each exits quietly)."""
+        self.held = True
+        for chan in list(self._chans.values()):
+            with trio.move_on_after(5.0):
+                await chan.send({"stop": DONE})
+
+    def release(self) -> None:
+        """Windows again.  First every process is polled (an empty window) so that it reports
+        afresh: what the job set up while the clock was held (a flow's start) is in it."""
+        self.held = False
+        self._poll = True
+        self.quiet = trio.Event()
+        self._changed.set()
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen on a loopback port (given to ``task_status``), take every node, then run
+        rounds until cancelled; a node that goes away or stays silent is a SyncError naming
+        it."""
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        address = listeners[0].socket.getsockname()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._connection, listeners)
+            task_status.started((address[0], address[1]))
+            await self._rounds()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        from rocev2_emu.runtime.control import ControlError, MessageChannel, _authenticate
+
+        chan = MessageChannel(stream, timeout=STALL_SECONDS)
+        name = None
+        try:
+            if not await _authenticate(chan, self.secret):
+                return
+            hello = await chan.recv()
+            name = hello.get("hello") if isinstance(hello, dict) else None
+            if name not in self.names or name in self._chans:
+                await chan.send({"stop": f"{name!r} is not a node of this run, or came twice"})
+                return
+            chan.timeout = math.inf  # a node computing its window may be quiet for long
+            self._chans[name] = chan
+            if len(self._chans) == len(self.names):
+                self.connected.set()
+            while True:
+                msg = await chan.recv()
+                try:
+                    report = Report.from_wire(msg)
+                except ValueError as exc:
+                    raise SyncError(f"node {name}: {exc}") from exc
+                self.reports[name] = report
+                (self._holding.add if msg.get("held") else self._holding.discard)(name)
+                self._changed.set()
+        except ControlError as exc:
+            if name in self._chans:
+                raise SyncError(f"node {name} went away ({exc})") from exc
+
+    async def _rounds(self) -> None:
+        await self.connected.wait()
+        while True:
+            with trio.move_on_after(STALL_SECONDS) as scope:
+                await self._changed.wait()
+            if scope.cancelled_caught and not self.held:
+                waiting = sorted(set(self.names) - set(self.reports)) or sorted(self._holding)
+                raise SyncError(
+                    f"no progress for {STALL_SECONDS:g} s (wall): waiting for "
+                    f"{', '.join(waiting) or 'nothing'} at emulated t={self.now * 1e6:.3f} us"
+                )
+            self._changed = trio.Event()
+            if self.held or len(self.reports) < len(self.names):
+                continue
+            window = next_window(self.reports, self.lookahead)
+            if self._poll:
+                self._poll = False
+                window.until, window.quiet = max(self.until, 0.0), False
+                await self._grant(window)
+                continue
+            if window.quiet:
+                self.quiet.set()
+            if window.until <= self.until:
+                continue  # nothing can move (a held clock): wait for a report that changes it
+            self.now = window.until - self.lookahead
+            await self._grant(window)
+
+    async def _grant(self, window: Window) -> None:
+        self.until = window.until
+        self.rounds += 1
+        self.reports = {}
+        for name, chan in self._chans.items():
+            await chan.send({"until": window.until, "expect": window.expect[name]})
