@@ -175,7 +175,7 @@ async def _supervise(
                 procs[name] = await trio.lowlevel.open_process(
                     _node_command(topo_path, name, tdf, epoch, sync),
                     stdout=subprocess.PIPE,
-                    stderr=None if os.environ.get("DBG") else subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=env,
                 )
                 tails[name] = deque(maxlen=8)

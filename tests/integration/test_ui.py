@@ -197,7 +197,7 @@ def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
             assert int(got[1]) == want["totals"]["pfc_tx"]
             assert float(got[2]) == pytest.approx(h3["ba_util"])
         # mid-run, the replay shows what the live map showed: the link full, senders paused
-        assert float(got[2]) > 0.9
+        assert float(got[2]) > 0.85  # DCQCN keeps it a little below line rate
         paused = browser.execute_script(
             "return parseInt(document.getElementById('paused-count').textContent);"
         )

@@ -1,0 +1,116 @@
+"""The exact process mode (rocev2_emu/runtime/sync.py, runtime/exact.py, fabric/exact.py): a flow
+job over one process per node gives the virtual run's JSON byte for byte, while two processes
+burn the CPUs beside it; a node that dies stops the run, named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+EXE = [sys.executable, "-m", "rocev2_emu"]
+
+
+@contextmanager
+def cpu_burners(n: int = 2) -> Iterator[None]:
+    """``n`` processes spinning on the CPUs for as long as the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _up(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXE, "up", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("topology", "flows", "loss"),
+    [
+        ("single-switch", "incast-4to1", None),  # PFC, ECN marks, CNPs, DCQCN
+        ("leaf-spine", "leaf-spine-shift", "0.002"),  # ECMP, lost frames, retransmits, a timeout
+    ],
+)
+def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_busy(
+    tmp_path: Path, topology: str, flows: str, loss: str | None
+) -> None:
+    topo = ROOT / "examples" / "topologies" / f"{topology}.toml"
+    if loss is not None:
+        lossy = tmp_path / f"{topology}.toml"
+        lossy.write_text(topo.read_text().replace("loss = 0.0", f"loss = {loss}", 1))
+        topo = lossy
+    flow_file = str(ROOT / "examples" / "flows" / f"{flows}.toml")
+    virtual, exact = tmp_path / "virtual.json", tmp_path / "exact.json"
+    done = _up([str(topo), "--virtual", "--flows", flow_file, "--json", str(virtual)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    with cpu_burners():
+        done = _up([str(topo), "--clock", "exact", "--flows", flow_file, "--json", str(exact)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "clock: exact" in done.stdout
+    assert "rocev2-emu node: error" not in done.stderr  # the nodes ended quietly
+    assert exact.read_bytes() == virtual.read_bytes()
+    if loss is not None:
+        assert '"retransmitted": 0,' not in virtual.read_text()  # the loss did happen
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
+    topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")
+    flows = str(ROOT / "examples" / "flows" / "incast-4to1-long.toml")
+    proc = subprocess.Popen(
+        [*EXE, "up", topo, "--clock", "exact", "--flows", flows],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the table of ready nodes: h2 is up
+            if line.split()[:1] == ["h2"]:
+                break
+        else:
+            pytest.fail(f"no READY table: {proc.stderr.read() if proc.stderr else ''}")
+        victim = _pid_of("h2")
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
+        assert proc.returncode == 1
+        assert "h2" in err and ("died" in err or "went away" in err), err[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _pid_of(name: str) -> int:
+    """The pid of this test's node process ``name`` (rocev2-emu node TOPOLOGY NAME ...)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"node" in argv and name.encode() in argv and b"exact" in argv:
+                return int(entry.name)
+        time.sleep(0.1)
+    raise AssertionError(f"no node process {name}")
