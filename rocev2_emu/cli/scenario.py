@@ -29,6 +29,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
     )
     p.add_argument(
+        "--clock",
+        choices=["wall", "exact"],
+        default="wall",
+        help="with processes: wall (dilated by --tdf) or exact (every node on emulated time, "
+        "synchronised: the same results on any machine; flow scenarios but dilation)",
+    )
+    p.add_argument(
         "--ui",
         nargs="?",
         const="127.0.0.1:8080",
@@ -78,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         out=args.out,
         virtual=args.virtual,
         tdf=args.tdf,
+        exact=args.clock == "exact",
         scale=scale,
         # every run in virtual time is recorded (dilation's reference run too, with processes)
         record=None if args.no_record else _recorder(args),

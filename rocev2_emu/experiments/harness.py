@@ -44,8 +44,10 @@ from rocev2_emu.fabric.virtual import (
     virtual_fabric,
     watching,
 )
+from rocev2_emu.nic.driver import EngineNic
 
 G = 1e9
+START = 1e-6  # emulated seconds: when a scenario's flows start, in every mode
 
 
 async def _run(
@@ -60,7 +62,7 @@ async def _run(
     at = host_port(topo, watch) if isinstance(watch, str) else watch
     async with virtual_fabric(topo) as (drivers, agents):
         show_progress(drivers, delivered(agents, flows))
-        t0 = next(iter(agents.values())).ctx.now() + 1e-6
+        t0 = next(iter(agents.values())).ctx.now() + START
         done = trio.Event()
 
         async def sample() -> None:
@@ -91,6 +93,9 @@ async def _run(
                 run.results = await run_flows(agents, flows, t0)
             done.set()
             jobs.cancel_scope.cancel()
+        driver = next(iter(agents.values())).ctx.driver
+        assert isinstance(driver, EngineNic)
+        await driver.engine.wait_quiet()  # the counters once nothing can change them
         run.fabric = fabric_stats(drivers, agents)
     return run
 
@@ -137,7 +142,13 @@ def fabric_run(
         Path(path).write_text(to_toml(data))
         topo = parse(data, path)
         results, fabric = run_flow_job(
-            topo, path, mode.tdf, flows, beside=mode.ui(topo) if mode.ui else None
+            topo,
+            path,
+            mode.tdf,
+            flows,
+            beside=mode.ui(topo) if mode.ui else None,
+            exact=mode.exact,
+            t0=START,
         )
     return Run(setting, results, fabric=fabric)
 
@@ -160,6 +171,7 @@ class Mode:
 
     virtual: bool = True
     tdf: float = 1000.0
+    exact: bool = False  # with processes: on the exact clock, not dilated by the TDF
     senders: int | None = None
     size: int | None = None
     topology: str | None = None
@@ -247,6 +259,7 @@ class Scenario:
     virtual_only: bool = False
     units: str = "; rates in emulated Gbit/s"
     takes: frozenset[str] = frozenset()  # the Mode fields of scale it accepts
+    exact: bool = False  # its runs with processes can run on the exact clock (--clock exact)
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -256,9 +269,12 @@ def fabric_scenario(
     name: str,
     experiment: Callable[[int, Mode], tuple[list[Run], list[str], bool]],
     takes: frozenset[str] = frozenset(),
+    exact: bool = True,
 ) -> Scenario:
     """A scenario of fabric runs: their JSON, report and verdict, and the plot of the runs that
-    kept time series (virtual ones; runs with processes keep none)."""
+    kept time series (virtual ones; runs with processes keep none).  ``exact``: its runs with
+    processes may run on the exact clock (the dilation scenario's may not: it measures the
+    wall clock's)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
         runs, lines, ok = experiment(seed, mode)
@@ -271,7 +287,7 @@ def fabric_scenario(
             "matplotlib absent" if series else "processes keep no time series",
         )
 
-    return Scenario(name, run, takes=takes)
+    return Scenario(name, run, takes=takes, exact=exact)
 
 
 def virtual_scenario(
@@ -333,6 +349,7 @@ def main(
     out: str | None,
     virtual: bool,
     tdf: float = 1000.0,
+    exact: bool = False,
     scale: dict[str, Any] | None = None,
     record: Recorder | None = None,
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
@@ -347,15 +364,23 @@ def main(
     if scenario.virtual_only and not virtual:
         print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
         return 2
+    if exact and (virtual or not scenario.exact):
+        why = "it runs in virtual time" if virtual else "it measures the wall clock's dilation"
+        if not virtual and scenario.name != "dilation":
+            why = "its collective jobs with processes are not exact yet (docs/architecture.md)"
+        print(f"{name} takes no --clock exact: {why}", file=sys.stderr)
+        return 2
     given = {k: v for k, v in (scale or {}).items() if v is not None}
     refused = sorted(set(given) - scenario.takes)
     if refused:
         flags = ", ".join(SCALE_FLAGS.get(k, "--" + k) for k in refused)
         print(f"scenario {name} takes no {flags}", file=sys.stderr)
         return 2
-    where = "virtual time (TDF 1)" if virtual else f"one process per node, TDF {tdf:g}"
+    where = "virtual time (TDF 1)" if virtual else f"one process per node, clock: wall, TDF {tdf:g}"
+    if exact:
+        where = "one process per node, clock: exact"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    outcome = scenario.run(seed, Mode(virtual, tdf, **given, record=record, ui=ui))
+    outcome = scenario.run(seed, Mode(virtual, tdf, exact, **given, record=record, ui=ui))
     for line in outcome.lines:
         print(line)
     out_dir = Path(out or ".")

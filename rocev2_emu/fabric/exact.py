@@ -130,9 +130,12 @@ class ExactFlowsJob:
     """The flows on an exact fabric of node processes (see the module); the supervisor runs
     ``coordinator`` beside it."""
 
-    def __init__(self, flows: list[FlowSpec], coordinator: Coordinator) -> None:
+    def __init__(
+        self, flows: list[FlowSpec], coordinator: Coordinator, t0: float = FLOW_START
+    ) -> None:
         self.flows = flows
         self.coordinator = coordinator
+        self.t0 = t0
 
     async def run(
         self, topo: Topology, tdf: float, epoch: float
@@ -145,7 +148,7 @@ class ExactFlowsJob:
             await _ask(topo, spec.src, {"cmd": "open_flow", "spec": asdict(spec), "dst": dst})
         sources = sorted({f.src for f in self.flows})
         for name in sources:
-            await _ask(topo, name, {"cmd": "start_flows", "t0": FLOW_START})
+            await _ask(topo, name, {"cmd": "start_flows", "t0": self.t0})
         coordinator.release()
         results: list[FlowResult] = []
         for name in sources:

@@ -24,7 +24,7 @@ import trio
 import trio.abc
 
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.exact import ExactFlowsJob, lookahead
+from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob, lookahead
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.topology import Topology, TopologyError
@@ -242,9 +242,16 @@ def run_flow_job(
     tdf: float,
     flows: list[FlowSpec],
     beside: Callable[..., Awaitable[None]] | None = None,
+    *,
+    exact: bool = False,
+    t0: float = FLOW_START,
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     """One process per node, the flows, then stop: their results and the fabric's counters
-    (``beside``: a task alongside, the map)."""
+    (``beside``: a task alongside, the map; ``exact``: on the exact clock, the flows starting
+    at emulated ``t0``)."""
+    if exact:
+        results, fabric, _ = _run_exact(topo, topo_path, flows, beside, t0)
+        return results, fabric
     outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
     if outcome is None:
         raise RuntimeError("a node died during the job")
@@ -276,27 +283,15 @@ def up(
     if exact:
         if flows is None:
             raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
-        coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
         try:
-            results, fabric = trio.run(
-                _supervise,
-                topo,
-                topo_path,
-                1.0,
-                ExactFlowsJob(flows, coordinator),
-                False,
-                None,
-                beside,
-                coordinator,
+            results, fabric, windows = _run_exact(
+                topo, topo_path, flows, beside, FLOW_START, quiet=False
             )
-        except BaseExceptionGroup as group:
-            sync = group.subgroup(SyncError)
-            if sync is None:
-                raise
-            print(f"rocev2-emu up: {_first(sync)}", file=sys.stderr)
+        except SyncError as exc:
+            print(f"rocev2-emu up: {exc}", file=sys.stderr)
             return 1
         write_json(json_out, results, fabric)
-        mode = f"local processes, clock: exact ({coordinator.rounds} windows)"
+        mode = f"local processes, clock: exact ({windows} windows)"
         return report(topo, 1.0, mode, results, fabric)
     tdf = tdf or topo.tdf
     try:
@@ -313,6 +308,33 @@ def up(
         return 1  # a node died; _watch said which
     write_json(json_out, *outcome)
     return report(topo, tdf, f"local processes, clock: wall, TDF {tdf:g}", *outcome)
+
+
+def _run_exact(
+    topo: Topology,
+    topo_path: str,
+    flows: list[FlowSpec],
+    beside: Callable[..., Awaitable[None]] | None,
+    t0: float,
+    *,
+    quiet: bool = True,
+) -> tuple[list[FlowResult], dict[str, Any], int]:
+    """The flows on node processes on the exact clock: their results, the fabric's counters and
+    how many windows it took; a SyncError (one line) if the run could not go on (a node died or
+    went silent)."""
+    coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
+    job = ExactFlowsJob(flows, coordinator, t0)
+    try:
+        outcome = trio.run(_supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator)
+    except BaseExceptionGroup as group:
+        sync = group.subgroup(SyncError)
+        if sync is None:
+            raise
+        raise SyncError(str(_first(sync))) from None
+    if outcome is None:
+        raise SyncError("a node died during the job")
+    results, fabric = outcome
+    return results, fabric, coordinator.rounds
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

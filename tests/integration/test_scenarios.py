@@ -1,10 +1,12 @@
 """The scenarios with one process per node: shorter runs, the same checks.
 
-Their checks include timing (completion times against an ideal, two TDFs agreeing), which a
-machine too busy to keep up with its processes cannot honour.  A run that fell behind (late
-wake-ups or kernel drops, which every run reports) is run once more at four times the TDF; if
-that one falls behind too the test skips and says how far behind, rather than report the
-machine's load as the emulator's failure.
+On the exact clock (``--clock exact``) a run with processes is the virtual run of the same
+scale, whatever the machine's load: its checks must pass, and its results and counters must be
+the virtual run's.  The dilation scenario measures the wall clock's own dilation, which a
+machine too busy to keep up with its processes cannot honour: a run of it that fell behind
+(late wake-ups or kernel drops, which every run reports) is run once more at four times the
+TDF; if that one falls behind too the test skips and says how far behind, rather than report
+the machine's load as the emulator's failure.
 """
 
 from __future__ import annotations
@@ -30,9 +32,37 @@ def behind(data: dict[str, Any]) -> tuple[int, int]:
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "tdf"), [("incast", 1000.0), ("pfc-unfairness", 2000.0), ("dilation", 1000.0)]
-)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["incast", "pfc-unfairness"])
+def test_scenario_checks_hold_with_real_processes_on_the_exact_clock(
+    name: str, tmp_path: Path
+) -> None:
+    code = harness.main(name, seed=2, out=str(tmp_path), virtual=False, exact=True)
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    assert all(r["verified"] for run in data["runs"] for r in run["results"])
+    assert code == 0 and data["ok"] is True, data["report"]
+
+
+@pytest.mark.timeout(600)
+def test_the_incast_scenario_with_processes_is_its_virtual_run(tmp_path: Path) -> None:
+    scale = {"senders": 4, "size": 1 << 20}
+    runs = {}
+    for mode, exact in (("virtual", False), ("exact", True)):
+        out = tmp_path / mode
+        harness.main("incast", seed=3, out=str(out), virtual=not exact, exact=exact, scale=scale)
+        runs[mode] = json.loads((out / "incast.json").read_text())["runs"]
+    assert len(runs["exact"]) == len(runs["virtual"]) == 4
+    for virtual, exact in zip(runs["virtual"], runs["exact"], strict=True):
+        assert exact["results"] == virtual["results"]
+        assert exact["fabric"] == virtual["fabric"]
+
+
+def test_a_scenario_that_cannot_run_exact_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert harness.main("dilation", seed=1, out=None, virtual=False, exact=True) == 2
+    assert "takes no --clock exact: it measures the wall clock" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "tdf"), [("dilation", 1000.0)])
 def test_scenario_checks_hold_with_real_processes(name: str, tdf: float, tmp_path: Path) -> None:
     assert name in SCENARIOS
     for attempt in (tdf, 4 * tdf):
