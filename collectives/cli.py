@@ -21,7 +21,7 @@ from pathlib import Path
 
 from collectives import bench, ops, virtual_bench
 from collectives.job import run_virtual
-from collectives.launch import run_attached, run_local
+from collectives.launch import run_attached, run_exact_job, run_local
 from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
@@ -96,6 +96,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "give its FILE as --topology",
     )
     g.add_argument(
+        "--clock",
+        choices=["wall", "exact"],
+        default="wall",
+        help="with processes: wall (dilated by the TDF) or exact (every node on emulated time, "
+        "synchronised: the --virtual run's figures, on any machine)",
+    )
+    g.add_argument(
         "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
     )
     g.add_argument(
@@ -144,6 +151,7 @@ class BenchOptions:
     topology: str | None = None
     virtual: bool = False
     attach: bool = False
+    clock: str = "wall"
     tdf: float | None = None
     show_nodes: bool = False  # list the node processes and their metrics first
     ui: str | None = None  # serve the live map here while it runs (processes)
@@ -194,8 +202,13 @@ def main(which: str, args: BenchOptions) -> int:
         **({"grant_dscp": args.grant_dscp} if args.grant_dscp is not None else {}),
     )
     ranks = sum(h.ranks for h in topo.hosts)
-    tdf = 1.0 if args.virtual else (args.tdf or topo.tdf)
-    mode = "virtual time" if args.virtual else f"one process per node, TDF {tdf:g}"
+    exact = args.clock == "exact" and not args.virtual
+    if exact and args.attach:
+        raise ValueError("--clock exact starts its own fabric: not with --attach")
+    tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
+    mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
+    if exact:
+        mode = "one process per node, clock: exact"
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
     print(
@@ -210,8 +223,18 @@ def main(which: str, args: BenchOptions) -> int:
     )
     if args.ui and (args.virtual or args.attach):
         raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")
+    windows = 0
     if args.virtual:
         results, fabric = run_virtual(topo, "bench", params)
+    elif exact:
+        results, fabric, windows = run_exact_job(
+            topo,
+            path,
+            "bench",
+            params,
+            quiet=not args.show_nodes,
+            beside=map_task(topo, args.ui),
+        )
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)
     else:
@@ -237,6 +260,8 @@ def main(which: str, args: BenchOptions) -> int:
     }
     for line in lines + bench.fabric_summary(fabric, upper):
         print(line)
+    if exact:
+        print(f"# clock: exact, {windows} windows of emulated time", file=sys.stderr)
     warning = bench.faithfulness_warning(fabric, topo.tdf if args.attach else tdf)
     if warning:
         print(warning, file=sys.stderr)

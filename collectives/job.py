@@ -34,12 +34,13 @@ from collectives.communicator import (
 from collectives.metrics import HostCollectiveMetrics
 from collectives.registry import JOBS
 from collectives.ring import first_error
-from collectives.store import MemoryStore, Store, TcpStore
+from collectives.store import Store, TcpStore, VirtualStore, exact_store
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.virtual import Watcher, run_virtual_time, virtual_fabric, watching
+from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.verbs import Context
 
 
@@ -113,20 +114,29 @@ async def run_host_ranks(
     ctx: Context,
     topo: Topology,
     host: str,
-    store_address: tuple[str, int],
+    store_address: tuple[str, int] | None,
     name: str,
     params: dict[str, Any],
     metrics: HostCollectiveMetrics | None = None,
 ) -> dict[int, Any]:
+    """This host's ranks of job ``name``; ``store_address``: the launcher's store server, or
+    None in an exact run (the coordinator keeps the store)."""
     places = places_for(topo)
     mine = [p for p in places if p.host == host]
     group = HostGroup(len(mine))
     options = comm_options(topo, params)
     results: dict[int, Any] = {}
+    emulated = None if store_address else exact_store(topo.nodes[host].index, ctx.clock)
     async with trio.open_nursery() as nursery:
         for p in mine:
-            store = await TcpStore.connect(*store_address)
-            abort_store = await TcpStore.connect(*store_address)
+            store: Store
+            abort_store: Store | None
+            if emulated is not None:
+                store, abort_store = emulated, None
+            else:
+                assert store_address is not None
+                store = await TcpStore.connect(*store_address)
+                abort_store = await TcpStore.connect(*store_address)
             nursery.start_soon(
                 run_rank,
                 ctx,
@@ -149,13 +159,41 @@ def collective_handler(
 ) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
     """The host agent's ``collective`` command (a host service, registered by
     :mod:`collectives.plugin`): run this host's ranks of a job.  Its metric families are
-    registered on the host's ``registry`` at once, so they are scraped as zeros before a job."""
+    registered on the host's ``registry`` at once, so they are scraped as zeros before a job.
+
+    In an exact run (``"store": "exact"``) the request only starts the ranks, in the background,
+    while the coordinator holds the clock, and ``{"cmd": "collective", "results": true}`` waits
+    for them: the ranks start at the same emulated instant however the requests travel."""
     metrics = HostCollectiveMetrics(registry)
+    started: list[str] = []  # the exact job started here (one per node process)
+    finished: list[dict[int, Any]] = []
+    done = trio.Event()
+
+    async def in_background(name: str, params: dict[str, Any]) -> None:
+        results: dict[int, Any] = {}
+        try:
+            results = await run_host_ranks(ctx, topo, host, None, name, params, metrics)
+        except Exception as exc:  # handed to the results request, never out of the node
+            results = {-1: {"error": f"{type(exc).__name__}: {exc}"}}
+        finally:
+            finished.append(results)
+            done.set()
 
     async def handle(msg: dict[str, Any]) -> dict[str, Any]:
+        if msg.get("results"):
+            if not started:
+                return {"error": "no exact collective job was started on this host"}
+            await done.wait()
+            return {"results": {str(k): v for k, v in finished[-1].items()}}
         name = str(msg["name"])
         if name not in JOBS:
             return {"error": f"unknown collective job {name!r}; known: {sorted(JOBS)}"}
+        if msg["store"] == "exact":
+            if started:
+                return {"error": "an exact job already ran on this host"}
+            started.append(name)
+            trio.lowlevel.spawn_system_task(in_background, name, dict(msg["params"]))
+            return {"started": True}
         host_, port = msg["store"]
         results = await run_host_ranks(
             ctx, topo, host, (str(host_), int(port)), name, dict(msg["params"]), metrics
@@ -182,10 +220,12 @@ def run_virtual(
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
         places = places_for(topo)
-        store = MemoryStore()
         options = comm_options(topo, params)
         results: dict[int, Any] = {}
-        async with virtual_fabric(topo) as (drivers, agents):
+        async with virtual_fabric(topo) as (drivers, agents), trio.open_nursery() as service:
+            store = VirtualStore(next(iter(agents.values())).ctx.clock)
+            service.start_soon(store.run)
+            clients = {h.name: store.client(h.index, agents[h.name].ctx.clock) for h in topo.hosts}
             groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
             t0 = next(iter(agents.values())).ctx.now()
             with watching(watch, drivers, agents):
@@ -198,7 +238,7 @@ def run_virtual(
                         nursery.start_soon(
                             run_rank,
                             agents[p.host].ctx,
-                            store,
+                            clients[p.host],
                             None,
                             places,
                             p.rank,
@@ -209,6 +249,10 @@ def run_virtual(
                             metrics,
                             results,
                         )
+                driver = next(iter(agents.values())).ctx.driver
+                assert isinstance(driver, EngineNic)
+                await driver.engine.wait_quiet()  # the counters once nothing can change them
+            service.cancel_scope.cancel()
             return results, fabric_stats(drivers, agents)
 
     return run_virtual_time(topo.seed, main)

@@ -31,11 +31,13 @@ from collectives.store import StoreServer
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
+from rocev2_emu.fabric.exact import quiet_stats
 from rocev2_emu.fabric.report import merge_stats, stats_delta
-from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.supervisor import run_exact, run_processes
 from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.runtime.sync import Coordinator
 from rocev2_emu.verbs import OobChannel, fabric_secret
 
 
@@ -120,6 +122,63 @@ class CollectiveJob:
             f"{self.params['job_id']}/abort", f"host {name} (ranks {ranks}) died with code {code}"
         )
         return True
+
+
+class ExactCollectiveJob:
+    """Job ``name`` on a fabric of node processes on the exact clock: every host starts its
+    ranks while the coordinator holds the clock at 0 (the rendezvous store is a node of the run,
+    kept by the coordinator), then the run goes window by window until every rank is done and
+    the fabric is quiet - the virtual run's job, result for result."""
+
+    def __init__(self, name: str, params: dict[str, Any], coordinator: Coordinator) -> None:
+        self.name = name
+        self.params = params
+        self.coordinator = coordinator
+
+    async def run(
+        self, topo: Topology, tdf: float, epoch: float
+    ) -> tuple[dict[int, Any], dict[str, Any]]:
+        coordinator = self.coordinator
+        with trio.fail_after(60):
+            await coordinator.connected.wait()
+        start = {"cmd": "collective", "name": self.name, "params": self.params, "store": "exact"}
+        for h in topo.hosts:
+            reply = await control(h.address, start)
+            if "error" in reply:
+                raise RuntimeError(f"host {h.name}: {reply['error']}")
+        coordinator.release()
+        results: dict[int, Any] = {}
+        for h in topo.hosts:
+            reply = await control(h.address, {"cmd": "collective", "results": True}, timeout=1e6)
+            if "error" in reply:
+                raise RuntimeError(f"host {h.name}: {reply['error']}")
+            results.update({int(k): v for k, v in reply["results"].items()})
+        return results, await quiet_stats(topo, coordinator)
+
+    async def node_died(self, name: str, code: int) -> bool:
+        return False  # the coordinator stops the run, naming it
+
+
+def run_exact_job(
+    topo: Topology,
+    path: str,
+    name: str,
+    params: dict[str, Any],
+    *,
+    quiet: bool = True,
+    beside: Callable[..., Awaitable[None]] | None = None,
+) -> tuple[dict[int, Any], dict[str, Any], int]:
+    """Job ``name`` on one process per node on the exact clock: (results by rank, fabric
+    counters, windows)."""
+    outcome, windows = run_exact(
+        topo,
+        path,
+        lambda coordinator: ExactCollectiveJob(name, params, coordinator),
+        quiet=quiet,
+        beside=beside,
+    )
+    results, fabric = outcome
+    return results, fabric, windows
 
 
 def own_address(towards: str) -> str:

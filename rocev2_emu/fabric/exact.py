@@ -25,8 +25,10 @@ from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowS
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.services import HOST_SERVICES
 from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.nic.driver import EngineNic
+from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.control import open_channel
@@ -83,7 +85,7 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
     secret = auth.current()
     chan = await open_channel(sync[0], sync[1], timeout=30, wait_for_listener=False, secret=secret)
     chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
-    await chan.send({"hello": name})
+    await chan.send({"hello": name, "origin": node.index})
     udp = UdpPort((node.address, LINK_UDP_PORT), None, batch=False)
     engine = ExactEngine(name, udp, chan)
     address = node.address
@@ -104,7 +106,9 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
             ctx = await nursery.start(_host_context, cfg, engine)
             assert isinstance(ctx.driver, EngineNic)
             local = ctx.driver.node
-            server = AgentServer(host_agent(topo, ctx, name), more, secret)
+            registry = nic_registry(ctx.driver, name)
+            services = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
+            server = AgentServer(host_agent(topo, ctx, name), {**services, **more}, secret)
             await nursery.start(server.keep_jobs)
             reply = server.dispatch
         for index, (link, peer) in enumerate(node.ports):
@@ -154,17 +158,23 @@ class ExactFlowsJob:
         for name in sources:
             reply = await _ask(topo, name, {"cmd": "flow_results"}, timeout=math.inf)
             results.extend(FlowResult(**r) for r in reply["results"])
-        await coordinator.quiet.wait()
-        coordinator.hold()
-        stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
-        fabric = merge_stats(stats)
-        hops = [await control(n.address, {"cmd": "engine"}) for n in topo.nodes.values()]
-        fabric["frame_hops"] = sum(int(h["frame_hops"]) for h in hops)
-        await coordinator.finish()
-        return sorted(results, key=lambda r: r.id), fabric
+        return sorted(results, key=lambda r: r.id), await quiet_stats(topo, coordinator)
 
     async def node_died(self, name: str, code: int) -> bool:
         return False
+
+
+async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any]:
+    """Once the fabric is quiet, hold the clock, read every node's counters (as the virtual
+    run's summary: with the frame-hops), and end the run."""
+    await coordinator.quiet.wait()
+    coordinator.hold()
+    stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
+    fabric = merge_stats(stats)
+    hops = [await control(n.address, {"cmd": "engine"}) for n in topo.nodes.values()]
+    fabric["frame_hops"] = sum(int(h["frame_hops"]) for h in hops)
+    await coordinator.finish()
+    return fabric
 
 
 async def _ask(

@@ -322,8 +322,26 @@ def _run_exact(
     """The flows on node processes on the exact clock: their results, the fabric's counters and
     how many windows it took; a SyncError (one line) if the run could not go on (a node died or
     went silent)."""
+    outcome, rounds = run_exact(
+        topo, topo_path, lambda c: ExactFlowsJob(flows, c, t0), quiet=quiet, beside=beside
+    )
+    results, fabric = outcome
+    return results, fabric, rounds
+
+
+def run_exact(
+    topo: Topology,
+    topo_path: str,
+    make_job: Callable[[Coordinator], FabricJob],
+    *,
+    quiet: bool = True,
+    beside: Callable[..., Awaitable[None]] | None = None,
+) -> tuple[Any, int]:
+    """One process per node on the exact clock, synchronised by a coordinator served here, and
+    the job ``make_job(coordinator)`` on them: its outcome and the number of windows; a
+    SyncError (one line) when the run could not go on (a node died or went silent)."""
     coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
-    job = ExactFlowsJob(flows, coordinator, t0)
+    job = make_job(coordinator)
     try:
         outcome = trio.run(_supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator)
     except BaseExceptionGroup as group:
@@ -333,8 +351,7 @@ def _run_exact(
         raise SyncError(str(_first(sync))) from None
     if outcome is None:
         raise SyncError("a node died during the job")
-    results, fabric = outcome
-    return results, fabric, coordinator.rounds
+    return outcome, coordinator.rounds
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

@@ -13,6 +13,7 @@ checked (sender, VNI, sequence) and put on the heap at their arrival time.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ import trio.testing
 from rocev2_emu.runtime.control import MessageChannel, connection_limit, serve_requests
 from rocev2_emu.runtime.engine import Engine, EngineError
 from rocev2_emu.runtime.events import Core, Node, Wire
+from rocev2_emu.runtime.kvstore import StoreOp, StoreReply
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
@@ -64,6 +66,31 @@ class RemoteLink:
         self.name = f"{node.name} port {port} <- {peer_name} (VNI {vni})"
 
 
+class StoreWaiter:
+    """Where the reply to one store operation lands (:mod:`rocev2_emu.runtime.kvstore`)."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: StoreReply | None = None
+
+    def deliver(self, reply: StoreReply) -> None:
+        self.reply = reply
+        self.event.set()
+
+
+_ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
+
+
+def current_engine() -> ExactEngine | None:
+    """The exact engine of this trio run (None: not an exact process)."""
+    try:
+        return _ENGINE.get()
+    except RuntimeError:
+        return None
+
+
 class ExactEngine(Engine):
     """The engine of one process of an exact run (see the module)."""
 
@@ -81,6 +108,9 @@ class ExactEngine(Engine):
         self._holds = 0
         self._poke: trio.CancelScope | None = None
         self._backlog: list[tuple[bytes, tuple[str, int]]] = []
+        self._store_out: list[StoreOp] = []  # store operations since the last report
+        self._store_waiters: dict[int, StoreWaiter] = {}
+        self._replies: list[tuple[float, int, StoreReply]] = []  # a heap, by arrival
 
     def link(self, link: RemoteLink) -> RemoteLink:
         if link.vni in self._by_vni:
@@ -89,6 +119,31 @@ class ExactEngine(Engine):
         self._by_vni[link.vni] = link
         self.sent.setdefault(link.peer_name, 0)
         return link
+
+    # -- the rendezvous store (rocev2_emu.runtime.kvstore; the coordinator keeps it) ----------
+    def store_call(self, op: StoreOp) -> StoreWaiter:
+        """Send ``op`` to the store (with the next report); its reply lands in the waiter at
+        the emulated time it arrives."""
+        waiter = self._store_waiters[op.seq] = StoreWaiter()
+        self._store_out.append(op)
+        if op.at < self._inflight:
+            self._inflight = op.at
+        return waiter
+
+    def _replies_due(self, now: float) -> bool:
+        """Hand over the store's replies due by ``now``; True if a task was waiting for one."""
+        replies = self._replies
+        woke = False
+        while replies and replies[0][0] <= now:
+            _, _, reply = heapq.heappop(replies)
+            waiter = self._store_waiters.pop(reply.seq, None)
+            if waiter is not None:
+                waiter.deliver(reply)
+                woke = True
+        return woke
+
+    def _reply_time(self) -> float:
+        return self._replies[0][0] if self._replies else math.inf
 
     # -- the clock hold (rocev2_emu.runtime.sync.holding_clock) --------------------------------
     def hold(self) -> None:
@@ -171,16 +226,23 @@ class ExactEngine(Engine):
         heap_next = events.next_event_time()
         deadline = trio.current_time() + trio.lowlevel.current_statistics().seconds_to_next_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
-        nxt = min(nxt, self._inflight)
+        nxt = min(nxt, self._inflight, self._reply_time())
         if self._holds:
             nxt = min(nxt, events.now)
-        quiet = heap_next is None and not events.pending and self._inflight == math.inf
+        quiet = (
+            heap_next is None
+            and not events.pending
+            and self._inflight == math.inf
+            and not self._replies
+        )
+        ops, self._store_out = self._store_out, []
         return {
             "next": nxt,
             "quiet": quiet,
             "held": bool(self._holds),
             "sent": self.sent,
             "received": self.received,
+            "store": [op.wire() for op in ops],
         }
 
     async def _barrier(self) -> float:
@@ -206,6 +268,9 @@ class ExactEngine(Engine):
                 raise SyncError(f"{self.name}: the run was stopped: {why}")
             self.rounds += 1
             self._inflight = math.inf
+            for at, seq, value, error in msg.get("store", ()):
+                reply = StoreReply(float(at), -1, int(seq), value, error)
+                heapq.heappush(self._replies, (reply.at, reply.seq, reply))
             await self._take_in(int(msg["expect"]))
             return float(msg["until"])
 
@@ -218,6 +283,7 @@ class ExactEngine(Engine):
         events = self.events
         self.origin = trio.current_time() - events.now
         set_holder(self)
+        _ENGINE.set(self)
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
@@ -227,11 +293,14 @@ class ExactEngine(Engine):
             events.now = max(events.now, trio.current_time() - self.origin)
             events.woke = False
             if events.now < until:
+                if self._replies_due(events.now):
+                    continue  # the waiting tasks run first, as a trio deadline's would
                 events.run_due()
                 self._flush()
                 if events.woke:
                     continue
-            trio_next = events.now + statistics().seconds_to_next_deadline
+            deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
+            trio_next = min(deadline, self._reply_time())
             limit = min(until, trio_next)
             nt = events.run_until(limit, None)
             self._flush()

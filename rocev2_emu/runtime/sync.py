@@ -44,6 +44,8 @@ from typing import Any, Final, Protocol
 
 import trio
 
+from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
+
 TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's sequence number
 
 
@@ -123,6 +125,7 @@ class Report:
     quiet: bool  # no frame event or core deadline on its heap, nothing in flight from it
     sent: dict[str, int]  # frames sent to each other process since the start
     received: int  # frames received since the start
+    store: list[StoreOp] = field(default_factory=list)  # operations for the store
 
     @classmethod
     def from_wire(cls, msg: Any) -> Report:
@@ -134,11 +137,12 @@ class Report:
             quiet = bool(msg["quiet"])
             sent = {str(k): int(v) for k, v in dict(msg["sent"]).items()}
             received = int(msg["received"])
+            store = [StoreOp.from_wire(op) for op in msg.get("store", ())]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a sync report's field is missing or wrong: {exc!r}") from exc
         if math.isnan(next_time):
             raise ValueError("a sync report's next time is NaN")
-        return cls(next_time, quiet, sent, received)
+        return cls(next_time, quiet, sent, received, store)
 
 
 @dataclass(slots=True)
@@ -174,6 +178,7 @@ class Coordinator:
     :attr:`held` (a job setting up, or reading counters) no window is granted."""
 
     def __init__(self, names: list[str], lookahead: float, secret: bytes) -> None:
+        lookahead = min(lookahead, STORE_LATENCY)
         if not lookahead > 0:
             raise ValueError(
                 f"lookahead {lookahead!r}: a link between processes needs a delay > 0 for an "
@@ -193,6 +198,8 @@ class Coordinator:
         self._changed = trio.Event()
         self._holding: set[str] = set()
         self._poll = False
+        self.store = StoreCore()  # the rendezvous store, a node of the run
+        self._origins: dict[int, str] = {}  # a host's index -> its process
 
     def hold(self) -> None:
         """No window from now on until :meth:`release` (those granted still run)."""
@@ -239,6 +246,9 @@ class Coordinator:
             if name not in self.names or name in self._chans:
                 await chan.send({"stop": f"{name!r} is not a node of this run, or came twice"})
                 return
+            origin = hello.get("origin")
+            if isinstance(origin, int):
+                self._origins[origin] = name
             chan.timeout = math.inf  # a node computing its window may be quiet for long
             self._chans[name] = chan
             if len(self._chans) == len(self.names):
@@ -249,6 +259,10 @@ class Coordinator:
                     report = Report.from_wire(msg)
                 except ValueError as exc:
                     raise SyncError(f"node {name}: {exc}") from exc
+                for op in report.store:
+                    if self._origins.get(op.origin) != name:
+                        raise SyncError(f"node {name}: a store operation as host {op.origin}")
+                    self.store.submit(op)
                 self.reports[name] = report
                 (self._holding.add if msg.get("held") else self._holding.discard)(name)
                 self._changed.set()
@@ -271,6 +285,10 @@ class Coordinator:
             if self.held or len(self.reports) < len(self.names):
                 continue
             window = next_window(self.reports, self.lookahead)
+            store_next = self.store.next_time()
+            if store_next is not None:
+                window.until = min(window.until, store_next + self.lookahead)
+                window.quiet = False
             if self._poll:
                 self._poll = False
                 window.until, window.quiet = max(self.until, 0.0), False
@@ -287,5 +305,11 @@ class Coordinator:
         self.until = window.until
         self.rounds += 1
         self.reports = {}
+        replies: dict[str, list[list[Any]]] = {}
+        for reply in self.store.run_until(window.until):
+            replies.setdefault(self._origins[reply.origin], []).append(reply.wire())
         for name, chan in self._chans.items():
-            await chan.send({"until": window.until, "expect": window.expect[name]})
+            grant: dict[str, Any] = {"until": window.until, "expect": window.expect[name]}
+            if name in replies:
+                grant["store"] = replies[name]
+            await chan.send(grant)
