@@ -368,9 +368,7 @@ class Communicator(RankSession):
         """Every rank has reached this call (through the store, like NCCL's bootstrap)."""
         self.seq += 1
         key = f"{self.options.job}/barrier/{self.seq}"
-        if await self.store.add(key, 1) == self.size:
-            await self.store.set(f"{key}/done", 1)
-        await self._get(f"{key}/done", self._store_wait())
+        await self._arrive(key, self.size, self._store_wait())
 
     @staticmethod
     def _deliver(work: np.ndarray, like: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:

@@ -14,6 +14,7 @@ import abc
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -213,12 +214,22 @@ class RankSession(abc.ABC):
 
     async def _get(self, key: str, wall_timeout: float) -> Any:
         """A store wait that an abort cuts short."""
+        return await self._store_wait_for(self.store.get, key, wall_timeout)
+
+    async def _arrive(self, key: str, count: int, wall_timeout: float) -> None:
+        """A barrier's wait at the store (every rank leaves it at once) that an abort cuts
+        short."""
+        await self._store_wait_for(partial(self.store.arrive, count=count), key, wall_timeout)
+
+    async def _store_wait_for(
+        self, wait: Callable[..., Awaitable[Any]], key: str, wall_timeout: float
+    ) -> Any:
         if self.aborted:
             raise CollectiveError(f"rank {self.rank}: job aborted: {self.aborted}")
         with trio.CancelScope() as scope:
             self._store_waits.add(scope)
             try:
-                return await self.store.get(key, wall_timeout)
+                return await wait(key, timeout=wall_timeout)
             except StoreTimeout as exc:
                 raise CollectiveError(f"rank {self.rank}: rendezvous failed: {exc}") from exc
             finally:

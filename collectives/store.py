@@ -50,6 +50,10 @@ class Store(Protocol):
 
     async def add(self, key: str, amount: int) -> int: ...
 
+    async def arrive(self, key: str, count: int, timeout: float) -> None:
+        """Add one to counter ``key`` and wait until it reaches ``count`` (a barrier)."""
+        ...
+
 
 MAX_KEY = 1024  # characters in a key
 MAX_KEYS = 1 << 20  # keys in one store: a job of thousands of ranks needs tens of thousands
@@ -79,6 +83,10 @@ class MemoryStore:
                 await self._changed.park()
             return self.data[key]
         raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
+
+    async def arrive(self, key: str, count: int, timeout: float) -> None:
+        await self.add(key, 1)
+        await self.wait_count(key, count, timeout)
 
     async def wait_count(self, key: str, count: int, timeout: float) -> None:
         with trio.move_on_after(timeout):
@@ -125,6 +133,9 @@ class EmulatedStore:
 
     async def get(self, key: str, timeout: float) -> Any:
         return await self._op("get", key, None, timeout)
+
+    async def arrive(self, key: str, count: int, timeout: float) -> None:
+        await self._op("arrive", key, count, timeout)
 
 
 class VirtualStore:
@@ -256,6 +267,12 @@ class TcpStore:
 
     async def get(self, key: str, timeout: float) -> Any:
         return await self._call({"op": "get", "key": key, "timeout": timeout}, timeout)
+
+    async def arrive(self, key: str, count: int, timeout: float) -> None:
+        """The last to arrive says so under ``key/done``, which the others wait for."""
+        if await self.add(key, 1) >= count:
+            await self.set(f"{key}/done", 1)
+        await self.get(f"{key}/done", timeout)
 
     async def aclose(self) -> None:
         await self.chan.aclose()

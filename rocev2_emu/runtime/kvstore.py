@@ -7,7 +7,9 @@ the operations that reached it in the order (arrival time, host index, the host'
 number) - never the order in which they were handed over - and each reply reaches its host
 ``latency`` after the operation was applied.  A ``get`` of a missing key waits at the store
 until a ``set`` (or an ``add``) of it is applied; its reply leaves then.  A client gives up at
-its own deadline (an emulated trio deadline); the store does not know.
+its own deadline (an emulated trio deadline); the store does not know.  ``arrive`` (a
+barrier's) adds one to a counter and is answered, with every earlier arrival at it, when the
+counter reaches the operation's count: every member leaves the barrier at the same instant.
 
 The virtual fabric drives a :class:`StoreCore` from a trio task
 (:class:`collectives.store.VirtualStore`); an exact run keeps it in the coordinator
@@ -27,7 +29,7 @@ STORE_LATENCY: Final = 2e-6  # emulated seconds, one way, between any host and t
 MAX_KEY: Final = 1024  # characters in a key
 MAX_KEYS: Final = 1 << 20  # keys in one store
 INT64: Final = (-(1 << 63), (1 << 63) - 1)  # what a counter holds (and msgpack carries)
-OPS: Final = ("set", "add", "get")
+OPS: Final = ("set", "add", "get", "arrive")
 
 
 @dataclass(slots=True, order=True)
@@ -58,7 +60,7 @@ class StoreOp:
             raise ValueError(f"store operation {op!r:.20} from {origin!r:.20} #{seq!r:.20}")
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
             raise ValueError(f"key {key!r:.80}: a string of 1 to {MAX_KEY} characters")
-        if op == "add" and (not isinstance(value, int) or isinstance(value, bool)):
+        if op in ("add", "arrive") and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"amount {value!r:.80}: an integer")
         return cls(float(at), origin, seq, op, key, value)
 
@@ -88,6 +90,7 @@ class StoreCore:
         self.data: dict[str, Any] = {}
         self._pending: list[StoreOp] = []
         self._waiting: dict[str, list[StoreOp]] = {}  # gets of keys not set yet
+        self._arrived: dict[str, list[StoreOp]] = {}  # arrivals at counters short of their count
         self.applied = 0
 
     def submit(self, op: StoreOp) -> None:
@@ -120,6 +123,20 @@ class StoreCore:
             replies.append(
                 StoreReply(back, op.origin, op.seq, None, f"the store holds {MAX_KEYS} keys")
             )
+            return
+        if op.op == "arrive":
+            count = data.get(op.key, 0)
+            if not isinstance(count, int):
+                replies.append(
+                    StoreReply(back, op.origin, op.seq, None, f"{op.key!r} is no counter")
+                )
+                return
+            data[op.key] = count = count + 1
+            waiting = self._arrived.setdefault(op.key, [])
+            waiting.append(op)
+            if count >= op.value:
+                del self._arrived[op.key]
+                replies.extend(StoreReply(back, w.origin, w.seq, count) for w in waiting)
             return
         if op.op == "add":
             current = data.get(op.key, 0)
