@@ -161,11 +161,18 @@ class BenchOptions:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def demo(tdf: float | None, ui: str | None = None) -> int:
+def demo(clock: str, tdf: float | None, ui: str | None = None) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node
     (``ui``: with the fabric's live map)."""
     opts = BenchOptions(
-        minbytes=1 << 10, maxbytes=4 << 20, iters=2, algo="ring", tdf=tdf, show_nodes=True, ui=ui
+        minbytes=1 << 10,
+        maxbytes=4 << 20,
+        iters=2,
+        algo="ring",
+        clock=clock,
+        tdf=tdf,
+        show_nodes=True,
+        ui=ui,
     )
     print(
         "rocev2-emu demo: ring all-reduce across the shipped leaf-spine (2 spines, 4 leaves, "

@@ -39,8 +39,13 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.virtual import Watcher, run_virtual_time, virtual_fabric, watching
-from rocev2_emu.nic.driver import EngineNic
+from rocev2_emu.fabric.virtual import (
+    Watcher,
+    fabric_quiet,
+    run_virtual_time,
+    virtual_fabric,
+    watching,
+)
 from rocev2_emu.verbs import Context
 
 
@@ -249,9 +254,7 @@ def run_virtual(
                             metrics,
                             results,
                         )
-                driver = next(iter(agents.values())).ctx.driver
-                assert isinstance(driver, EngineNic)
-                await driver.engine.wait_quiet()  # the counters once nothing can change them
+                await fabric_quiet(agents)  # the counters once nothing can change them
             service.cancel_scope.cancel()
             return results, fabric_stats(drivers, agents)
 

@@ -31,13 +31,12 @@ from collectives.store import StoreServer
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
-from rocev2_emu.fabric.exact import quiet_stats
+from rocev2_emu.fabric.exact import Coordinator, quiet_stats
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_exact, run_processes
 from rocev2_emu.fabric.topogen import to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.runtime.sync import Coordinator
 from rocev2_emu.verbs import OobChannel, fabric_secret
 
 

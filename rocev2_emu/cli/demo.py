@@ -15,7 +15,8 @@ from collections.abc import Callable
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.tools.perftest import wait_until_listening
 
-Demo = Callable[[float | None, str | None], int]  # the TDF (None: the topology's), --ui
+# the clock ("exact" or "wall"), the TDF of the wall clock (None: the topology's), --ui
+Demo = Callable[[str, float | None, str | None], int]
 _DEMO: list[Demo] = []
 
 
@@ -26,7 +27,17 @@ def set_demo(demo: Demo) -> None:
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
-    p.add_argument("--tdf", type=float, help="time-dilation factor (default: the topology's)")
+    p.add_argument(
+        "--clock",
+        choices=["exact", "wall"],
+        default="exact",
+        help="the all-reduce demo's clock: exact (every node on emulated time, synchronised: "
+        "the same figures as in virtual time, on any machine; the default) or wall (dilated "
+        "by --tdf, for live interop)",
+    )
+    p.add_argument(
+        "--tdf", type=float, help="time-dilation factor of --clock wall (default: the topology's)"
+    )
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     p.add_argument(
         "--ui",
@@ -41,7 +52,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.perftest and args.ui:
         raise ValueError("--ui draws a fabric: the all-reduce demo's; --perftest has none")
     if _DEMO and not args.perftest:
-        return _DEMO[0](args.tdf, args.ui)
+        if args.tdf is not None and args.clock == "exact":
+            raise ValueError("--tdf dilates the wall clock: give --clock wall too")
+        return _DEMO[0](args.clock, args.tdf, args.ui)
     return perftest_demo(args.tdf or 200.0, args.loss)
 
 

@@ -130,7 +130,7 @@ def _node(args: argparse.Namespace) -> int:
         if not args.sync:
             raise ValueError("--clock exact needs --sync HOST:PORT (rocev2-emu up starts it)")
         host, _, port = args.sync.rpartition(":")
-        run_exact_node(topo, args.name, (host, int(port)))
+        run_exact_node(topo, args.name, (host, int(port)), metrics=not args.no_metrics)
         return 0
     trio.run(nodes.run_node, topo, args.name, opts)
     return 0

@@ -39,12 +39,12 @@ from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import (
     Watcher,
     delivered,
+    fabric_quiet,
     run_virtual_time,
     show_progress,
     virtual_fabric,
     watching,
 )
-from rocev2_emu.nic.driver import EngineNic
 
 G = 1e9
 START = 1e-6  # emulated seconds: when a scenario's flows start, in every mode
@@ -93,9 +93,7 @@ async def _run(
                 run.results = await run_flows(agents, flows, t0)
             done.set()
             jobs.cancel_scope.cancel()
-        driver = next(iter(agents.values())).ctx.driver
-        assert isinstance(driver, EngineNic)
-        await driver.engine.wait_quiet()  # the counters once nothing can change them
+        await fabric_quiet(agents)  # the counters once nothing can change them
         run.fabric = fabric_stats(drivers, agents)
     return run
 

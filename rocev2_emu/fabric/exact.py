@@ -20,10 +20,11 @@ from typing import Any, Final
 
 import trio
 import trio.testing
+from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
+from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.services import HOST_SERVICES
 from rocev2_emu.fabric.topology import Topology, TopologyError
@@ -35,13 +36,24 @@ from rocev2_emu.runtime.control import open_channel
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.engine import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
+from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import Coordinator, RunOver
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
+from switch.metrics import SwitchCollector
 from switch.node import Handler, control_replies
 from switch.pipeline import SwitchCore
+
+__all__ = [
+    "FLOW_START",
+    "Coordinator",
+    "ExactFlowsJob",
+    "lookahead",
+    "quiet_stats",
+    "run_exact_node",
+]
 
 FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
 
@@ -58,11 +70,14 @@ def lookahead(topo: Topology) -> float:
     return delay
 
 
-def run_exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
-    """``rocev2-emu node ... --clock exact``: this node until the coordinator ends the run."""
+def run_exact_node(
+    topo: Topology, name: str, sync: tuple[str, int], *, metrics: bool = True
+) -> None:
+    """``rocev2-emu node ... --clock exact``: this node until the coordinator ends the run
+    (``metrics``: serving /metrics, in emulated time)."""
     canonical_trio_scheduler()
     try:
-        trio.run(_exact_node, topo, name, sync, clock=trio.testing.MockClock())
+        trio.run(_exact_node, topo, name, sync, metrics, clock=trio.testing.MockClock())
     except BaseExceptionGroup as group:
         if group.subgroup(RunOver) is None or group.subgroup(lambda e: not isinstance(e, RunOver)):
             raise
@@ -78,7 +93,7 @@ async def _refuse(msg: dict[str, Any]) -> dict[str, Any]:
 REFUSED: Final = ("set_link", "set_faults", "set_routes")
 
 
-async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
+async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics: bool) -> None:
     node = topo.nodes.get(name)
     if node is None:
         raise ValueError(f"{topo.path}: no node named {name!r}")
@@ -96,16 +111,20 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
     more: dict[str, Handler] = {"engine": engine_state, **dict.fromkeys(REFUSED, _refuse)}
     async with trio.open_nursery() as nursery:
         local: Node
+        clock = DilatedClock(1.0)
         if node.kind == "switch":
             core = SwitchCore(topo.switch_config(name))
-            switch = EngineSwitch(core, engine, DilatedClock(1.0), (address, LINK_UDP_PORT))
+            switch = EngineSwitch(core, engine, clock, (address, LINK_UDP_PORT))
             local = switch.node
             reply = control_replies(switch, more)
+            registry = CollectorRegistry()
+            registry.register(SwitchCollector(switch))
         else:
             cfg = host_config(topo, name, 1.0, None, seeded=True)
             ctx = await nursery.start(_host_context, cfg, engine)
             assert isinstance(ctx.driver, EngineNic)
             local = ctx.driver.node
+            clock = ctx.clock
             registry = nic_registry(ctx.driver, name)
             services = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
             server = AgentServer(host_agent(topo, ctx, name), {**services, **more}, secret)
@@ -117,9 +136,16 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int]) -> None:
             engine.link(
                 RemoteLink(local, index, link.vni, peer, (far.address, LINK_UDP_PORT), faults)
             )
+        clock.threadsafe = lambda: engine.events.now  # the metrics thread reads emulated time
+        if metrics:
+            serve(registry, METRICS_PORT, addr=address)
         await WallServer((address, CONTROL_PORT), reply, secret).start()
         await nursery.start(engine.run)
-        print(f"READY {name} control={address}:{CONTROL_PORT} clock=exact", flush=True)
+        print(
+            f"READY {name} metrics=http://{address}:{METRICS_PORT}/metrics "
+            f"control={address}:{CONTROL_PORT} clock=exact",
+            flush=True,
+        )
 
 
 async def _host_context(

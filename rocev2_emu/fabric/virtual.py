@@ -81,6 +81,14 @@ async def virtual_fabric(
                 line.close()
 
 
+async def fabric_quiet(agents: dict[str, HostAgent]) -> None:
+    """Until the virtual fabric is quiet (no frame in flight, no core deadline): a job's
+    counters are read then, the same instant as an exact run over processes reads them."""
+    driver = next(iter(agents.values())).ctx.driver
+    assert isinstance(driver, EngineNic)
+    await driver.engine.wait_quiet()
+
+
 def delivered(agents: dict[str, HostAgent], flows: list[FlowSpec]) -> Callable[[], float]:
     """The fraction of the flows' bytes delivered so far (for the progress line's ETA)."""
     total = sum(f.size for f in flows) or 1
@@ -131,9 +139,7 @@ async def _flows(
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
         with watching(watch, drivers, agents):
             results = await run_flows(agents, flows, t0)
-            driver = next(iter(agents.values())).ctx.driver
-            assert isinstance(driver, EngineNic)
-            await driver.engine.wait_quiet()
+            await fabric_quiet(agents)
         return results, fabric_stats(drivers, agents)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import trio
@@ -41,13 +42,18 @@ class DilatedClock:
         # the same origin on time.monotonic(), for threads (the metrics server) that cannot
         # read the trio clock; both tick at CLOCK_MONOTONIC's rate under the system clock
         self._monotonic_origin = time.monotonic() - (trio.current_time() - self.origin)
+        # where threads read emulated time when it is not the wall clock's (an exact run's
+        # engine time; None: derived from time.monotonic())
+        self.threadsafe: Callable[[], float] | None = None
 
     def now(self) -> float:
         """Current emulated time in seconds."""
         return (trio.current_time() - self.origin) / self.tdf
 
     def now_threadsafe(self) -> float:
-        """Emulated time, from any thread (real clock only; not under MockClock)."""
+        """Emulated time, from any thread (the real clock's, or :attr:`threadsafe`'s)."""
+        if self.threadsafe is not None:
+            return self.threadsafe()
         return (time.monotonic() - self._monotonic_origin) / self.tdf
 
     def to_trio(self, emulated: float) -> float:

@@ -1,0 +1,111 @@
+"""The rendezvous store of emulated time: a host's client of the store that is a node of the
+emulation (:mod:`rocev2_emu.runtime.kvstore`), the store run inside the virtual fabric's
+process, and an exact run's, kept by the coordinator.
+
+Each operation takes :data:`~rocev2_emu.runtime.kvstore.STORE_LATENCY` to reach the store and as
+long back, and the store applies them in one order, so a job's rendezvous (the collectives'
+bootstrap, their barriers) takes the same emulated time and order in one process and over many.
+The collectives' :mod:`collectives.store` offers these beside its TCP store of the wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.exact import StoreWaiter, current_engine
+from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
+from rocev2_emu.verbs import RemoteVerbsError
+
+
+class StoreTimeout(Exception):
+    """A key did not appear within the deadline."""
+
+
+class EmulatedStore:
+    """A host's client of the emulated store (see the module); ``origin`` is the host's index
+    in the topology, ``call`` hands an operation to the store and returns where its reply
+    lands."""
+
+    def __init__(
+        self, origin: int, clock: DilatedClock, call: Callable[[StoreOp], StoreWaiter]
+    ) -> None:
+        self.origin = origin
+        self.clock = clock
+        self._call = call
+        self._seq = 0
+
+    async def _op(self, op: str, key: str, value: Any, timeout: float = math.inf) -> Any:
+        self._seq += 1
+        now = self.clock.now()
+        waiter = self._call(StoreOp(now + STORE_LATENCY, self.origin, self._seq, op, key, value))
+        deadline = self.clock.to_trio(now + timeout) if timeout < math.inf else math.inf
+        with trio.move_on_at(deadline):
+            await waiter.event.wait()
+            reply = waiter.reply
+            assert reply is not None
+            if reply.at > self.clock.now():  # applied at the store: the answer travels back
+                await trio.sleep_until(self.clock.to_trio(reply.at))
+            if reply.error is not None:
+                raise RemoteVerbsError(f"rendezvous store: {reply.error}")
+            return reply.value
+        raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
+
+    async def set(self, key: str, value: Any) -> None:
+        await self._op("set", key, value)
+
+    async def add(self, key: str, amount: int) -> int:
+        return int(await self._op("add", key, amount))
+
+    async def get(self, key: str, timeout: float) -> Any:
+        return await self._op("get", key, None, timeout)
+
+    async def arrive(self, key: str, count: int, timeout: float) -> None:
+        await self._op("arrive", key, count, timeout)
+
+
+class VirtualStore:
+    """The emulated store inside the virtual fabric's process: a :class:`StoreCore` that a trio
+    task (:meth:`run`) applies at each operation's arrival time."""
+
+    def __init__(self, clock: DilatedClock) -> None:
+        self.core = StoreCore()
+        self.clock = clock
+        self._waiters: dict[tuple[int, int], StoreWaiter] = {}
+        self._kick = trio.lowlevel.ParkingLot()
+
+    def client(self, origin: int, clock: DilatedClock) -> EmulatedStore:
+        return EmulatedStore(origin, clock, self._submit)
+
+    def _submit(self, op: StoreOp) -> StoreWaiter:
+        waiter = self._waiters[op.origin, op.seq] = StoreWaiter()
+        self.core.submit(op)
+        self._kick.unpark_all()
+        return waiter
+
+    async def run(self) -> None:
+        """Apply each operation when it reaches the store, until cancelled."""
+        clock, core = self.clock, self.core
+        while True:
+            nt = core.next_time()
+            with trio.move_on_at(math.inf if nt is None else clock.to_trio(nt)):
+                await self._kick.park()  # a new operation may arrive before nt
+                continue
+            now = clock.now()
+            for reply in core.run_until(math.nextafter(now, math.inf)):
+                waiter = self._waiters.pop((reply.origin, reply.seq), None)
+                if waiter is not None:
+                    waiter.deliver(reply)
+
+
+def exact_store(origin: int, clock: DilatedClock) -> EmulatedStore:
+    """A host's client of the store an exact run's coordinator keeps (in a host process of an
+    exact run only)."""
+    engine = current_engine()
+    if engine is None:
+        raise RuntimeError("the emulated store needs an exact run's engine in this process")
+    return EmulatedStore(origin, clock, engine.store_call)
