@@ -230,11 +230,11 @@ def main(which: str, args: BenchOptions) -> int:
     )
     if args.ui and (args.virtual or args.attach):
         raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")
-    windows = 0
+    synced = ""
     if args.virtual:
         results, fabric = run_virtual(topo, "bench", params)
     elif exact:
-        results, fabric, windows = run_exact_job(
+        results, fabric, synced = run_exact_job(
             topo,
             path,
             "bench",
@@ -268,7 +268,7 @@ def main(which: str, args: BenchOptions) -> int:
     for line in lines + bench.fabric_summary(fabric, upper):
         print(line)
     if exact:
-        print(f"# clock: exact, {windows} windows of emulated time", file=sys.stderr)
+        print(f"# clock: exact, {synced}", file=sys.stderr)
     warning = bench.faithfulness_warning(fabric, topo.tdf if args.attach else tdf)
     if warning:
         print(warning, file=sys.stderr)

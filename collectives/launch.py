@@ -166,10 +166,10 @@ def run_exact_job(
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
-) -> tuple[dict[int, Any], dict[str, Any], int]:
+) -> tuple[dict[int, Any], dict[str, Any], str]:
     """Job ``name`` on one process per node on the exact clock: (results by rank, fabric
-    counters, windows)."""
-    outcome, windows = run_exact(
+    counters, how the run was synchronised)."""
+    outcome, synced = run_exact(
         topo,
         path,
         lambda coordinator: ExactCollectiveJob(name, params, coordinator),
@@ -177,7 +177,7 @@ def run_exact_job(
         beside=beside,
     )
     results, fabric = outcome
-    return results, fabric, windows
+    return results, fabric, synced
 
 
 def own_address(towards: str) -> str:

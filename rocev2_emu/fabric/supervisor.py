@@ -284,14 +284,14 @@ def up(
         if flows is None:
             raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
         try:
-            results, fabric, windows = _run_exact(
+            results, fabric, synced = _run_exact(
                 topo, topo_path, flows, beside, FLOW_START, quiet=False
             )
         except SyncError as exc:
             print(f"rocev2-emu up: {exc}", file=sys.stderr)
             return 1
         write_json(json_out, results, fabric)
-        mode = f"local processes, clock: exact ({windows} windows)"
+        mode = f"local processes, clock: exact ({synced})"
         return report(topo, 1.0, mode, results, fabric)
     tdf = tdf or topo.tdf
     try:
@@ -318,15 +318,15 @@ def _run_exact(
     t0: float,
     *,
     quiet: bool = True,
-) -> tuple[list[FlowResult], dict[str, Any], int]:
+) -> tuple[list[FlowResult], dict[str, Any], str]:
     """The flows on node processes on the exact clock: their results, the fabric's counters and
-    how many windows it took; a SyncError (one line) if the run could not go on (a node died or
-    went silent)."""
-    outcome, rounds = run_exact(
+    how it was synchronised (:meth:`Coordinator.summary`); a SyncError (one line) if the run
+    could not go on (a node died or went silent)."""
+    outcome, synced = run_exact(
         topo, topo_path, lambda c: ExactFlowsJob(flows, c, t0), quiet=quiet, beside=beside
     )
     results, fabric = outcome
-    return results, fabric, rounds
+    return results, fabric, synced
 
 
 def run_exact(
@@ -336,9 +336,10 @@ def run_exact(
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
-) -> tuple[Any, int]:
+) -> tuple[Any, str]:
     """One process per node on the exact clock, synchronised by a coordinator served here, and
-    the job ``make_job(coordinator)`` on them: its outcome and the number of windows; a
+    the job ``make_job(coordinator)`` on them: its outcome and how the run was synchronised
+    (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`); a
     SyncError (one line) when the run could not go on (a node died or went silent)."""
     coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
     job = make_job(coordinator)
@@ -351,7 +352,7 @@ def run_exact(
         raise SyncError(str(_first(sync))) from None
     if outcome is None:
         raise SyncError("a node died during the job")
-    return outcome, coordinator.rounds
+    return outcome, coordinator.summary()
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

@@ -189,6 +189,7 @@ class Coordinator:
         self.secret = secret
         self.until = -math.inf  # the last window granted
         self.rounds = 0
+        self.skipped = 0  # grants not sent: the process had nothing to do in the window
         self.held = True
         self.now = 0.0  # the earliest next time of the last round (emulated time reached)
         self.reports: dict[str, Report] = {}
@@ -204,6 +205,12 @@ class Coordinator:
     def hold(self) -> None:
         """No window from now on until :meth:`release` (those granted still run)."""
         self.held = True
+
+    def summary(self) -> str:
+        """How the run was synchronised: its windows, and how many processes each woke."""
+        n = len(self.names)
+        woken = (self.rounds * n - self.skipped) / self.rounds if self.rounds else 0.0
+        return f"{self.rounds} windows, {woken:.1f} of {n} processes woken per window"
 
     async def finish(self) -> None:
         """The job is done: tell every node (each exits quietly)."""
@@ -292,7 +299,7 @@ class Coordinator:
             if self._poll:
                 self._poll = False
                 window.until, window.quiet = max(self.until, 0.0), False
-                await self._grant(window)
+                await self._grant(window, everyone=True)
                 continue
             if window.quiet:
                 self.quiet.set()
@@ -301,14 +308,29 @@ class Coordinator:
             self.now = window.until - self.lookahead
             await self._grant(window)
 
-    async def _grant(self, window: Window) -> None:
+    async def _grant(self, window: Window, *, everyone: bool = False) -> None:
+        """Send the window to every process that has something to do in it: a process whose
+        next event comes after it, that is owed no frame and no store reply, would only report
+        the same again - it keeps its report and is not woken (``everyone``: all are)."""
         self.until = window.until
         self.rounds += 1
-        self.reports = {}
         replies: dict[str, list[list[Any]]] = {}
         for reply in self.store.run_until(window.until):
             replies.setdefault(self._origins[reply.origin], []).append(reply.wire())
+        reports, self.reports = self.reports, {}
         for name, chan in self._chans.items():
+            report = reports.get(name)
+            if (
+                not everyone
+                and report is not None
+                and report.next_time >= window.until
+                and report.received == window.expect[name]
+                and name not in replies
+                and name not in self._holding
+            ):
+                self.reports[name] = report
+                self.skipped += 1
+                continue
             grant: dict[str, Any] = {"until": window.until, "expect": window.expect[name]}
             if name in replies:
                 grant["store"] = replies[name]

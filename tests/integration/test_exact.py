@@ -69,6 +69,37 @@ def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_b
         assert '"retransmitted": 0,' not in virtual.read_text()  # the loss did happen
 
 
+def _table(out: str) -> list[str]:
+    """A bench's results and fabric lines (from its column header on)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip("# ").startswith("size"))
+    return lines[start:]
+
+
+@pytest.mark.timeout(900)
+def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_are_busy() -> None:
+    """The store is a node of the run: the ranks' rendezvous and barriers take the same
+    emulated time over processes as in one."""
+    bench = [*EXE, "bench", "all-reduce", "-b", "1K", "-e", "256K", "-n", "2", "--algo", "ring"]
+    virtual = subprocess.run(
+        [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert virtual.returncode == 0, virtual.stderr[-2000:]
+    with cpu_burners():
+        exact = subprocess.run(
+            [*bench, "--clock", "exact"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    assert exact.returncode == 0, exact.stderr[-2000:]
+    assert "clock: exact" in exact.stdout and "clock: exact" in exact.stderr
+    assert _table(exact.stdout) == _table(virtual.stdout)
+    assert "Out of bounds values : 0 OK" in exact.stdout
+
+
 @pytest.mark.timeout(300)
 def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
     topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")
