@@ -32,6 +32,7 @@ from rocev2_emu.runtime.sync import (
     DONE,
     RunOver,
     SyncError,
+    SyncLink,
     set_holder,
     split_trailer,
     with_trailer,
@@ -98,7 +99,7 @@ class ExactEngine(Engine):
         super().__init__()
         self.name = name
         self.udp = udp
-        self.chan = chan
+        self.chan = SyncLink(chan) if chan is not None else None
         self.links: list[RemoteLink] = []
         self._by_vni: dict[int, RemoteLink] = {}
         self.sent: dict[str, int] = {}
@@ -247,19 +248,21 @@ class ExactEngine(Engine):
 
     async def _barrier(self) -> float:
         """Report, then wait for the next window (re-reporting when a kick or the end of a
-        clock hold changed what this process would say); the window's end."""
+        clock hold changed what this process would say); the window's end.  The application
+        tasks have all run and blocked when it is called."""
         settle = trio.testing.wait_all_tasks_blocked
-        await settle()
         await self._send_backlog()
-        await self.chan.send(self._report())
+        chan = self.chan
+        assert chan is not None
+        await chan.send(self._report())
         while True:
             with trio.CancelScope() as scope:
                 self._poke = scope
-                msg = await self.chan.recv()
+                msg = await chan.recv()
             self._poke = None
             if scope.cancelled_caught:
                 await settle()
-                await self.chan.send(self._report())
+                await chan.send(self._report())
                 continue
             if isinstance(msg, dict) and msg.get("stop") == DONE:
                 raise RunOver(self.name)
@@ -287,9 +290,16 @@ class ExactEngine(Engine):
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
+        await settle()
         until = await self._barrier()
+        # a trio scheduling pass per window and process is most of an exact run's cost: the
+        # tasks are let run only when something may have woken one (not after a barrier, where
+        # they ran while the engine waited)
+        settled = True
         while True:
-            await settle()
+            if not settled:
+                await settle()
+            settled = False
             events.now = max(events.now, trio.current_time() - self.origin)
             events.woke = False
             if events.now < until:
@@ -317,6 +327,7 @@ class ExactEngine(Engine):
                 await self._send_backlog()
                 continue
             until = await self._barrier()
+            settled = True
 
 
 class WallServer:

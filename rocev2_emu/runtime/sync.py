@@ -36,14 +36,24 @@ malformed one stops the run naming the link (no silently different result).
 from __future__ import annotations
 
 import math
+import os
+import socket
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+import msgpack
 import trio
 
+from rocev2_emu.runtime.control import _LEN as LENGTH
+from rocev2_emu.runtime.control import (
+    MAX_MESSAGE,
+    ControlError,
+    MessageChannel,
+    _authenticate,
+)
 from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
 
 TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's sequence number
@@ -241,8 +251,6 @@ class Coordinator:
             await self._rounds()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        from rocev2_emu.runtime.control import ControlError, MessageChannel, _authenticate
-
         chan = MessageChannel(stream, timeout=STALL_SECONDS)
         name = None
         try:
@@ -256,12 +264,12 @@ class Coordinator:
             origin = hello.get("origin")
             if isinstance(origin, int):
                 self._origins[origin] = name
-            chan.timeout = math.inf  # a node computing its window may be quiet for long
-            self._chans[name] = chan
+            link = SyncLink(chan)
+            self._chans[name] = link
             if len(self._chans) == len(self.names):
                 self.connected.set()
             while True:
-                msg = await chan.recv()
+                msg = await link.recv()  # a node computing its window may be quiet for long
                 try:
                     report = Report.from_wire(msg)
                 except ValueError as exc:
@@ -272,7 +280,8 @@ class Coordinator:
                     self.store.submit(op)
                 self.reports[name] = report
                 (self._holding.add if msg.get("held") else self._holding.discard)(name)
-                self._changed.set()
+                if len(self.reports) == len(self.names):  # the round may be decided
+                    self._changed.set()
         except ControlError as exc:
             if name in self._chans:
                 raise SyncError(f"node {name} went away ({exc})") from exc
@@ -335,3 +344,63 @@ class Coordinator:
             if name in replies:
                 grant["store"] = replies[name]
             await chan.send(grant)
+
+
+class SyncLink:
+    """A sync connection once its handshake is done: the same length-prefixed msgpack as
+    :class:`~rocev2_emu.runtime.control.MessageChannel`, on the connection's socket directly.
+    A window costs every process one report and one grant, and trio's scheduling passes
+    around each were most of an exact run's time: a send here never yields (a report or a grant
+    fits the socket buffer; a full one waits), a receive yields only when nothing is there."""
+
+    def __init__(self, chan: MessageChannel) -> None:
+        stream = chan.stream
+        if not isinstance(stream, trio.SocketStream):
+            raise TypeError("a sync link runs over a TCP connection")
+        self.chan = chan  # owns the connection (closed with it)
+        self.sock = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        self.sock.setblocking(False)
+        self._buf = bytearray(chan._buf)  # what the handshake read ahead
+        chan._buf.clear()
+
+    async def send(self, obj: Any) -> None:
+        body = msgpack.packb(obj, use_bin_type=True)
+        data = memoryview(LENGTH.pack(len(body)) + body)
+        while data:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+                continue
+            except OSError as exc:
+                raise ControlError(f"sync peer went away: {exc}") from exc
+            data = data[sent:]
+
+    async def recv(self) -> Any:
+        buf = self._buf
+        while True:
+            if len(buf) >= LENGTH.size:
+                (n,) = LENGTH.unpack_from(buf)
+                if n > MAX_MESSAGE:
+                    raise ControlError(f"a sync message of {n} bytes (> {MAX_MESSAGE})")
+                if len(buf) >= LENGTH.size + n:
+                    body = bytes(buf[LENGTH.size : LENGTH.size + n])
+                    del buf[: LENGTH.size + n]
+                    try:
+                        return msgpack.unpackb(body, raw=False)
+                    except Exception as exc:  # msgpack raises several types
+                        raise ControlError(f"malformed sync message: {exc}") from exc
+            try:
+                chunk = self.sock.recv(65536)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+                continue
+            except OSError as exc:
+                raise ControlError(f"sync peer went away: {exc}") from exc
+            if not chunk:
+                raise ControlError("sync peer closed the connection")
+            buf += chunk
+
+    async def aclose(self) -> None:
+        self.sock.close()
+        await self.chan.aclose()
