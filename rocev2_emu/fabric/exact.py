@@ -106,7 +106,19 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
     address = node.address
 
     async def engine_state(msg: dict[str, Any]) -> dict[str, Any]:
-        return {"frame_hops": engine.hops, "rounds": engine.rounds, "now": engine.now}
+        """The engine's state, for the run's summary and for a run that is stuck."""
+        stats = trio.lowlevel.current_statistics()
+        return {
+            "frame_hops": engine.hops,
+            "rounds": engine.rounds,
+            "now": engine.now,
+            "received": engine.received,
+            "sent": dict(engine.sent),
+            "holds": engine.holds,
+            "heap_next": engine.events.next_event_time(),
+            "tasks": stats.tasks_living,
+            "next_deadline": stats.seconds_to_next_deadline,
+        }
 
     more: dict[str, Handler] = {"engine": engine_state, **dict.fromkeys(REFUSED, _refuse)}
     async with trio.open_nursery() as nursery:

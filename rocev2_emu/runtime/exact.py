@@ -146,6 +146,11 @@ class ExactEngine(Engine):
     def _reply_time(self) -> float:
         return self._replies[0][0] if self._replies else math.inf
 
+    @property
+    def holds(self) -> int:
+        """Out-of-band waits holding this process's clock now."""
+        return self._holds
+
     # -- the clock hold (rocev2_emu.runtime.sync.holding_clock) --------------------------------
     def hold(self) -> None:
         self._holds += 1
@@ -243,6 +248,7 @@ class ExactEngine(Engine):
             "held": bool(self._holds),
             "sent": self.sent,
             "received": self.received,
+            "window": self.rounds,
             "store": [op.wire() for op in ops],
         }
 
@@ -251,6 +257,8 @@ class ExactEngine(Engine):
         clock hold changed what this process would say); the window's end.  The application
         tasks have all run and blocked when it is called."""
         settle = trio.testing.wait_all_tasks_blocked
+        if trio.lowlevel.current_statistics().tasks_runnable:
+            await settle()  # a task woken while the window ran (a control request's) first
         await self._send_backlog()
         chan = self.chan
         assert chan is not None
@@ -292,14 +300,11 @@ class ExactEngine(Engine):
         settle = trio.testing.wait_all_tasks_blocked
         await settle()
         until = await self._barrier()
-        # a trio scheduling pass per window and process is most of an exact run's cost: the
-        # tasks are let run only when something may have woken one (not after a barrier, where
-        # they ran while the engine waited)
-        settled = True
         while True:
-            if not settled:
-                await settle()
-            settled = False
+            # every task runs until it blocks before time moves: one woken in the window, and
+            # after a barrier one a control request started (it may be in the batch trio runs
+            # with the engine, not yet at its first wait when the grant came)
+            await settle()
             events.now = max(events.now, trio.current_time() - self.origin)
             events.woke = False
             if events.now < until:
@@ -327,7 +332,6 @@ class ExactEngine(Engine):
                 await self._send_backlog()
                 continue
             until = await self._barrier()
-            settled = True
 
 
 class WallServer:

@@ -135,6 +135,7 @@ class Report:
     quiet: bool  # no frame event or core deadline on its heap, nothing in flight from it
     sent: dict[str, int]  # frames sent to each other process since the start
     received: int  # frames received since the start
+    window: int = 0  # how many windows it had been granted when it reported
     store: list[StoreOp] = field(default_factory=list)  # operations for the store
 
     @classmethod
@@ -147,12 +148,13 @@ class Report:
             quiet = bool(msg["quiet"])
             sent = {str(k): int(v) for k, v in dict(msg["sent"]).items()}
             received = int(msg["received"])
+            window = int(msg["window"])
             store = [StoreOp.from_wire(op) for op in msg.get("store", ())]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a sync report's field is missing or wrong: {exc!r}") from exc
         if math.isnan(next_time):
             raise ValueError("a sync report's next time is NaN")
-        return cls(next_time, quiet, sent, received, store)
+        return cls(next_time, quiet, sent, received, window, store)
 
 
 @dataclass(slots=True)
@@ -209,6 +211,7 @@ class Coordinator:
         self._changed = trio.Event()
         self._holding: set[str] = set()
         self._poll = False
+        self._granted: dict[str, int] = {}  # windows sent to each process
         self.store = StoreCore()  # the rendezvous store, a node of the run
         self._origins: dict[int, str] = {}  # a host's index -> its process
 
@@ -278,6 +281,10 @@ class Coordinator:
                     if self._origins.get(op.origin) != name:
                         raise SyncError(f"node {name}: a store operation as host {op.origin}")
                     self.store.submit(op)
+                if report.window != self._granted.get(name, 0):
+                    # said before the node got its latest window (a re-report crossing a grant):
+                    # its report of that window follows
+                    continue
                 self.reports[name] = report
                 (self._holding.add if msg.get("held") else self._holding.discard)(name)
                 if len(self.reports) == len(self.names):  # the round may be decided
@@ -292,11 +299,7 @@ class Coordinator:
             with trio.move_on_after(STALL_SECONDS) as scope:
                 await self._changed.wait()
             if scope.cancelled_caught and not self.held:
-                waiting = sorted(set(self.names) - set(self.reports)) or sorted(self._holding)
-                raise SyncError(
-                    f"no progress for {STALL_SECONDS:g} s (wall): waiting for "
-                    f"{', '.join(waiting) or 'nothing'} at emulated t={self.now * 1e6:.3f} us"
-                )
+                raise SyncError(self._stalled())
             self._changed = trio.Event()
             if self.held or len(self.reports) < len(self.names):
                 continue
@@ -316,6 +319,27 @@ class Coordinator:
                 continue  # nothing can move (a held clock): wait for a report that changes it
             self.now = window.until - self.lookahead
             await self._grant(window)
+
+    def _stalled(self) -> str:
+        """Why no window moved for STALL_SECONDS: the processes it waits for, or the one whose
+        report holds the windows back."""
+        where = f"at emulated t={self.now * 1e6:.3f} us"
+        missing = sorted(set(self.names) - set(self.reports))
+        if missing:
+            late = ", ".join(missing)
+            return f"no progress for {STALL_SECONDS:g} s (wall): no report from {late} {where}"
+        if self._holding:
+            return (
+                f"no progress for {STALL_SECONDS:g} s (wall): {', '.join(sorted(self._holding))} "
+                f"waits out of band (its clock held) {where}"
+            )
+        first = min(self.reports, key=lambda n: self.reports[n].next_time)
+        report = self.reports[first]
+        return (
+            f"no progress for {STALL_SECONDS:g} s (wall): {first}'s next event at "
+            f"t={report.next_time * 1e6:.3f} us holds the windows (until "
+            f"{self.until * 1e6:.3f} us) {where}; received {report.received}, quiet {report.quiet}"
+        )
 
     async def _grant(self, window: Window, *, everyone: bool = False) -> None:
         """Send the window to every process that has something to do in it: a process whose
@@ -343,6 +367,7 @@ class Coordinator:
             grant: dict[str, Any] = {"until": window.until, "expect": window.expect[name]}
             if name in replies:
                 grant["store"] = replies[name]
+            self._granted[name] = self._granted.get(name, 0) + 1
             await chan.send(grant)
 
 

@@ -145,3 +145,14 @@ def _pid_of(name: str) -> int:
                 return int(entry.name)
         time.sleep(0.1)
     raise AssertionError(f"no node process {name}")
+
+
+def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rocev2_emu.cli import main
+
+    assert main(["demo", "--tdf", "100"]) == 1
+    assert "--tdf dilates the wall clock: give --clock wall too" in capsys.readouterr().err
+    assert main(["scenario", "ecmp-entropy", "--clock", "exact"]) == 2
+    assert "not exact yet" in capsys.readouterr().err

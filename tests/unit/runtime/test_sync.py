@@ -33,7 +33,7 @@ def test_the_trailer_carries_the_exact_arrival_time_and_sequence() -> None:
 
 
 def _report(nxt: float, sent: dict[str, int], received: int, quiet: bool = False) -> Report:
-    return Report(nxt, quiet, sent, received)
+    return Report(nxt, quiet, sent, received, 0)
 
 
 def test_a_window_ends_one_lookahead_after_the_earliest_next_event() -> None:
@@ -61,8 +61,9 @@ def test_the_fabric_is_quiet_only_when_every_frame_sent_was_received() -> None:
     [
         ([1, 2], "must be a map"),
         ({"next": 1.0, "quiet": False, "sent": {}}, "missing or wrong"),
-        ({"next": "soon", "quiet": False, "sent": {}, "received": 0}, "missing or wrong"),
-        ({"next": math.nan, "quiet": False, "sent": {}, "received": 0}, "NaN"),
+        ({"next": 1.0, "quiet": False, "sent": {}, "received": 0}, "missing or wrong"),
+        ({"next": "soon", "quiet": False, "sent": {}, "received": 0, "window": 0}, "wrong"),
+        ({"next": math.nan, "quiet": False, "sent": {}, "received": 0, "window": 0}, "NaN"),
     ],
 )
 def test_a_malformed_report_is_an_error_naming_what_is_wrong(msg: object, match: str) -> None:
