@@ -292,6 +292,13 @@ class Coordinator:
         except ControlError as exc:
             if name in self._chans:
                 raise SyncError(f"node {name} went away ({exc})") from exc
+        finally:
+            mine = self._chans.get(name) if isinstance(name, str) else None
+            with trio.CancelScope(shield=True):
+                if isinstance(mine, SyncLink):
+                    await mine.aclose()
+                else:
+                    await chan.aclose()
 
     async def _rounds(self) -> None:
         await self.connected.wait()
