@@ -256,6 +256,7 @@ class Coordinator:
     async def _connection(self, stream: trio.SocketStream) -> None:
         chan = MessageChannel(stream, timeout=STALL_SECONDS)
         name = None
+        mine: SyncLink | None = None  # this connection's, once it is a node's
         try:
             if not await _authenticate(chan, self.secret):
                 return
@@ -267,7 +268,7 @@ class Coordinator:
             origin = hello.get("origin")
             if isinstance(origin, int):
                 self._origins[origin] = name
-            link = SyncLink(chan)
+            link = mine = SyncLink(chan)
             self._chans[name] = link
             if len(self._chans) == len(self.names):
                 self.connected.set()
@@ -293,9 +294,8 @@ class Coordinator:
             if name in self._chans:
                 raise SyncError(f"node {name} went away ({exc})") from exc
         finally:
-            mine = self._chans.get(name) if isinstance(name, str) else None
             with trio.CancelScope(shield=True):
-                if isinstance(mine, SyncLink):
+                if mine is not None:
                     await mine.aclose()
                 else:
                     await chan.aclose()
