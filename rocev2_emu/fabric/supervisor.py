@@ -292,7 +292,7 @@ def up(
             return 1
         write_json(json_out, results, fabric)
         mode = f"local processes, clock: exact ({synced})"
-        return report(topo, 1.0, mode, results, fabric)
+        return report(topo, None, mode, results, fabric)
     tdf = tdf or topo.tdf
     try:
         job = FlowsJob(flows) if flows else None
@@ -307,7 +307,7 @@ def up(
     if outcome is None:
         return 1  # a node died; _watch said which
     write_json(json_out, *outcome)
-    return report(topo, tdf, f"local processes, clock: wall, TDF {tdf:g}", *outcome)
+    return report(topo, tdf, "local processes, clock: wall", *outcome)
 
 
 def _run_exact(
