@@ -46,7 +46,7 @@ from rocev2_emu.fabric.virtual import (
     virtual_fabric,
     watching,
 )
-from rocev2_emu.verbs import Context
+from rocev2_emu.verbs import Context, RemoteVerbsError
 
 
 def places_for(topo: Topology) -> list[RankPlace]:
@@ -131,17 +131,24 @@ async def run_host_ranks(
     group = HostGroup(len(mine))
     options = comm_options(topo, params)
     results: dict[int, Any] = {}
-    emulated = None if store_address else exact_store(topo.nodes[host].index, ctx.clock)
+    stores: list[tuple[Store, Store | None]] = []
+    if store_address is None:
+        emulated = exact_store(topo.nodes[host].index, ctx.clock)
+        stores = [(emulated, None) for _ in mine]
+    else:
+        try:  # every connection first: an unreachable store is one error naming it
+            for _ in mine:
+                stores.append(
+                    (
+                        await TcpStore.connect(*store_address, wait_for_listener=False),
+                        await TcpStore.connect(*store_address, wait_for_listener=False),
+                    )
+                )
+        except RemoteVerbsError as exc:
+            where = f"{store_address[0]}:{store_address[1]}"
+            raise RemoteVerbsError(f"the rendezvous store at {where}: {exc}") from exc
     async with trio.open_nursery() as nursery:
-        for p in mine:
-            store: Store
-            abort_store: Store | None
-            if emulated is not None:
-                store, abort_store = emulated, None
-            else:
-                assert store_address is not None
-                store = await TcpStore.connect(*store_address)
-                abort_store = await TcpStore.connect(*store_address)
+        for p, (store, abort_store) in zip(mine, stores, strict=True):
             nursery.start_soon(
                 run_rank,
                 ctx,

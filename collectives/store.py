@@ -160,8 +160,15 @@ class TcpStore:
         self._lock = trio.Lock()
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout: float = 30.0) -> TcpStore:
-        return cls(await OobChannel.connect(host, port, timeout=timeout, secret=fabric_secret()))
+    async def connect(
+        cls, host: str, port: int, timeout: float = 30.0, *, wait_for_listener: bool = True
+    ) -> TcpStore:
+        """``wait_for_listener=False``: a refused connection is an error at once (a store its
+        launcher served before asking anyone to connect)."""
+        chan = await OobChannel.connect(
+            host, port, timeout=timeout, wait_for_listener=wait_for_listener, secret=fabric_secret()
+        )
+        return cls(chan)
 
     async def _call(self, msg: dict[str, Any], timeout: float) -> Any:
         async with self._lock:  # one request at a time on the connection

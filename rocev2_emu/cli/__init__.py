@@ -17,7 +17,7 @@ import os
 import sys
 
 from rocev2_emu import __version__, cores
-from rocev2_emu.cli import bench, demo, fabric, perftest, scenario
+from rocev2_emu.cli import bench, demo, extras, fabric, perftest, scenario
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.fabric.services import load_plugins
 from rocev2_emu.runtime.control import ControlError
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        extras.check(args)  # a flag whose extra is missing: refused before anything starts
         code: int = args.run(args)
         return code
     except (KeyboardInterrupt, *ERRORS, BaseExceptionGroup) as exc:

@@ -5,11 +5,15 @@ A message is a 4-byte big-endian length and a msgpack body (at most :data:`MAX_M
 bytes).  Every send and receive has a deadline; a framing fault, a closed peer or a passed
 deadline is a :class:`ControlError` naming what happened, never a hang.
 
-A server holds at most :data:`MAX_CONNECTIONS` clients at once (:func:`connection_limit`: the
-next is closed at once), and a client that starts a message must finish it within
-:data:`MESSAGE_DEADLINE` seconds (a slow or stalled sender is dropped), so a few sockets
-cannot exhaust a node.  Both are counted in ``rocev2_control_connections_dropped_total``
-by ``reason`` (``connection_limit``, ``slow_sender``, ``auth_failed``).
+A server holds at most :data:`MAX_CONNECTIONS` authenticated clients and, on their own, at
+most :data:`MAX_UNPROVEN` that have not yet proved the secret (:func:`connection_limit`: the
+next of either is closed at once), so sockets that never authenticate cannot take an
+authenticated client's place; before its proof a client may send no message longer than
+:data:`MAX_PROOF` bytes (a proof is about 45), so it cannot make the server hold a megabyte for
+it; and a client that starts a message must finish it within :data:`MESSAGE_DEADLINE` seconds
+(a slow or stalled sender is dropped).  Each is counted in
+``rocev2_control_connections_dropped_total`` by ``reason`` (``connection_limit``,
+``unproven_limit``, ``slow_sender``, ``auth_failed``).
 
 A server given the fabric secret (:mod:`rocev2_emu.runtime.auth`) opens every connection with
 a challenge and serves nothing until the client proves it holds the secret; a client given the
@@ -20,6 +24,7 @@ counted (``auth_failed``) and the connection closed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -40,7 +45,9 @@ log = logging.getLogger(__name__)
 _LEN: Final = struct.Struct("!I")  # message length, network order
 MAX_MESSAGE: Final = 1 << 20
 S = TypeVar("S", bound=trio.abc.Stream)
-MAX_CONNECTIONS: Final = 256  # clients one control server holds at once
+MAX_CONNECTIONS: Final = 256  # authenticated clients one control server holds at once
+MAX_UNPROVEN: Final = 64  # clients it holds at once that have not proved the secret yet
+MAX_PROOF: Final = 512  # bytes of the longest message before the proof (a proof: about 45)
 MESSAGE_DEADLINE: Final = 30.0  # seconds from a message's first byte to its last
 AUTH_DEADLINE: Final = 10.0  # seconds a client has to prove it holds the fabric secret
 
@@ -91,9 +98,10 @@ class MessageChannel:
         if scope.cancelled_caught:
             raise self.error(f"{self.what} send blocked for {self.timeout:g} s")
 
-    async def recv(self, *, message_deadline: float = math.inf) -> Any:
+    async def recv(self, *, message_deadline: float = math.inf, max_size: int = MAX_MESSAGE) -> Any:
         """The next message within ``timeout``; once its first byte is here, the rest must come
-        within ``message_deadline`` too (else :attr:`slow` is set and the error says so)."""
+        within ``message_deadline`` too (else :attr:`slow` is set and the error says so).  One
+        announcing more than ``max_size`` bytes is an error at once."""
         begun = bool(self._buf)
         with trio.move_on_after(self.timeout) as scope:
             if begun:
@@ -101,11 +109,11 @@ class MessageChannel:
             while True:
                 if len(self._buf) >= _LEN.size:
                     (n,) = _LEN.unpack_from(self._buf)
-                    if n > MAX_MESSAGE:
+                    if n > max_size:
                         head = bytes(self._buf[:16])
                         raise self.error(
                             f"the {self.what} peer is not a rocev2-emu peer (its first bytes "
-                            f"{head!r} announce a message of {n} bytes > {MAX_MESSAGE})"
+                            f"{head!r} announce a message of {n} bytes > {max_size})"
                         )
                     if len(self._buf) >= _LEN.size + n:
                         body = bytes(self._buf[_LEN.size : _LEN.size + n])
@@ -154,6 +162,8 @@ async def serve_requests(
     try:
         if secret is not None and not await _authenticate(chan, secret):
             return
+        if not _admitted():
+            return
         while True:
             try:
                 msg = await chan.recv(message_deadline=message_deadline)
@@ -182,7 +192,7 @@ async def _authenticate(chan: MessageChannel, secret: bytes) -> bool:
     timeout, chan.timeout = chan.timeout, AUTH_DEADLINE
     try:
         await chan.send(message)
-        answer = await chan.recv(message_deadline=AUTH_DEADLINE)
+        answer = await chan.recv(message_deadline=AUTH_DEADLINE, max_size=MAX_PROOF)
     except ControlError:
         DROPPED.labels(reason="auth_failed").inc()
         return False
@@ -201,24 +211,67 @@ async def _authenticate(chan: MessageChannel, secret: bytes) -> bool:
     return True
 
 
+class _Slots:
+    """One server's connections: those not yet admitted (proving the secret) and those in."""
+
+    def __init__(self, limit: int, unproven_limit: int) -> None:
+        self.limit = limit
+        self.unproven_limit = unproven_limit
+        self.unproven = 0
+        self.admitted = 0
+
+
+# the slots of the server this connection's task serves, and whether it was admitted
+_SLOT: contextvars.ContextVar[tuple[_Slots, list[bool]] | None] = contextvars.ContextVar(
+    "control_slot", default=None
+)
+
+
+def _admitted() -> bool:
+    """Move this connection from the unproven to the admitted slots (once it proved the secret,
+    or at once on a server without one); False, counted, when those are full."""
+    entry = _SLOT.get()
+    if entry is None:
+        return True
+    slots, state = entry
+    if state[0]:
+        return True
+    if slots.admitted >= slots.limit:
+        DROPPED.labels(reason="connection_limit").inc()
+        return False
+    slots.unproven -= 1
+    slots.admitted += 1
+    state[0] = True
+    return True
+
+
 def connection_limit(
-    handler: Callable[[S], Awaitable[None]], limit: int = MAX_CONNECTIONS
+    handler: Callable[[S], Awaitable[None]],
+    limit: int = MAX_CONNECTIONS,
+    unproven_limit: int = MAX_UNPROVEN,
 ) -> Callable[[S], Awaitable[None]]:
-    """``handler`` for ``trio.serve_listeners``, holding at most ``limit`` connections at once:
-    one more is closed at once and counted (``reason="connection_limit"``)."""
-    active = 0
+    """``handler`` for ``trio.serve_listeners``, holding at most ``limit`` admitted connections
+    and ``unproven_limit`` not yet admitted (:func:`serve_requests` admits a connection once it
+    proved the secret): one more of either is closed at once and counted
+    (``reason="connection_limit"`` or ``"unproven_limit"``)."""
+    slots = _Slots(limit, unproven_limit)
 
     async def handle(stream: S) -> None:
-        nonlocal active
-        if active >= limit:
-            DROPPED.labels(reason="connection_limit").inc()
+        if slots.unproven >= slots.unproven_limit:
+            DROPPED.labels(reason="unproven_limit").inc()
             await stream.aclose()
             return
-        active += 1
+        slots.unproven += 1
+        state = [False]
+        token = _SLOT.set((slots, state))
         try:
             await handler(stream)
         finally:
-            active -= 1
+            if state[0]:
+                slots.admitted -= 1
+            else:
+                slots.unproven -= 1
+            _SLOT.reset(token)
 
     return handle
 

@@ -33,7 +33,9 @@ class LinkFaults:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name != "seed" and (
-                not isinstance(value, int | float) or not 0 <= value < math.inf
+                not isinstance(value, int | float)
+                or isinstance(value, bool)  # True is no probability, nor a delay
+                or not 0 <= value < math.inf
             ):
                 raise ValueError(f"link fault {f.name}={value!r} must be a finite number >= 0")
         for name in ("loss", "duplicate", "reorder", "corrupt"):

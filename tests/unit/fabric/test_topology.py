@@ -108,7 +108,14 @@ def test_link_and_node_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "faults",
-    [{"delay": math.inf}, {"jitter": math.inf}, {"loss": math.nan}, {"corrupt": -0.1}],
+    [
+        {"delay": math.inf},
+        {"jitter": math.inf},
+        {"loss": math.nan},
+        {"corrupt": -0.1},
+        {"loss": True},  # a set_faults request's boolean is no probability (it was taken as 1)
+        {"delay": False},
+    ],
 )
 def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="must be a finite number >= 0"):

@@ -11,7 +11,14 @@ import msgpack
 import trio
 import trio.testing
 
-from rocev2_emu.runtime.control import DROPPED, connection_limit, serve_requests
+from rocev2_emu.runtime import auth
+from rocev2_emu.runtime.control import (
+    DROPPED,
+    MessageChannel,
+    connection_limit,
+    prove_secret,
+    serve_requests,
+)
 
 LEN = struct.Struct("!I")
 
@@ -101,3 +108,54 @@ def test_connections_beyond_the_limit_are_closed_at_once_and_counted() -> None:
 
     run(main)
     assert dropped("connection_limit") == before + 1
+
+
+def test_clients_that_never_prove_the_secret_cannot_take_an_authenticated_clients_place() -> None:
+    """Issue 28: 256 connections without the secret filled every slot and a client with the
+    secret was refused until they closed; they have slots of their own now."""
+    before = dropped("unproven_limit")
+    secret = auth.new()
+
+    async def main() -> None:
+        handle = connection_limit(
+            lambda s: serve_requests(s, echo, secret=secret), limit=4, unproven_limit=3
+        )
+        async with trio.open_nursery() as nursery:
+            strangers = []
+            for _ in range(5):  # they connect and say nothing: three held, two closed
+                server, client = trio.testing.memory_stream_pair()
+                strangers.append(client)
+                nursery.start_soon(handle, server)
+                await trio.testing.wait_all_tasks_blocked()
+            # a client with the secret, once a stranger gives up its place, is served
+            await strangers[0].aclose()
+            await trio.testing.wait_all_tasks_blocked()
+            server, client = trio.testing.memory_stream_pair()
+            nursery.start_soon(handle, server)
+            chan = MessageChannel(client, timeout=10.0)
+            await prove_secret(chan, secret, "the test server")
+            await chan.send("x")
+            assert await chan.recv() == {"echo": "x"}
+            nursery.cancel_scope.cancel()
+
+    run(main)
+    assert dropped("unproven_limit") == before + 2
+
+
+def test_before_its_proof_a_client_cannot_make_the_server_hold_a_megabyte() -> None:
+    before = dropped("auth_failed")
+    secret = auth.new()
+
+    async def main() -> None:
+        server, client = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_requests, server, echo, 3600.0, 30.0, secret)
+            await client.receive_some()  # the challenge
+            await client.send_all(LEN.pack((1 << 20) - 1) + b"x" * 100)  # "a proof" of 1 MiB
+            data = b""
+            while chunk := await client.receive_some():  # refused at once, then closed
+                data += chunk
+            assert trio.current_time() == 0.0  # no deadline waited out
+
+    run(main)
+    assert dropped("auth_failed") == before + 1

@@ -1,0 +1,49 @@
+"""What a new user and the reliability checks hit (issue 28): a flag whose extra is missing is
+refused before anything starts, and a host that cannot reach the rendezvous store says where."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectives.job import run_host_ranks
+from rocev2_emu.cli import main
+from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.verbs import RemoteVerbsError
+
+
+def test_a_ui_flag_without_the_ui_extra_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def without_starlette(name: str, *args: Any) -> Any:
+        return None if name == "starlette" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_starlette)
+    topo = tmp_path / "t.toml"
+    topo.write_text(single_switch(2))
+    for argv in (["up", str(topo), "--ui"], ["demo", "--ui"], ["scenario", "incast", "--ui"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err  # one line, no traceback
+        assert "--ui needs the ui extra (starlette not installed)" in err
+        assert "pip install 'rocev2-emu[ui]'" in err
+
+
+async def test_an_unreachable_store_is_one_error_naming_it(
+    tmp_path: Path, fabric_secret: bytes
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(single_switch(2))
+    topo = load(path)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RemoteVerbsError, match=f"rendezvous store at 127.0.0.1:{port}: "):
+        await run_host_ranks(None, topo, "h0", ("127.0.0.1", port), "bench", {})  # type: ignore[arg-type]
