@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock, lateness_stats
 from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
-from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from switch.config import SwitchConfig
@@ -114,7 +114,7 @@ def control_replies(
         if cmd == "set_link":
             driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
         elif cmd == "set_faults":
-            driver.set_faults(int(msg["port"]), LinkFaults(**msg["faults"]))
+            driver.set_faults(int(msg["port"]), faults_from_request(msg["faults"]))
         elif cmd == "set_routes":
             driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
         elif cmd == "stop":

@@ -23,7 +23,7 @@ import trio
 
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import lateness_stats
-from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.link import faults_from_request
 from rocev2_emu.runtime.sync import holding_clock
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
@@ -362,7 +362,7 @@ class AgentServer:
             if cmd == "stats":
                 return host_stats(self.agent.ctx)
             if cmd == "set_faults":
-                self.agent.ctx.driver.set_faults(LinkFaults(**msg["faults"]))
+                self.agent.ctx.driver.set_faults(faults_from_request(msg["faults"]))
                 return {"ok": True}
         except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
             return {"error": f"{cmd}: {exc!r}"}

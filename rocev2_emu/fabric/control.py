@@ -15,7 +15,7 @@ import trio
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.topology import Link, Topology, TopologyError
 from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.link import faults_from_request
 from rocev2_emu.verbs.oob import OobChannel, OobError
 
 
@@ -130,7 +130,7 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
         "seed": topo.link_seed(link),
     }
     settings.update(faults)
-    LinkFaults(**settings)  # validate before touching the fabric
+    faults_from_request(settings)  # validate before touching the fabric
     for end in (a, b):
         msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
         if topo.nodes[end].kind == "switch":

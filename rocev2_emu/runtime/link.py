@@ -12,6 +12,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, fields
+from typing import Any
 
 from rocev2_emu.wire.ethernet import VXLAN_LEN
 
@@ -33,9 +34,7 @@ class LinkFaults:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name != "seed" and (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)  # True is no probability, nor a delay
-                or not 0 <= value < math.inf
+                not isinstance(value, int | float) or not 0 <= value < math.inf
             ):
                 raise ValueError(f"link fault {f.name}={value!r} must be a finite number >= 0")
         for name in ("loss", "duplicate", "reorder", "corrupt"):
@@ -52,6 +51,18 @@ class LinkFaults:
         return any(
             getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay", "jitter")
         )
+
+
+def faults_from_request(settings: Any) -> LinkFaults:
+    """A link's faults as a control request gives them: a map of the fields, each a number -
+    a boolean is refused (``loss=True`` is no probability, nor ``delay=False`` a delay; the
+    dataclass alone would take them as 1 and 0) - then checked as :class:`LinkFaults` checks."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"link faults must be a map, not {type(settings).__name__}")
+    for name, value in settings.items():
+        if isinstance(value, bool):
+            raise ValueError(f"link fault {name}={value!r} must be a number, not a boolean")
+    return LinkFaults(**settings)
 
 
 class FaultyLink:

@@ -13,7 +13,7 @@ import pytest
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine, single_switch
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
-from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -113,10 +113,16 @@ def test_link_and_node_errors(tmp_path: Path) -> None:
         {"jitter": math.inf},
         {"loss": math.nan},
         {"corrupt": -0.1},
-        {"loss": True},  # a set_faults request's boolean is no probability (it was taken as 1)
-        {"delay": False},
     ],
 )
 def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         LinkFaults(**faults)
+
+
+@pytest.mark.parametrize("faults", [{"loss": True}, {"delay": False}, [("loss", 0.1)]])
+def test_a_set_faults_request_with_a_boolean_or_no_map_is_refused(faults: Any) -> None:
+    """A boolean is no probability (``loss=True`` was taken as 1.0 through set_faults)."""
+    with pytest.raises(ValueError, match=r"not a boolean|must be a map"):
+        faults_from_request(faults)
+    assert faults_from_request({"loss": 0.1, "seed": 3}) == LinkFaults(loss=0.1, seed=3)
