@@ -3,7 +3,7 @@
 Each command group is a module that registers its commands (:mod:`rocev2_emu.cli.commands`):
 :mod:`~rocev2_emu.cli.demo` (``demo``), :mod:`~rocev2_emu.cli.perftest` (``write-bw``,
 ``write-lat``, ``send-bw``, ``read-bw``), :mod:`~rocev2_emu.cli.fabric` (``up``, ``node``,
-``link``, ``stop``, ``topology``, ``compose``), :mod:`~rocev2_emu.cli.scenario` and
+``link``, ``stop``, ``topology``, ``compose``, ``secret``), :mod:`~rocev2_emu.cli.scenario` and
 :mod:`~rocev2_emu.cli.bench`.  Installed plugins (the ``rocev2_emu.plugins`` entry points:
 the collectives) register theirs before the parser is built.  Every figure printed is in
 emulated units and states the TDF it ran at.
@@ -39,6 +39,7 @@ _ORDER = [
     "stop",
     "topology",
     "compose",
+    "secret",
     "scenario",
     "bench",
 ]

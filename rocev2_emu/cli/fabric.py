@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import pwd
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -220,6 +223,34 @@ def _compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="the secret file (made, mode 0600, when it does not exist)")
+    p.add_argument(
+        "--share",
+        metavar="PATH",
+        help="also write the secret to PATH, for --user (the testbed's secret service does)",
+    )
+    p.add_argument("--user", default="rocev2", help="who may read the --share copy (rocev2)")
+
+
+def _secret(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        secret, made = auth.ensure(path)
+        if args.share:
+            try:
+                who = pwd.getpwnam(args.user)
+            except KeyError:
+                raise auth.AuthError(f"--user {args.user}: no such user") from None
+            auth.share(secret, Path(args.share), who.pw_uid, who.pw_gid)
+    except (OSError, auth.AuthError) as exc:
+        print(f"rocev2-emu secret: {exc}", file=sys.stderr)
+        return 1
+    print(f"fabric secret: {'made' if made else 'kept'} {path}", end="")
+    print(f", shared at {args.share} for {args.user}" if args.share else "")
+    return 0
+
+
 register(
     Command(
         "up",
@@ -239,6 +270,14 @@ register(
         "write the docker-compose testbed (and Prometheus config) for a topology",
         _compose_args,
         _compose,
+    )
+)
+register(
+    Command(
+        "secret",
+        "make a fabric's control-plane secret file if it has none (the testbed's secret service)",
+        _secret_args,
+        _secret,
     )
 )
 register(

@@ -26,10 +26,14 @@ Writes, under ``--out`` (default ``.``):
 * ``deploy/grafana/`` - the datasource (fixed uid) and the three dashboards of
   :mod:`rocev2_emu.fabric.dashboards`, the same for every topology.
 * ``deploy/fabric.secret`` - the fabric's control-plane secret (:mod:`rocev2_emu.runtime.auth`,
-  mode 0600, never checked in), made once and kept when the files are written again.  Every
-  node and the job read it as their ``env_file`` (compose reads it on this machine, so the
-  containers' user needs no access to the file); the host's ``rocev2-emu link
-  deploy/topology.toml ...`` finds it beside the topology.
+  mode 0600, never checked in), made once and kept when the files are written again.  The
+  containers never read it themselves: a one-shot ``secret`` service (``rocev2-emu secret``,
+  run as root with ``deploy/`` mounted) makes it when the checkout has none - a fresh clone
+  starts with ``docker-compose up`` as it is - and copies it into the named volume ``secret``
+  for the image's user; every node and the job wait for that service
+  (``condition: service_completed_successfully``, docker-compose 1.29 and v2) and find the
+  copy through ``ROCEV2_EMU_SECRET_FILE``.  No secret in git, in argv or in the environment;
+  the host's ``rocev2-emu link deploy/topology.toml ...`` finds it beside the topology.
 
 The checked-in files at the repository root are this module's output for the
 shipped leaf-spine; a test fails when they drift.
@@ -89,6 +93,8 @@ TRAIN_COMPUTE_MS = 0.2  # the modelled accelerator compute per step (docs/pytorc
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 GRAFANA_IMAGE = "grafana/grafana:11.1.0"
 TOPOLOGY_IN_CONTAINER = "/etc/rocev2-emu/topology.toml"
+SECRET_DIR = "/run/rocev2-emu"  # the named volume ``secret``: the containers' copy
+SECRET_IN_CONTAINER = f"{SECRET_DIR}/{auth.BESIDE_TOPOLOGY}"
 JOB_COMMAND = ["bench", "all-reduce", "--attach", "--topology", TOPOLOGY_IN_CONTAINER]
 JOB_COMMAND += ["-b", "1K", "-e", "4M", "-f", "4", "-n", "5", "-w", "1"]
 
@@ -101,15 +107,47 @@ def _list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{x}"' for x in items) + "]"
 
 
+def _secret_service() -> list[str]:
+    """The one-shot service every other one waits for: it makes ``deploy/fabric.secret`` when
+    the checkout has none (a fresh clone; owned by whoever owns ``deploy/``) and copies it into
+    the volume ``secret``, readable by the image's user only."""
+    command = ["secret", f"/deploy/{auth.BESIDE_TOPOLOGY}", "--share", SECRET_IN_CONTAINER]
+    return [
+        "  secret:",
+        f"    image: {IMAGE}",
+        "    user: root",
+        f"    command: {_list(command)}",
+        "    volumes:",
+        "      - ./deploy:/deploy",
+        f"      - secret:{SECRET_DIR}",
+        "    healthcheck:",
+        "      disable: true",
+        "    network_mode: none",
+    ]
+
+
+def _with_secret() -> list[str]:
+    """What a service needs to prove the secret: the volume, the variable naming the file,
+    and the secret service done first (followed by the service's other dependencies)."""
+    return [
+        "    environment:",
+        f"      - {auth.ENV_FILE}={SECRET_IN_CONTAINER}",
+        "    volumes:",
+        f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
+        f"      - secret:{SECRET_DIR}:ro",
+        "    depends_on:",
+        "      secret:",
+        "        condition: service_completed_successfully",
+    ]
+
+
 def _node_service(node: Node) -> list[str]:
     command = ["node", TOPOLOGY_IN_CONTAINER, node.name, "--metrics-addr", "0.0.0.0"]
     return [
         f"  {node.name}:",
         f"    image: {IMAGE}",
         f"    command: {_list(command)}",
-        "    env_file: ./deploy/fabric.secret",
-        "    volumes:",
-        f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
+        *_with_secret(),
         "    networks:",
         "      fabric:",
         f"        ipv4_address: {node.address}",
@@ -164,6 +202,8 @@ def _monitoring(extra: dict[str, ipaddress.IPv4Address], subnet: str) -> list[st
         "    ipam:",
         "      config:",
         f"        - subnet: {ipaddress.IPv4Network(subnet)}",
+        "volumes:",
+        "  secret: {}",
         "",
     ]
 
@@ -179,6 +219,7 @@ def compose_file(topo: Topology, source: str, subnet: str) -> str:
         "#   docker build -t rocev2-emu:latest .",
         "# docker-compose.training.yml: the same fabric training a PyTorch model instead.",
         "services:",
+        *_secret_service(),
     ]
     for node in topo.nodes.values():
         out += _node_service(node)
@@ -186,10 +227,7 @@ def compose_file(topo: Topology, source: str, subnet: str) -> str:
         "  job:",
         f"    image: {IMAGE}",
         f"    command: {_list(JOB_COMMAND)}",
-        "    env_file: ./deploy/fabric.secret",
-        "    volumes:",
-        f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
-        "    depends_on:",
+        *_with_secret(),
     ]
     for node in topo.nodes.values():
         out += [f"      {node.name}:", "        condition: service_healthy"]
@@ -218,6 +256,7 @@ def training_file(topo: Topology, source: str, subnet: str) -> str:
         "# node image, then:",
         "#   docker-compose -f docker-compose.training.yml up",
         "services:",
+        *_secret_service(),
     ]
     switches = [n for n in topo.nodes.values() if n.kind == "switch"]
     for node in switches:
@@ -232,10 +271,7 @@ def training_file(topo: Topology, source: str, subnet: str) -> str:
             "      context: ./deploy/torch",
             f"    image: {TORCH_IMAGE}",
             f"    command: {_list(command)}",
-            "    env_file: ./deploy/fabric.secret",
-            "    volumes:",
-            f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
-            "    depends_on:",
+            *_with_secret(),
             *[f"      {sw.name}:\n        condition: service_healthy" for sw in switches],
             "    healthcheck:",
             "      disable: true",

@@ -106,6 +106,33 @@ def write(path: Path, secret: bytes, *, exclusive: bool = False) -> None:
         f.write(f"{ENV}={secret.hex()}\n")
 
 
+def ensure(path: Path) -> tuple[bytes, bool]:
+    """The secret in ``path``, made there if the file does not exist (owned by whoever owns
+    its directory, so that a file a container makes in a bind-mounted directory belongs to the
+    user who mounted it): (secret, whether it was made)."""
+    try:
+        return read(path), False
+    except FileNotFoundError:
+        pass
+    secret = new()
+    try:
+        write(path, secret, exclusive=True)
+    except FileExistsError:  # made a moment ago by someone else
+        return read(path), False
+    owner = path.parent.stat()
+    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+        os.chown(path, owner.st_uid, owner.st_gid)
+    return secret, True
+
+
+def share(secret: bytes, path: Path, uid: int, gid: int) -> None:
+    """Write ``secret`` to ``path`` (mode 0600) for the user ``uid``: the copy a container's
+    unprivileged user reads through ``ROCEV2_EMU_SECRET_FILE``."""
+    write(path, secret)
+    if os.geteuid() == 0:
+        os.chown(path, uid, gid)
+
+
 def from_env() -> bytes | None:
     if value := os.environ.get(ENV):
         return parse(value, f"${ENV}")

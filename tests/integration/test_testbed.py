@@ -60,8 +60,9 @@ def _compose(
 
 @pytest.fixture(scope="module", autouse=True)
 def testbed_secret() -> Iterator[bytes]:
-    """deploy/fabric.secret, as ``rocev2-emu compose`` makes it (kept if there is one): every
-    container reads it as its env_file, the host's ``rocev2-emu link`` beside the topology."""
+    """deploy/fabric.secret, as ``rocev2-emu compose`` makes it (kept if there is one): the
+    testbed's secret service copies it for the containers, the host's ``rocev2-emu link``
+    finds it beside the topology."""
     path = ROOT / "deploy" / auth.BESIDE_TOPOLOGY
     made = not path.exists()
     if made:
@@ -96,6 +97,7 @@ def image() -> str:
     return "rocev2-emu:latest"
 
 
+@pytest.mark.timeout(900)  # the first test of the module builds the image (compiles the cores)
 def test_the_image_runs_the_compiled_cores(image: str) -> None:
     version = _run("docker", "run", "--rm", image, "--version", timeout=120)
     assert "cores: compiled (mypyc " in version.stdout, version.stdout + version.stderr
@@ -213,6 +215,67 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         assert set(modes.values()) == {"gso+gro"}, modes
     finally:
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_fresh_clone_starts_without_a_secret_file(image: str) -> None:
+    """docker-compose.yml as a fresh clone has it, with no deploy/fabric.secret: compose reads
+    the file, the one-shot secret service makes the secret (mode 0600, beside the topology),
+    the nodes start with its copy, and the host's ``rocev2-emu link`` proves the same secret
+    to them."""
+    where = Path(tempfile.mkdtemp(prefix="fresh-clone-"))
+    tracked = _run("git", "ls-files", "docker-compose.yml", "deploy").stdout.split()
+    assert "docker-compose.yml" in tracked and "deploy/topology.toml" in tracked, tracked
+    for rel in tracked:
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / rel, where / rel)
+    secret = where / "deploy" / auth.BESIDE_TOPOLOGY
+    assert not secret.exists()
+
+    def compose(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker-compose", "-p", "rocev2fresh", *argv],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=check,
+        )
+
+    names = [sw.name for sw in load(where / "deploy" / "topology.toml").switches]  # link's peers
+    try:
+        config = compose("config", "-q", check=False)
+        assert config.returncode == 0, config.stderr[-2000:]
+        started = compose("up", "-d", *names, check=False)
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        deadline = time.monotonic() + 120
+        while True:
+            ids = compose("ps", "-q", *names).stdout.split()
+            states = [
+                _run("docker", "inspect", "-f", "{{.State.Health.Status}}", c).stdout.strip()
+                for c in ids
+            ]
+            if len(states) == len(names) and all(st == "healthy" for st in states):
+                break
+            assert time.monotonic() < deadline, f"not healthy within 120 s: {states}"
+            time.sleep(1)
+        assert secret.stat().st_mode & 0o777 == 0o600
+        made = auth.read(secret)
+        assert made != auth.read(ROOT / "deploy" / auth.BESIDE_TOPOLOGY)  # its own, not ours
+        topology = str(where / "deploy" / "topology.toml")
+        link = [sys.executable, "-m", "rocev2_emu", "link", topology, "leaf0", "spine0"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(auth.ENV)}
+        down = subprocess.run(
+            [*link, "down"], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+        assert "is down" in down.stdout, down.stdout + down.stderr
+        # the secret service ran again on a second start and kept the secret it made
+        again = compose("run", "--rm", "secret")
+        assert "fabric secret: kept /deploy/fabric.secret" in again.stdout, again.stdout
+        assert auth.read(secret) == made
+    finally:
+        compose("down", "-v", "--remove-orphans", check=False)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 TRAINING = "rocev2train"  # the training testbed's own compose project (one at a time)

@@ -65,17 +65,36 @@ def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_
     monkeypatch.delenv(auth.ENV, raising=False)
     monkeypatch.delenv(auth.ENV_FILE, raising=False)
     assert auth.load(str(tmp_path / "deploy" / "topology.toml")) == secret
-    for name, text in (
-        ("docker-compose.yml", (ROOT / "docker-compose.yml").read_text()),
-        ("deploy/docker-stack.yml", (ROOT / "deploy" / "docker-stack.yml").read_text()),
+    topo = load(ROOT / "deploy" / "topology.toml")
+    # the stack file (swarm) reads the file as its env_file; the compose files read a copy
+    # the secret service makes, and wait for it
+    stack = (ROOT / "deploy" / "docker-stack.yml").read_text()
+    for service in [*topo.nodes, "job"]:
+        block = re.search(rf"\n  {service}:\n((?:    .*\n)*)", stack)
+        assert block is not None, service
+        assert f"    env_file: ./{auth.BESIDE_TOPOLOGY}\n" in block.group(1), service
+    for name, services in (
+        ("docker-compose.yml", [*topo.nodes, "job"]),
+        ("docker-compose.training.yml", list(topo.nodes)),
     ):
-        topo = load(ROOT / "deploy" / "topology.toml")
-        services = [*topo.nodes, "job"]
+        text = (ROOT / name).read_text()
+        assert "env_file" not in text, name  # a fresh clone has no secret file to read
+        maker = re.search(r"\n  secret:\n((?:    .*\n)*)", text)
+        assert maker is not None, name
+        assert "    user: root\n" in maker.group(1)
+        assert '"secret", "/deploy/fabric.secret", "--share"' in maker.group(1)
+        assert "      - ./deploy:/deploy\n" in maker.group(1)
         for service in services:
             block = re.search(rf"\n  {service}:\n((?:    .*\n)*)", text)
             assert block is not None, (name, service)
-            assert "    env_file: ./" in block.group(1), (name, service)
-            assert "fabric.secret" in block.group(1), (name, service)
+            body = block.group(1)
+            assert f"      - {auth.ENV_FILE}=/run/rocev2-emu/fabric.secret\n" in body
+            assert "      - secret:/run/rocev2-emu:ro\n" in body, (name, service)
+            assert (
+                "    depends_on:\n      secret:\n        condition: service_completed_successfully"
+                in body
+            ), (name, service)
+        assert text.endswith("volumes:\n  secret: {}\n"), name
 
 
 def test_dashboards_name_the_fixed_datasource_and_set_units() -> None:
@@ -128,6 +147,6 @@ def test_the_default_compose_path_pulls_nothing() -> None:
         built = "    build:" in block or image.group(1) == "rocev2-emu:latest"
         assert built, f"{name} would be pulled: {image.group(1)}"
         checked += 1
-    assert checked == 16  # 14 nodes, the job, Prometheus
+    assert checked == 17  # the secret service, 14 nodes, the job, Prometheus
     dockerfile = (ROOT / "deploy" / "prometheus" / "Dockerfile").read_text()
     assert "apt-get install" in dockerfile and "prometheus" in dockerfile

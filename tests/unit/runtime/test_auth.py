@@ -5,6 +5,7 @@ client side is told why it was refused."""
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,37 @@ def test_a_secret_file_others_can_read_is_refused(tmp_path: Path) -> None:
         auth.read(path)
     with pytest.raises(auth.AuthError, match="not a fabric secret"):
         auth.parse("ROCEV2_EMU_SECRET=abc", "x")
+
+
+def test_ensure_makes_a_secret_file_once_and_share_copies_it(tmp_path: Path) -> None:
+    path = tmp_path / "deploy" / auth.BESIDE_TOPOLOGY
+    path.parent.mkdir()
+    made, created = auth.ensure(path)
+    assert created and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert auth.ensure(path) == (made, False)  # kept, not replaced
+    copy = tmp_path / "volume" / "fabric.secret"
+    copy.parent.mkdir()
+    auth.share(made, copy, os.getuid(), os.getgid())
+    assert auth.read(copy) == made and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    path.chmod(0o644)
+    with pytest.raises(auth.AuthError, match="must be private"):
+        auth.ensure(path)  # a file others can read is refused, not trusted
+
+
+def test_the_secret_command_makes_shares_and_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rocev2_emu.cli import main
+
+    path, copy = tmp_path / auth.BESIDE_TOPOLOGY, tmp_path / "copy.secret"
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert main(["secret", str(path), "--share", str(copy), "--user", me]) == 0
+    assert capsys.readouterr().out == f"fabric secret: made {path}, shared at {copy} for {me}\n"
+    assert auth.read(copy) == auth.read(path)
+    assert main(["secret", str(path)]) == 0
+    assert capsys.readouterr().out == f"fabric secret: kept {path}\n"
+    assert main(["secret", str(path), "--share", str(copy), "--user", "no-such-user-x"]) == 1
+    assert capsys.readouterr().err == "rocev2-emu secret: --user no-such-user-x: no such user\n"
 
 
 def test_a_run_directory_others_can_enter_is_refused(tmp_path: Path) -> None:
