@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +34,17 @@ def require_tool(name: str, install: str) -> str:
             pytest.fail(message + "; .ci/run installs it", pytrace=False)
         pytest.skip(message)
     return path
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path) -> None:
+    """``path`` is a PNG image of a plot: the signature, an IHDR chunk with a real size, and
+    more than a blank canvas's bytes (matplotlib is the ``plot`` extra, in the test install)."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path}: not a PNG"
+    assert data[12:16] == b"IHDR", f"{path}: no IHDR chunk"
+    width, height = struct.unpack("!II", data[16:24])
+    assert width >= 400 and height >= 200, (path, width, height)
+    assert len(data) > 20_000, f"{path}: {len(data)} bytes, an empty figure?"

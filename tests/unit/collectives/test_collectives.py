@@ -29,6 +29,7 @@ from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime import auth
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.wire.roce import rxe_udp_sport
+from tests.conftest import assert_png
 
 
 def fabric(spines: int, leaves: int, per_leaf: int, ranks: int, **edits: Any) -> Topology:
@@ -99,6 +100,7 @@ def test_bench_patterns_and_expected_values() -> None:
     assert set(pattern(1, 20, np.dtype(np.int32), "prod").tolist()) == {1, 2}
 
 
+@pytest.mark.slow
 def test_every_op_and_dtype_on_16_ranks() -> None:
     topo = fabric(2, 4, 2, 2)  # 8 hosts x 2 ranks; hierarchical runs too
     results, _ = run_virtual(topo, "check", {"sizes": [17]})
@@ -106,6 +108,7 @@ def test_every_op_and_dtype_on_16_ranks() -> None:
     assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
 
 
+@pytest.mark.slow
 def test_awkward_sizes_on_16_ranks() -> None:
     topo = fabric(2, 4, 2, 2)
     params = {"sizes": [0, 1, 1000], "dtypes": ["float32", "int64"], "ops": ["sum", "avg", "min"]}
@@ -143,6 +146,7 @@ def test_the_hierarchy_comes_from_the_topology_and_skips_single_member_levels() 
     )
 
 
+@pytest.mark.slow
 def test_hierarchical_all_reduce_by_rack_and_pod_on_a_fat_tree() -> None:
     topo = parse(tomllib.loads(fat_tree(4)), "ft.toml")  # 16 hosts, 8 racks, 4 pods
     params = {
@@ -188,6 +192,7 @@ async def links_qps(comm: Communicator, params: dict[str, Any]) -> list[list[int
     ]
 
 
+@pytest.mark.slow
 def test_qps_per_connection_stripes_every_link_and_every_operation_stays_exact() -> None:
     topo = fabric(2, 4, 2, 2)  # 16 ranks: links in shared memory and over RDMA
     results, _ = run_virtual(topo, "links_qps", {"qps_per_connection": 3})
@@ -235,6 +240,7 @@ def test_receiver_grants_on_their_own_high_priority_qp_keep_every_operation_exac
         comm_options(topo, {"grant_dscp": 99})
 
 
+@pytest.mark.slow
 def test_all_to_all_v_and_point_to_point_on_64_ranks() -> None:
     topo = fabric(2, 4, 4, 4)  # 16 hosts x 4 ranks: pairs in shared memory and across spines
     params = {"sizes": [3], "dtypes": ["int32"], "collectives": ["p2p"], "slot_bytes": 4096}
@@ -378,6 +384,7 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
 
 # three 40-iteration virtual runs of a 22-node fabric: about 115 s on an idle core here, so
 # well past the default per-test timeout on a busy machine (a hang still ends the test)
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) -> None:
     from collectives.plugin import register
@@ -385,6 +392,7 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
 
     register()  # what the CLI does through the rocev2_emu.plugins entry point
     assert harness.main("straggler", seed=1, out=str(tmp_path), virtual=True) == 0
+    assert_png(tmp_path / "straggler.png")
     data = json.loads((tmp_path / "straggler.json").read_text())
     quiet, pfc, both = data["runs"]
     assert len(quiet["times"]) == 40 and pfc["fabric"]["pfc_tx"] > 0
@@ -419,6 +427,7 @@ def test_straggler_topology_keeps_the_leaf_spine_and_scales_to_a_fat_tree() -> N
 
 
 # three 4-iteration virtual runs of a k = 4 fat-tree (16 ranks, 27 nodes): ~10 s here
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_straggler_at_scale_takes_a_topology_iterations_and_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -442,6 +451,7 @@ def test_straggler_at_scale_takes_a_topology_iterations_and_size(
 
 # ten virtual runs of a 40-node fabric, five of them an 8 MiB ring over 32 ranks: a few
 # minutes here, so past the default per-test timeout (a hang still ends the test)
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
     tmp_path: Path,
@@ -451,6 +461,7 @@ def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
 
     register()
     assert harness.main("ecmp-entropy", seed=1, out=str(tmp_path), virtual=True) == 0
+    assert_png(tmp_path / "ecmp-entropy.png")
     rows = json.loads((tmp_path / "ecmp-entropy.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
     assert len(rows) == 10 and all(r["wrong"] == 0 for r in rows)
@@ -471,6 +482,7 @@ def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
 
 
 # eight virtual runs of a 40-node fabric: a couple of minutes here
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
     from collectives.plugin import register
@@ -478,6 +490,7 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
 
     register()
     assert harness.main("admission", seed=1, out=str(tmp_path), virtual=True) == 0
+    assert_png(tmp_path / "admission.png")
     rows = json.loads((tmp_path / "admission.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
     assert len(rows) == 8 and all(r["wrong"] == 0 and r["drops"] == 0 for r in rows)
@@ -488,6 +501,7 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
 
 
 # four virtual runs of 41- and 44-node fabrics, six 1 MiB all-reduces each
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_spine_failure_loses_no_byte_and_spare_spines_cost_less(tmp_path: Path) -> None:
     from collectives.plugin import register
@@ -495,6 +509,7 @@ def test_spine_failure_loses_no_byte_and_spare_spines_cost_less(tmp_path: Path) 
 
     register()
     assert harness.main("spine-failure", seed=1, out=str(tmp_path), virtual=True) == 0
+    assert_png(tmp_path / "spine-failure.png")
     spare, tight = json.loads((tmp_path / "spine-failure.json").read_text())["runs"]
     assert spare["spines"] == 9 and tight["spines"] == 8
     for r in (spare, tight):

@@ -15,7 +15,9 @@ from rocev2_emu.experiments import (
     pfc_unfairness,
     victim_flow,
 )
+from rocev2_emu.experiments.plots import plot_runs
 from rocev2_emu.fabric.topogen import fat_tree
+from tests.conftest import assert_png
 
 
 def test_incast_scenario_checks_pass_and_results_are_written(
@@ -35,6 +37,7 @@ def test_incast_scenario_checks_pass_and_results_are_written(
     assert both["fabric"]["cnps_sent"] > 0
     assert all(r["verified"] for run in data["runs"] for r in run["results"])
     assert len(lossy["times"]) == len(lossy["queue"]) > 10  # the time series was sampled
+    assert_png(tmp_path / "incast.png")  # the plot extra is part of the test install
 
 
 def test_incast_at_scale_on_a_fat_tree_file(
@@ -80,17 +83,21 @@ def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     assert "unknown scenario" in capsys.readouterr().err
 
 
-def test_pfc_unfairness_checks_pass() -> None:
+def test_pfc_unfairness_checks_pass(tmp_path: Path) -> None:
     runs, lines, ok = pfc_unfairness.pfc_unfairness(1, size=12 << 20)
     assert ok, lines
+    assert plot_runs("pfc-unfairness", runs, tmp_path / "pfc-unfairness.png")
+    assert_png(tmp_path / "pfc-unfairness.png")
     pfc_shares = harness.steady_shares(runs[0])
     assert pfc_shares[0] == pytest.approx(50, rel=0.1)  # C/2 for the lone sender
     assert all(x == pytest.approx(100 / 6, rel=0.15) for x in pfc_shares[1:])  # C/6 each
 
 
-def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim() -> None:
+def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim(tmp_path: Path) -> None:
     runs, lines, ok = victim_flow.victim_flow(1)
     assert ok, lines
+    assert plot_runs("victim-flow", runs, tmp_path / "victim-flow.png")
+    assert_png(tmp_path / "victim-flow.png")
     pfc, both = runs
     assert {"spine", "leaf1", "leaf2"} <= set(pfc.fabric["pfc_senders"])  # three switches
     assert both.fabric["cnps_sent"] > 0
@@ -98,9 +105,11 @@ def test_victim_flow_pfc_spreads_and_dcqcn_restores_the_victim() -> None:
     assert victim.dst == "w" and victim.verified
 
 
-def test_fairness_flows_converge_to_fair_shares_and_recover() -> None:
+def test_fairness_flows_converge_to_fair_shares_and_recover(tmp_path: Path) -> None:
     runs, lines, ok = fairness.fairness(1)
     assert ok, lines
+    assert plot_runs("fairness", runs, tmp_path / "fairness.png")
+    assert_png(tmp_path / "fairness.png")
     (run,) = runs
     assert [r.start for r in run.results] == pytest.approx([0.0, 5e-3, 10e-3, 15e-3])
     ends = [r.start + r.fct for r in run.results]
@@ -112,3 +121,5 @@ def test_fluid_model_queue_matches_the_fixed_point(tmp_path: Path) -> None:
     assert ok, lines
     assert all(run.queue_reference for run in runs)
     assert sum("check: queue within 20 %" in line for line in lines) == 2
+    assert plot_runs("fluid-model", runs, tmp_path / "fluid-model.png")
+    assert_png(tmp_path / "fluid-model.png")

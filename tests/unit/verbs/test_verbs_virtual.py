@@ -152,3 +152,54 @@ async def test_api_misuse_is_a_local_error(autojump_clock: trio.testing.MockCloc
         mr.close()
         with pytest.raises(LocalVerbsError, match="already"):
             mr.close()
+
+
+@pytest.mark.parametrize(
+    ("hold", "naks_per_reordered"),
+    [(5e-6, 1), (0.5e-6, 2)],  # held longer than the NAK's round trip (2 us), and shorter
+)
+async def test_go_back_n_restarts_once_per_sequence_error_episode_under_reordering(
+    autojump_clock: trio.testing.MockClock, hold: float, naks_per_reordered: int
+) -> None:
+    """A 4 MiB WRITE (4 096 packets at MTU 1024) over a 100 Gbit/s link that holds 1 % of its
+    frames back: each held frame opens one sequence-error episode (one NAK, one restart of
+    the window at the NAK'd PSN) - two when it arrives before the NAK's round trip ends (the
+    late frame closes the first episode; the frames the responder dropped during it open a
+    second, IBTA-conformant) - and each costs go-back-N about one bandwidth-delay product of
+    resent packets (23 at a 2 us round trip), never a restart per dropped packet nor an ACK
+    timeout.  docs/architecture.md, "Recovery under reordering", has the figures."""
+    net = MemoryNetwork()
+    n = 4 << 20
+    cfg = dict(link_gbps=100.0, tdf=1.0)
+    faults = LinkFaults(reorder=0.01, reorder_hold=hold, delay=1e-6, seed=1)
+    async with (
+        Context.open(
+            DeviceConfig(bind=A[0], faults=faults, **cfg),  # type: ignore[arg-type]
+            port=net.port(A, B),
+        ) as a,
+        Context.open(
+            DeviceConfig(bind=B[0], faults=LinkFaults(delay=1e-6), **cfg),  # type: ignore[arg-type]
+            port=net.port(B, A),
+        ) as b,
+    ):
+        src = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+        dst = np.zeros(n, dtype=np.uint8)
+        pa, pb = PD(a), PD(b)
+        ma, mb = MR(pa, src, RW), MR(pb, dst, RW)
+        ca = CQ(a)
+        qa, qb = QP(pa, ca), QP(pb, CQ(b))
+        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid), path_mtu=1024, timeout=14)
+        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid), path_mtu=1024, timeout=14)
+        sges = [Sge(ma.addr, n, ma.lkey)]
+        wr = SendWR(1, WrOpcode.RDMA_WRITE, sges, remote_addr=mb.addr, rkey=mb.rkey)
+        qa.post_send([wr])
+        (wc,) = await collect(ca, 1)
+        assert wc.status is WcStatus.SUCCESS and np.array_equal(src, dst)
+        link = a.driver.link
+        assert link is not None
+        held, req = link.reordered, qa.qp.counters
+        assert 50 <= held <= 80  # 1 % of the ~5 300 frames sent, resends included
+        assert req.local_ack_timeout_err == 0
+        assert held / 2 <= req.packet_seq_err <= naks_per_reordered * held
+        assert req.retransmitted_packets <= 24 * held  # one BDP per held frame, at most
+        assert qb.qp.counters.out_of_sequence > 10 * req.packet_seq_err  # dropped, not NAK'd
