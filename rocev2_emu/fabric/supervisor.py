@@ -11,8 +11,10 @@ crashes (``rocev2-emu stop``), as a real fabric would.  ``rocev2-emu up`` is :fu
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.sync import Coordinator, SyncError
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 READY_TIMEOUT = 60.0
 
@@ -141,6 +144,28 @@ async def _wait_ready(
     return ready
 
 
+class FabricBusy(RuntimeError):
+    """A node's address is taken: a fabric on the same addresses runs already."""
+
+
+def refuse_taken(topo: Topology, topo_path: str, names: Collection[str]) -> None:
+    """Before any node starts: every node's link port (UDP ``LINK_UDP_PORT`` on its address)
+    must be free; else FabricBusy, one line naming the first address taken - a second ``up``
+    of a running fabric is refused before it starts anything."""
+    for name in names:
+        address = topo.nodes[name].address
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind((address, LINK_UDP_PORT))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                raise FabricBusy(
+                    f"{address}:{LINK_UDP_PORT} ({name} of {topo_path}) is in use: a fabric on "
+                    "these addresses is running already; end it first (Ctrl-C where it runs)"
+                ) from None
+
+
 async def _supervise(
     topo: Topology,
     topo_path: str,
@@ -155,6 +180,7 @@ async def _supervise(
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
     (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
     ``coordinator``: an exact run - it is served here and every node synchronises with it."""
+    refuse_taken(topo, topo_path, [n for n in topo.nodes if only is None or n in only])
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()
