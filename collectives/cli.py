@@ -26,7 +26,7 @@ from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import load, parse, resolve_names
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -263,7 +263,9 @@ def main(which: str, args: BenchOptions) -> int:
     lines, wrong = bench.table(coll, params, results)
     print("#")
     upper = {  # switches with no host below them: spines, aggregation, cores
-        s.name for s in topo.switches if all(topo.nodes[p].kind == "switch" for _, p in s.ports)
+        s.name
+        for s in topo.switches
+        if all(topo.nodes[p].kind is NodeKind.SWITCH for _, p in s.ports)
     }
     for line in lines + bench.fabric_summary(fabric, upper):
         print(line)

@@ -36,7 +36,7 @@ from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
 from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import parse
 
 SETTINGS = (  # name, [fabric] ecmp, QPs per connection
@@ -83,7 +83,7 @@ def spine_loads(topo: Topology, port_tx: dict[str, list[int]]) -> list[int]:
         port_tx[sw.name][k]
         for sw in topo.switches
         for k, (_, peer) in enumerate(sw.ports)
-        if topo.nodes[peer].kind == "switch"
+        if topo.nodes[peer].kind is NodeKind.SWITCH
     ]
 
 

@@ -38,7 +38,7 @@ from collectives.store import Store, TcpStore, VirtualStore, exact_store
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.virtual import (
     Watcher,
     fabric_quiet,
@@ -57,7 +57,9 @@ def places_for(topo: Topology) -> list[RankPlace]:
     for host in topo.hosts:
         _, leaf = topo.host_link(host.name)
         above = frozenset(
-            peer for _, peer in topo.nodes[leaf.name].ports if topo.nodes[peer].kind == "switch"
+            peer
+            for _, peer in topo.nodes[leaf.name].ports
+            if topo.nodes[peer].kind is NodeKind.SWITCH
         )
         pod = pods.setdefault(above, f"pod{len(pods)}")
         for local in range(host.ranks):

@@ -35,7 +35,7 @@ from rocev2_emu.fabric.exact import Coordinator, quiet_stats
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_exact, run_processes
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.verbs import OobChannel, fabric_secret
 
@@ -114,7 +114,7 @@ class CollectiveJob:
         self.dead.add(name)
         if name in self.died:
             self.died[name].set()
-        if self.topo is None or self.topo.nodes[name].kind != "host":
+        if self.topo is None or self.topo.nodes[name].kind is not NodeKind.HOST:
             return False  # a switch: the fabric is broken, stop
         ranks = [p.rank for p in places_for(self.topo) if p.host == name]
         await self.server.store.set(

@@ -46,7 +46,7 @@ from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_processes
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import load
 from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
 
@@ -208,7 +208,7 @@ class RankLauncher:
         """The switches' counters (the ranks' hosts are gone with their processes)."""
         stats = {}
         for node in topo.nodes.values():
-            if node.kind == "switch":
+            if node.kind is NodeKind.SWITCH:
                 with trio.move_on_after(10):
                     stats[node.name] = await control(node.address, {"cmd": "stats"})
         return merge_stats(stats)
@@ -320,7 +320,7 @@ def launch(
         if ui is not None:
             raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
         return trio.run(run_one_rank, job, topo, host, tdf, job_id)
-    switches = [n.name for n in topo.nodes.values() if n.kind == "switch"]
+    switches = [n.name for n in topo.nodes.values() if n.kind is NodeKind.SWITCH]
     print(
         f"# rocev2-emu launch: {len(job.hosts(topo))} ranks on {topo.name} "
         f"({len(switches)} switch processes) at TDF {tdf:g}, job {job.job}",

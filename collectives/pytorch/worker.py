@@ -35,7 +35,7 @@ from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import load
 from rocev2_emu.verbs import Context
 
@@ -180,7 +180,7 @@ class FabricWorker:
         assert self._ctx is not None
         stats = {self.env.host: host_stats(self._ctx)}
         for node in self.env.topo.nodes.values():
-            if node.kind == "switch":
+            if node.kind is NodeKind.SWITCH:
                 with trio.move_on_after(10):
                     stats[node.name] = await control(node.address, {"cmd": "stats"})
         return merge_stats(stats)

@@ -48,7 +48,7 @@ from typing import Any
 
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Node, Topology
+from rocev2_emu.fabric.topology import Node, NodeKind, Topology
 from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime import auth
 
@@ -258,7 +258,7 @@ def training_file(topo: Topology, source: str, subnet: str) -> str:
         "services:",
         *_secret_service(),
     ]
-    switches = [n for n in topo.nodes.values() if n.kind == "switch"]
+    switches = [n for n in topo.nodes.values() if n.kind is NodeKind.SWITCH]
     for node in switches:
         out += _node_service(node)
     for host in topo.hosts:

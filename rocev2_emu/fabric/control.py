@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from rocev2_emu.fabric.agent import CONTROL_PORT
-from rocev2_emu.fabric.topology import Link, Topology, TopologyError
+from rocev2_emu.fabric.topology import Link, NodeKind, Topology, TopologyError
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.link import faults_from_request
 from rocev2_emu.verbs.oob import OobChannel, OobError
@@ -103,7 +103,7 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
     for link in links:
         (down.discard if up else down.add)(link.index)
         for end in (link.a, link.b):
-            if topo.nodes[end].kind == "switch":
+            if topo.nodes[end].kind is NodeKind.SWITCH:
                 msg = {"cmd": "set_link", "port": _port_of(topo, end, link), "up": up}
                 await control(topo.nodes[end].address, msg)
     for sw in topo.switches:  # routing converges around the failure
@@ -133,7 +133,7 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
     faults_from_request(settings)  # validate before touching the fabric
     for end in (a, b):
         msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
-        if topo.nodes[end].kind == "switch":
+        if topo.nodes[end].kind is NodeKind.SWITCH:
             msg["port"] = _port_of(topo, end, link)
         reply = await control(topo.nodes[end].address, msg)
         if "error" in reply:

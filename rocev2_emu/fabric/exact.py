@@ -27,7 +27,7 @@ from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.services import HOST_SERVICES
-from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime import auth
@@ -124,7 +124,7 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
     async with trio.open_nursery() as nursery:
         local: Node
         clock = DilatedClock(1.0)
-        if node.kind == "switch":
+        if node.kind is NodeKind.SWITCH:
             core = SwitchCore(topo.switch_config(name))
             switch = EngineSwitch(core, engine, clock, (address, LINK_UDP_PORT))
             local = switch.node

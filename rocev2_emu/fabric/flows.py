@@ -17,7 +17,7 @@ import trio
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.verbs.oob import OobChannel
@@ -49,7 +49,7 @@ def load_flows(path: str | Path, topo: Topology) -> list[FlowSpec]:
             raise TopologyError(f"{where}: unknown key(s) {extra} (known: {sorted(FLOW_KEYS)})")
         for end in ("src", "dst"):
             node = topo.nodes.get(item.get(end, ""))
-            if node is None or node.kind != "host":
+            if node is None or node.kind is not NodeKind.HOST:
                 raise TopologyError(f"{where} {end} = {item.get(end)!r}: no such host")
         if item["src"] == item["dst"]:
             raise TopologyError(f"{where} dst = {item['dst']!r}: a flow needs two different hosts")

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent, host_map_state
 from rocev2_emu.fabric.services import HOST_SERVICES
-from rocev2_emu.fabric.topology import Link, Topology, dcqcn_params
+from rocev2_emu.fabric.topology import Link, NodeKind, Topology, dcqcn_params
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
@@ -177,7 +177,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         f"control={node.address}:{CONTROL_PORT} batch_io={{batch_io}}"
     )
     metrics_at = (opts.metrics_addr or node.address, METRICS_PORT) if opts.metrics else None
-    if node.kind == "switch":
+    if node.kind is NodeKind.SWITCH:
         peers, faults = switch_ports(topo, name)
         await run_switch(
             topo.switch_config(name),

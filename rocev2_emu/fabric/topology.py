@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from rocev2_emu.cc import PROFILES, DcqcnParams
@@ -39,10 +40,18 @@ class Link:
         return self.index + 1
 
 
+class NodeKind(StrEnum):
+    """What a node is: a host (its NIC and ranks) or a switch; its value is the topology
+    file's table name (``[[host]]``, ``[[switch]]``) and the metrics' ``role`` label."""
+
+    HOST = "host"
+    SWITCH = "switch"
+
+
 @dataclass(slots=True)
 class Node:
     name: str
-    kind: str  # "host" or "switch"
+    kind: NodeKind
     index: int  # position among all nodes
     address: str  # local-mode UDP address
     ranks: int = 0
@@ -72,11 +81,11 @@ class Topology:
 
     @property
     def hosts(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.kind == "host"]
+        return [n for n in self.nodes.values() if n.kind is NodeKind.HOST]
 
     @property
     def switches(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.kind == "switch"]
+        return [n for n in self.nodes.values() if n.kind is NodeKind.SWITCH]
 
     def port_mac(self, switch: str, port: int) -> bytes:
         i = self.nodes[switch].index
@@ -85,7 +94,7 @@ class Topology:
     def mac_of(self, name: str, link: Link) -> bytes:
         """The MAC a node uses on ``link``."""
         node = self.nodes[name]
-        if node.kind == "host":
+        if node.kind is NodeKind.HOST:
             return mac_for_ip(ip_to_int(node.ip))
         port = next(i for i, (lk, _) in enumerate(node.ports) if lk is link)
         return self.port_mac(name, port)
@@ -177,10 +186,10 @@ def shortest_path_routes(
     routes that switch: one search per switch hosts hang off, not one per host (a k = 16
     fat-tree: 128 searches instead of 1 024)."""
     routes: dict[str, dict[str, tuple[int, ...]]] = {
-        s: {} for s, n in nodes.items() if n.kind == "switch"
+        s: {} for s, n in nodes.items() if n.kind is NodeKind.SWITCH
     }
     by_switch: dict[str, tuple[dict[str, int], dict[str, tuple[int, ...]]]] = {}
-    for host in (n for n in nodes.values() if n.kind == "host"):
+    for host in (n for n in nodes.values() if n.kind is NodeKind.HOST):
         if len(host.ports) == 1 and host.ports[0][0].index not in down:
             link, attach = host.ports[0]
             if attach not in by_switch:
@@ -209,7 +218,7 @@ def shortest_path_routes(
                 for i, (link, peer) in enumerate(nodes[sw].ports)
                 if dist.get(peer) == dist[sw] - 1
                 and link.index not in down
-                and (nodes[peer].kind == "switch" or peer == host.name)
+                and (nodes[peer].kind is NodeKind.SWITCH or peer == host.name)
             )
     return routes
 
@@ -220,7 +229,7 @@ def _distances(nodes: dict[str, Node], start: str, down: frozenset[int]) -> dict
     queue = deque([start])
     while queue:
         cur = queue.popleft()
-        if nodes[cur].kind == "host" and cur != start:
+        if nodes[cur].kind is NodeKind.HOST and cur != start:
             continue
         for link, peer in nodes[cur].ports:
             if peer not in dist and link.index not in down:
@@ -239,11 +248,11 @@ def _toward(
         sw: tuple(
             i
             for i, (link, peer) in enumerate(n.ports)
-            if nodes[peer].kind == "switch"
+            if nodes[peer].kind is NodeKind.SWITCH
             and dist.get(peer) == dist[sw] - 1
             and link.index not in down
         )
         for sw, n in nodes.items()
-        if n.kind == "switch" and sw in dist
+        if n.kind is NodeKind.SWITCH and sw in dist
     }
     return dist, table

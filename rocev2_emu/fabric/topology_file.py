@@ -40,6 +40,7 @@ from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.fabric.topology import (
     Link,
     Node,
+    NodeKind,
     Topology,
     TopologyError,
     dcqcn_overrides,
@@ -235,7 +236,7 @@ def _nodes(
         except ValueError as exc:
             raise fail("[fabric].subnet", fab["subnet"], f"not an IPv4 network: {exc}") from exc
     nodes: dict[str, Node] = {}
-    for kind in ("switch", "host"):
+    for kind in (NodeKind.SWITCH, NodeKind.HOST):
         items = data.get(kind, [])
         if not isinstance(items, list):
             raise fail(f"[[{kind}]]", items, "must be an array of tables")
@@ -256,8 +257,8 @@ def _nodes(
                 address = str(subnet.network_address + 10 + index)
             if fab["subnet"] == "dns":  # docker swarm: a node is found by its name
                 address = name
-            ranks = item.get("ranks", 1 if kind == "host" else 0)
-            if kind == "host" and (
+            ranks = item.get("ranks", 1 if kind is NodeKind.HOST else 0)
+            if kind is NodeKind.HOST and (
                 not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0
             ):
                 raise fail(f"[[host]] {name}.ranks", ranks, "must be an integer >= 0")
@@ -265,7 +266,7 @@ def _nodes(
             if not isinstance(rx, int | float) or isinstance(rx, bool) or rx < 0:
                 raise fail(f"[[{kind}]] {name}.rx_gbps", rx, "must be a number >= 0")
             nodes[name] = Node(name, kind, index, address, ranks, float(rx))
-    hosts = [n for n in nodes.values() if n.kind == "host"]
+    hosts = [n for n in nodes.values() if n.kind is NodeKind.HOST]
     if not hosts:
         raise fail("[[host]]", [], "a fabric needs at least one host")
     for h, node in enumerate(hosts):
@@ -321,7 +322,9 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
 
     buf = sec["buffer"]
     widest = max(
-        (n for n in nodes.values() if n.kind == "switch"), key=lambda n: len(n.ports), default=None
+        (n for n in nodes.values() if n.kind is NodeKind.SWITCH),
+        key=lambda n: len(n.ports),
+        default=None,
     )
     if widest is not None:
         needed = len(widest.ports) * (buf["headroom_bytes"] + 8 * buf["reserve_bytes"])

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.topology import Topology
+from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.verbs import VerbsError
 
 Ask = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -102,7 +102,7 @@ class Sampler:
             ends: list[tuple[str, int] | None] = []
             for end in (lk.a, lk.b):
                 node = topo.nodes[end]
-                if node.kind == "switch":
+                if node.kind is NodeKind.SWITCH:
                     ends.append((end, next(i for i, (x, _) in enumerate(node.ports) if x is lk)))
                 else:
                     ends.append(None)
@@ -117,7 +117,7 @@ class Sampler:
             await trio.sleep(delay)
             with trio.move_on_after(5):
                 try:
-                    if kind == "switch":
+                    if kind is NodeKind.SWITCH:
                         switches[name] = await self.ask(addr, {"cmd": "ports"})
                     else:
                         hosts[name] = await self.ask(addr, {"cmd": "map"})

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import trio
 
 from rocev2_emu.fabric.control import ControlPool, control, set_link_faults, set_links
-from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
 from rocev2_emu.ui.sampler import Sampler, layout
 
 PERIOD = 0.5  # wall seconds between samples
@@ -103,7 +103,7 @@ class Live:
         elif do == "stop":
             name = str(req.get("node"))
             node = self.topo.nodes.get(name)
-            if node is None or node.kind != "host":
+            if node is None or node.kind is not NodeKind.HOST:
                 raise ValueError(f"stop {name!r}: no host of that name")
             await control(node.address, {"cmd": "stop"})
             done = f"host {name} stopped"
