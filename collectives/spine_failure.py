@@ -15,9 +15,10 @@ middle of that all-reduce in a run without failure (virtual time repeats exactly
 Per fabric: busbw before (all-reduces 1-3), during (4) and after (5-6, two spines short).  The
 checks: no byte lost (every value of every all-reduce right, with the failure's losses recovered
 by go-back-N), the failure was real (frames dropped with the links), and (in virtual time,
-where runs repeat exactly; reported with processes) with spare capacity the all-reduces after
-the failure run at a higher busbw than without (what the paper claims; the share of busbw
-"kept" is shown too, but it moves with the seed through the phases before the failure).  With
+the all-reduce during the failure was slower than those before.  Whether spare capacity keeps
+more busbw after the failure (the paper's claim) is reported, not checked: at 1 MiB the ring is
+bound by its per-step latency as much as by the spines, and over seeds the difference is inside
+the noise (seed 1: 3.70 against 3.41 GB/s after the failure, seed 7: 3.65 against 3.65).  With
 processes (``--tdf``): 2 leaves of 2 hosts, spine links at 25 Gbit/s (9 spines: again 1.125 x
 the hosts'), and rank 0 fails the spines through the switches' control ports, half as long
 into the fourth all-reduce as the third lasted.
@@ -215,14 +216,16 @@ def spine_failure(
             + (f", {got['late_wakeups']} late wake-ups" if got["late_wakeups"] else "")
         )
     spare, tight = rows
-    # the paper's claim is about the fabric while spines are down: with spare capacity the
-    # all-reduces after the failure run faster (7 of 9 spines left against 6 of 8: 17 % more
-    # capacity).  The "kept" ratio also moves with the phases before the failure, which the
-    # seed moves (seed 7: 91 % against 93 %, while "after" was 3.73 against 2.59 GB/s): shown,
-    # not checked.
-    kept = (
-        f"spare spines cost less: busbw after the failure {spare['after']:.2f} GB/s with 9 "
-        f"spines, {tight['after']:.2f} with 8 ({spare['kept']:.0%} and {tight['kept']:.0%} kept)"
+    # The paper's claim is about the fabric while spines are down: with spare capacity the
+    # all-reduces after the failure should run faster (7 of 9 spines left against 6 of 8).  At
+    # 1 MiB the ring is bound by its per-step latency as much as by the spines, and the
+    # difference moves with the seed (busbw after: seed 1 3.70 / 3.41 GB/s, seed 2 3.68 /
+    # 3.61, seed 7 3.65 / 3.65; the share "kept" moves more, through the phases before the
+    # failure): it is inside the noise, so it is reported, never checked.
+    lines.append(
+        f"# spare spines: busbw after the failure {spare['after']:.2f} GB/s with 9 spines, "
+        f"{tight['after']:.2f} with 8 ({spare['kept']:.0%} and {tight['kept']:.0%} kept): "
+        "reported, not checked - at 1 MiB the difference is inside the seed's noise"
     )
     checks = [
         ("no byte lost: every value right", all(r["wrong"] == 0 for r in rows)),
@@ -231,10 +234,13 @@ def spine_failure(
             all(r["link_down_drops"] > 0 and r["retransmitted"] > 0 for r in rows),
         ),
     ]
-    if tdf is None:  # virtual time repeats exactly: the comparison is a check
-        checks.append((kept, spare["after"] > tight["after"]))
-    else:  # with processes the timing moves from run to run: reported
-        lines.append(f"# {kept} (reported, not checked, with processes)")
+    if tdf is None:  # virtual time repeats exactly; with processes the timing moves: reported
+        checks.append(
+            (
+                "the failure cost busbw: the all-reduce during it slower than those before",
+                all(r["during"] < r["before"] for r in rows),
+            )
+        )
     check, ok = check_lines(checks)
     return rows, lines + check, ok
 
