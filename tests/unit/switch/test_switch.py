@@ -3,8 +3,11 @@ rerouting, RED marking, PFC thresholds and pause timing, and the PFC watchdog.""
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,8 +20,9 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, SendWR, Sge, WcStatus, WrOpcode
-from rocev2_emu.wire.ethernet import encode_vxlan
-from rocev2_emu.wire.pfc import encode_pfc
+from rocev2_emu.wire.ethernet import VXLAN_LEN, encode_vxlan
+from rocev2_emu.wire.linerate import WIRE_OVERHEAD
+from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc
 from rocev2_emu.wire.roce import FrameTemplate
 from switch.config import EcnThresholds
 from switch.mmu import Mmu, MmuConfig
@@ -405,3 +409,62 @@ def test_e_ecmp_hashes_the_destination_qp_and_keeps_each_flow_on_one_path() -> N
     qpn = paths("5-tuple+qpn")
     assert all(len(p) == 1 for p in qpn.values())  # a flow's packets never change path
     assert len(set().union(*qpn.values())) == 4  # the destination QPs spread over all four
+
+
+def test_a_paused_sender_puts_one_round_trip_of_frames_on_the_wire_after_xoff() -> None:
+    """4 -> 1 at 100 Gbit/s over 1 us links, MTU 4096, a static XOFF threshold: the switch
+    decides XOFF when a frame is enqueued, the PFC frame leaves ahead of any queued data (at
+    most behind the frame already on the wire), and the sender honours it before its next
+    frame - so after each XOFF exactly the frames started within one round trip of the frame
+    that crossed the threshold still arrive: floor(2 x delay / frame time) = 5 here, never 6
+    (a pause that waited behind queued data or took effect a frame late would make it 6).
+    docs/fabric.md, "PFC: when a pause takes effect", compares this with htsim."""
+    t = topo(
+        single_switch(5, delay_us=1.0),
+        buffer={"size_bytes": 1 << 20, "headroom_bytes": 64 * 1024, "xoff_bytes": 15 * 4096},
+        ecn={"enabled": False},
+    )
+    sim = NetSim(t)
+    arrivals: list[tuple[float, str, bytes]] = []  # (arrival time, sending node, datagram)
+    for name, node in zip(t.nodes, sim.nodes, strict=True):
+        for wire in node.wires:
+            assert wire is not None and wire.faulty is not None
+            inner = wire.faulty
+
+            def fates(
+                datagram: bytes, now: float, inner: Any = inner, name: str = name
+            ) -> list[tuple[float, bytes]]:
+                out: list[tuple[float, bytes]] = inner.fates(datagram, now)
+                arrivals.extend((at, name, bytes(data)) for at, data in out)
+                return out
+
+            wire.faulty = SimpleNamespace(fates=fates)
+    flows = [connect(sim, f"h{i}", "h4", 1 << 20, i) for i in range(4)]
+    finish(sim, flows, [start(f) for f in flows])
+
+    frame_time = (4096 + 58 + WIRE_OVERHEAD) * 8 / 100e9  # RoCE WRITE MIDDLE of 4 KiB
+    bound = math.floor(2 * 1e-6 / frame_time)
+    assert bound == 5
+    counts = []
+    for host in ("h0", "h1", "h2", "h3"):
+        link, _ = t.host_link(host)
+        at_switch: list[tuple[float, int]] = []  # (time at the switch, +1 XOFF / 0 XON / -1 data)
+        for at, sender, data in arrivals:
+            if sender == "sw0" and int.from_bytes(data[4:7], "big") == link.vni:
+                if data[VXLAN_LEN + 12 : VXLAN_LEN + 14] == b"\x88\x08":  # PFC to the host
+                    quanta = decode_pfc_untrusted(data[VXLAN_LEN:]).quanta[3]
+                    at_switch.append((at - link.delay, 1 if quanta else 0))  # when it left
+            elif sender == host and len(data) > 4000:
+                at_switch.append((at, -1))  # a data frame of the host reaching the switch
+        paused, after = False, 0
+        for _, kind in sorted(at_switch):
+            if kind == 1:
+                paused, after = True, 0
+            elif kind == 0 and paused:
+                counts.append(after)
+                paused = False
+            elif kind == -1 and paused:
+                after += 1
+    assert len(counts) >= 8  # every sender was paused and resumed, more than once
+    assert max(counts) == bound, counts
+    assert sorted(counts)[len(counts) // 2] == bound, counts  # fewer only as a flow ends
