@@ -6,12 +6,14 @@ The fabric (:mod:`rocev2_emu.fabric.nodes`) works out from the topology what thi
 nothing of topology files.  The control server answers ``stats`` (the switch's share of the
 fabric summary), ``ports`` (each port now: the live map's), ``set_link`` (a port down or up),
 ``set_faults`` (a port's link faults), ``set_routes`` (after links changed elsewhere) and
-``stop``.
+``stop``: one table (:func:`control_table`) of typed requests, each decoded and checked by
+:mod:`rocev2_emu.runtime.requests` (an error names the field).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,6 +26,7 @@ from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_so
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.requests import Table, serve_table
 from switch.config import SwitchConfig
 from switch.driver import EngineSwitch, SwitchDriver
 from switch.metrics import SwitchCollector
@@ -85,6 +88,57 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+# -- the control requests (rocev2_emu.runtime.requests decodes and checks them) --------------
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """The switch's totals: its share of the fabric summary."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """Each port now (the live map's view)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetLink:
+    """Take the link on ``port`` down (its queues are lost) or up."""
+
+    port: int
+    up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetFaults:
+    """The link faults of the link on ``port`` (LinkFaults' fields, as numbers)."""
+
+    port: int
+    faults: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SetRoutes:
+    """Every route anew: ``[[host IPv4 as an integer, [egress port, ...]], ...]``."""
+
+    routes: list[Any]
+
+    def __post_init__(self) -> None:
+        for i, entry in enumerate(self.routes):
+            ok = (
+                isinstance(entry, list | tuple)
+                and len(entry) == 2
+                and isinstance(entry[0], int)
+                and isinstance(entry[1], list | tuple)
+                and all(isinstance(p, int) and not isinstance(p, bool) for p in entry[1])
+            )
+            if not ok:
+                raise ValueError(f"routes[{i}]: {entry!r} is not [host ip, [port, ...]]")
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the switch process (as a crash would), after this reply."""
+
+
 async def serve_control(
     stream: trio.SocketStream, driver: SwitchDriver, secret: bytes | None = None
 ) -> None:
@@ -95,33 +149,59 @@ async def serve_control(
     )
 
 
+def control_table(driver: SwitchDriver | EngineSwitch) -> Table:
+    """The switch's commands: request type and handler for each."""
+    core = driver.core
+
+    def port_of(port: int) -> int:
+        if not 0 <= port < len(core.ports):
+            raise ValueError(f"port {port}: the switch has ports 0 to {len(core.ports) - 1}")
+        return port
+
+    async def stats(_: Stats) -> dict[str, Any]:
+        return switch_stats(driver)
+
+    async def ports(_: Ports) -> dict[str, Any]:
+        return port_states(driver)
+
+    async def set_link(req: SetLink) -> dict[str, Any]:
+        core.set_link(port_of(req.port), req.up, driver.clock.now())
+        return {"ok": True}
+
+    async def set_faults(req: SetFaults) -> dict[str, Any]:
+        driver.set_faults(port_of(req.port), faults_from_request(req.faults))
+        return {"ok": True}
+
+    async def set_routes(req: SetRoutes) -> dict[str, Any]:
+        core.set_routes({ip: tuple(ports) for ip, ports in req.routes})
+        return {"ok": True}
+
+    async def stop(_: Stop) -> dict[str, Any]:
+        return await stop_soon()
+
+    return {
+        "stats": (Stats, stats),
+        "ports": (Ports, ports),
+        "set_link": (SetLink, set_link),
+        "set_faults": (SetFaults, set_faults),
+        "set_routes": (SetRoutes, set_routes),
+        "stop": (Stop, stop),
+    }
+
+
 def control_replies(
     driver: SwitchDriver | EngineSwitch, more: dict[str, Handler] | None = None
 ) -> Callable[[Any], Awaitable[Any]]:
-    """The switch's answer to each control request (``more``: further commands, which take
-    precedence: the exact mode's ``engine`` and its refusals)."""
+    """The switch's answer to each control request (``more``: further commands taking the raw
+    message, which take precedence: the exact mode's ``engine`` and its refusals)."""
     extra = more or {}
+    table = control_table(driver)
 
     async def reply(msg: Any) -> Any:
         cmd = msg.get("cmd") if isinstance(msg, dict) else None
         if cmd in extra:
             return await extra[cmd](msg)
-        now = driver.clock.now()
-        if cmd == "stats":
-            return switch_stats(driver)
-        if cmd == "ports":
-            return port_states(driver)
-        if cmd == "set_link":
-            driver.core.set_link(int(msg["port"]), bool(msg["up"]), now)
-        elif cmd == "set_faults":
-            driver.set_faults(int(msg["port"]), faults_from_request(msg["faults"]))
-        elif cmd == "set_routes":
-            driver.core.set_routes({int(ip): tuple(p) for ip, p in msg["routes"]})
-        elif cmd == "stop":
-            return await stop_soon()
-        else:
-            return {"error": f"unknown command {msg!r}"}
-        return {"ok": True}
+        return await serve_table(table, msg)
 
     return reply
 

@@ -24,12 +24,13 @@ import trio
 from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import lateness_stats
 from rocev2_emu.runtime.link import faults_from_request
+from rocev2_emu.runtime.requests import Table, serve_table
 from rocev2_emu.runtime.sync import holding_clock
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WrOpcode
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context
-from rocev2_emu.verbs.oob import OobChannel, QPInfo, connection_limit, serve_requests
+from rocev2_emu.verbs.oob import OobChannel, OobError, QPInfo, connection_limit, serve_requests
 from rocev2_emu.wire.roce import DSCP_ROCE
 
 CONTROL_PORT = 18515
@@ -271,6 +272,81 @@ class RemotePeer:
             await chan.aclose()
 
 
+# -- the control requests (rocev2_emu.runtime.requests decodes and checks them) --------------
+@dataclass(frozen=True, slots=True)
+class AcceptFlow:
+    """Be the destination of flow ``spec`` (FlowSpec's fields) from the QP ``qp`` (QPInfo's)."""
+
+    spec: dict[str, Any]
+    qp: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """The SHA-256 of what flow ``id`` wrote here."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunFlows:
+    """Run this host's ``flows`` from emulated ``t0``; ``peers``: host -> [address, port]."""
+
+    flows: list[Any]
+    peers: dict[str, Any]
+    t0: float
+
+    def __post_init__(self) -> None:
+        for name, addr in self.peers.items():
+            if not (isinstance(addr, list | tuple) and len(addr) == 2):
+                raise ValueError(f"peers.{name}: {addr!r} is not [address, port]")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFlow:
+    """Set flow ``spec`` up towards the host at address ``dst`` (the exact mode: before the
+    clock starts)."""
+
+    spec: dict[str, Any]
+    dst: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartFlows:
+    """Run the opened flows from emulated ``t0``, in the background."""
+
+    t0: float
+
+
+@dataclass(frozen=True, slots=True)
+class FlowResults:
+    """The started flows' results, once they are done."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostStats:
+    """The host's counters: its share of the fabric summary."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetNicFaults:
+    """The faults of the host's link (LinkFaults' fields, as numbers)."""
+
+    faults: dict[str, Any]
+
+
+def _spec(d: Any, where: str) -> FlowSpec:
+    """A flow spec from a request's field ``where`` (ValueError naming it when it is not one)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: {d!r:.80} is not a flow")
+    try:
+        return FlowSpec.from_dict(d)
+    except KeyError as exc:
+        raise ValueError(f"{where}.{exc.args[0]}: missing") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 class AgentServer:
     """Serves an agent's calls over TCP: accept_flow, digest, run_flows (a job of this host), and
     for a job that sets every flow up before the clock starts (the exact mode): open_flow,
@@ -325,45 +401,72 @@ class AgentServer:
             self._done.set()
 
     async def dispatch(self, msg: Any) -> dict[str, Any]:
-        """The answer to one request (handlers given to the server take precedence over the
-        agent's own commands)."""
+        """The answer to one request (handlers given to the server, taking the raw message,
+        take precedence over the agent's own table)."""
         cmd = msg.get("cmd") if isinstance(msg, dict) else None
         try:
             if cmd in self.handlers:
                 return await self.handlers[cmd](msg)
-            if cmd == "accept_flow":
-                spec = FlowSpec.from_dict(msg["spec"])
-                info = await self.agent.accept_flow(spec, QPInfo.from_wire(msg["qp"]))
-                return {"qp": asdict(info)}
-            if cmd == "digest":
-                return {"sha256": await self.agent.digest(int(msg["id"]))}
-            if cmd == "run_flows":
-                specs = [FlowSpec.from_dict(d) for d in msg["flows"]]
-                peers: dict[str, FlowPeer] = {
-                    name: RemotePeer(addr[0], int(addr[1])) for name, addr in msg["peers"].items()
-                }
-                results = await self.agent.run_flows(specs, peers, float(msg["t0"]))
-                return {"results": [asdict(r) for r in results]}
-            if cmd == "open_flow":
-                spec = FlowSpec.from_dict(msg["spec"])
-                await self.agent.open_flow(spec, RemotePeer(str(msg["dst"])))
-                return {"ok": True}
-            if cmd == "start_flows":
-                if self._jobs is None or self._results is not None or self._done.is_set():
-                    return {"error": "start_flows: flows already started"}
-                self._results = []
-                self._jobs.start_soon(self._run_started, float(msg["t0"]))
-                return {"ok": True}
-            if cmd == "flow_results":
-                if self._results is None:
-                    return {"error": "flow_results: no flows were started"}
-                await self._done.wait()
-                return {"results": [asdict(r) for r in self._results]}
-            if cmd == "stats":
-                return host_stats(self.agent.ctx)
-            if cmd == "set_faults":
-                self.agent.ctx.driver.set_faults(faults_from_request(msg["faults"]))
-                return {"ok": True}
-        except (KeyError, TypeError, ValueError, RemoteVerbsError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"{cmd}: {exc!r}"}
-        return {"error": f"unknown command {msg!r}"}
+        return await serve_table(self.table, msg)
+
+    @property
+    def table(self) -> Table:
+        """The agent's commands: request type and handler for each."""
+        return {
+            "accept_flow": (AcceptFlow, self._accept_flow),
+            "digest": (Digest, self._digest),
+            "run_flows": (RunFlows, self._run_flows),
+            "open_flow": (OpenFlow, self._open_flow),
+            "start_flows": (StartFlows, self._start_flows),
+            "flow_results": (FlowResults, self._flow_results),
+            "stats": (HostStats, self._stats),
+            "set_faults": (SetNicFaults, self._set_faults),
+        }
+
+    async def _accept_flow(self, req: AcceptFlow) -> dict[str, Any]:
+        spec = _spec(req.spec, "spec")
+        try:
+            info = await self.agent.accept_flow(spec, QPInfo.from_wire(req.qp))
+        except (OobError, RemoteVerbsError) as exc:
+            raise ValueError(str(exc)) from exc
+        return {"qp": asdict(info)}
+
+    async def _digest(self, req: Digest) -> dict[str, Any]:
+        try:
+            return {"sha256": await self.agent.digest(req.id)}
+        except KeyError:
+            raise ValueError(f"id {req.id}: no flow of that id arrived here") from None
+
+    async def _run_flows(self, req: RunFlows) -> dict[str, Any]:
+        specs = [_spec(d, f"flows[{i}]") for i, d in enumerate(req.flows)]
+        peers: dict[str, FlowPeer] = {
+            name: RemotePeer(str(addr[0]), int(addr[1])) for name, addr in req.peers.items()
+        }
+        results = await self.agent.run_flows(specs, peers, req.t0)
+        return {"results": [asdict(r) for r in results]}
+
+    async def _open_flow(self, req: OpenFlow) -> dict[str, Any]:
+        await self.agent.open_flow(_spec(req.spec, "spec"), RemotePeer(req.dst))
+        return {"ok": True}
+
+    async def _start_flows(self, req: StartFlows) -> dict[str, Any]:
+        if self._jobs is None or self._results is not None or self._done.is_set():
+            raise ValueError("flows already started")
+        self._results = []
+        self._jobs.start_soon(self._run_started, req.t0)
+        return {"ok": True}
+
+    async def _flow_results(self, _: FlowResults) -> dict[str, Any]:
+        if self._results is None:
+            raise ValueError("no flows were started")
+        await self._done.wait()
+        return {"results": [asdict(r) for r in self._results]}
+
+    async def _stats(self, _: HostStats) -> dict[str, Any]:
+        return host_stats(self.agent.ctx)
+
+    async def _set_faults(self, req: SetNicFaults) -> dict[str, Any]:
+        self.agent.ctx.driver.set_faults(faults_from_request(req.faults))
+        return {"ok": True}

@@ -1,0 +1,93 @@
+"""Control requests as types: decoding names the field at fault, a table answers every bad
+request with an error and goes on, and docs/architecture.md lists the tables as they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rocev2_emu.fabric.agent import AgentServer
+from rocev2_emu.runtime.requests import RequestError, Table, decode, describe, serve_table
+from switch.node import SetRoutes, control_table
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    port: int
+    up: bool
+    rate: float = 1.0
+    names: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.port < 0:
+            raise ValueError(f"port {self.port}: not a port")
+
+
+@pytest.mark.parametrize(
+    ("msg", "error"),
+    [
+        ({"up": True}, "move.port: missing"),
+        ({"port": "1", "up": True}, "move.port: '1' is not int"),
+        ({"port": True, "up": True}, "move.port: True is not int"),  # a bool is not a number
+        ({"port": 1, "up": 1}, "move.up: 1 is not bool"),
+        ({"port": 1, "up": True, "rate": "fast"}, "move.rate: 'fast' is not float"),
+        ({"port": 1, "up": True, "speed": 3}, "move: unknown field(s) speed"),
+        ({"port": -1, "up": True}, "move: port -1: not a port"),  # the class's own check
+    ],
+)
+def test_decoding_names_the_field_at_fault(msg: dict[str, Any], error: str) -> None:
+    with pytest.raises(RequestError) as info:
+        decode(Move, "move", {"cmd": "move", **msg})
+    assert str(info.value) == error
+
+
+def test_decoding_takes_defaults_and_ints_for_floats() -> None:
+    got = decode(Move, "move", {"cmd": "move", "port": 2, "up": False, "rate": 3})
+    assert got == Move(2, False, 3.0) and isinstance(got.rate, float)
+    named = decode(Move, "move", {"cmd": "move", "port": 2, "up": False, "names": ["a"]})
+    assert named.names == ["a"]
+    assert (
+        decode(Move, "move", {"cmd": "move", "port": 2, "up": False, "names": None}).names is None
+    )
+    with pytest.raises(RequestError, match=r"move.names: 'a' is not list"):
+        decode(Move, "move", {"cmd": "move", "port": 2, "up": False, "names": "a"})
+
+
+async def test_a_table_answers_errors_and_its_handlers_values() -> None:
+    async def move(req: Move) -> dict[str, Any]:
+        if req.rate > 10:
+            raise ValueError("rate: too fast")
+        return {"moved": req.port}
+
+    table: Table = {"move": (Move, move)}
+    assert await serve_table(table, {"cmd": "move", "port": 3, "up": True}) == {"moved": 3}
+    assert await serve_table(table, {"cmd": "move", "port": 3, "up": True, "rate": 11}) == {
+        "error": "move: rate: too fast"
+    }
+    bad: Any
+    for bad in (None, [], {"cmd": 5}, {"cmd": "fly"}, {}):
+        reply = await serve_table(table, bad)
+        assert reply["error"].startswith("unknown command") and "known: move" in reply["error"]
+
+
+def test_set_routes_checks_every_entry() -> None:
+    SetRoutes([[167772161, [0, 1]], (167772162, (2,))])
+    with pytest.raises(ValueError, match=r"routes\[1\]: .* is not \[host ip, \[port, ...\]\]"):
+        SetRoutes([[1, [0]], [2, ["x"]]])
+
+
+def test_the_architecture_doc_lists_every_command_as_the_tables_have_it() -> None:
+    class Driver:
+        core = SimpleNamespace(ports=())
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    switch = describe(control_table(Driver()))  # type: ignore[arg-type]
+    agent = describe(AgentServer.__new__(AgentServer).table)
+    assert "```\n" + "\n".join(switch) + "\n```" in doc
+    assert "```\n" + "\n".join(agent) + "\n```" in doc
