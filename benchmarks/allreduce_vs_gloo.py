@@ -49,8 +49,8 @@ def gloo(n: int, nbytes: int, iters: int) -> float:
 
 
 def emulator(n: int, nbytes: int, iters: int) -> float:
-    from collectives.bench import params
-    from collectives.launch import run_local
+    from collectives.bench.nccl import params
+    from collectives.jobs.launch import run_local
     from rocev2_emu.fabric.topogen import single_switch, to_toml
     from rocev2_emu.fabric.topology_file import parse
 

@@ -19,9 +19,11 @@ from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 
-from collectives import bench, ops, virtual_bench
-from collectives.job import run_virtual
-from collectives.launch import run_attached, run_exact_job, run_local
+from collectives.bench import nccl as bench
+from collectives.bench import virtual as virtual_bench
+from collectives.comm import ops
+from collectives.jobs.job import run_virtual
+from collectives.jobs.launch import run_attached, run_exact_job, run_local
 from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo

@@ -39,7 +39,7 @@ from typing import Any, TextIO
 import trio
 
 from collectives.cli import map_task
-from collectives.store import StoreServer, StoreTimeout, TcpStore
+from collectives.comm.store import StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control

@@ -3,17 +3,19 @@
 ``rocev2_emu`` loads the ``rocev2_emu.plugins`` entry points (pyproject.toml names
 :func:`register`) before it runs a command.  Registering adds: the host agent's
 ``collective`` command (:mod:`rocev2_emu.fabric.services`), the ``bench`` kinds all-reduce,
-all-gather, reduce-scatter and broadcast and the all-reduce demo (:mod:`collectives.cli`), and
+all-gather, reduce-scatter and broadcast and the all-reduce demo (:mod:`collectives.cli`),
 the ``straggler``, ``ecmp-entropy``, ``admission`` and ``spine-failure`` scenarios
-(:mod:`collectives.straggler`, :mod:`collectives.entropy`, :mod:`collectives.admission`,
-:mod:`collectives.spine_failure`) and ``launch``
-(:mod:`collectives.launcher`).
+(:mod:`collectives.scenarios`) and ``launch`` (:mod:`collectives.launcher`); importing the
+modules registers their jobs (:mod:`collectives.jobs.registry`), so a node process can run any
+of them by name.
 """
 
 from __future__ import annotations
 
-from collectives import admission, cli, entropy, launcher, spine_failure, straggler
-from collectives.job import collective_handler
+from collectives import cli, launcher
+from collectives.bench import checks  # noqa: F401  (registers the check jobs)
+from collectives.jobs.job import collective_handler
+from collectives.scenarios import admission, entropy, spine_failure, straggler
 from rocev2_emu.fabric.services import host_service
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from collectives.communicator import Communicator
+from collectives.comm.communicator import Communicator
 from collectives.pytorch.worker import FabricWorker, Run
 
 _MOVED = {  # torch dtype -> the dtype its bits travel as

@@ -3,11 +3,11 @@
 The training script's thread calls torch.distributed; the emulated host lives beside it in one
 background thread running ``trio.run``: the host node (:func:`rocev2_emu.fabric.nodes.host_node`:
 the NIC on the host's address, its ``/metrics`` and control port, as a node process has) and a
-:class:`~collectives.communicator.Communicator` connected to every other rank through the
+:class:`~collectives.comm.communicator.Communicator` connected to every other rank through the
 launcher's rendezvous store.  Operations reach that thread as coroutines on one queue and run
 one after another in the order they were issued, as NCCL runs a communicator's operations on one
 stream; each completes a ``torch.futures.Future`` (its value, or the operation's
-:class:`~collectives.communicator.CollectiveError`).
+:class:`~collectives.comm.communicator.CollectiveError`).
 
 What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its environment:
 ``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``, ``ROCEV2_STORE`` (host:port),
@@ -27,10 +27,10 @@ from typing import Any
 
 import trio
 
-from collectives.communicator import Communicator, HostGroup, RankPlace
-from collectives.job import comm_options, places_for
-from collectives.metrics import HostCollectiveMetrics, StepMetrics
-from collectives.store import TcpStore
+from collectives.comm.communicator import Communicator, HostGroup, RankPlace
+from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
+from collectives.comm.store import TcpStore
+from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import NodeOptions, host_node

@@ -5,7 +5,7 @@ process, and an exact run's, kept by the coordinator.
 Each operation takes :data:`~rocev2_emu.runtime.kvstore.STORE_LATENCY` to reach the store and as
 long back, and the store applies them in one order, so a job's rendezvous (the collectives'
 bootstrap, their barriers) takes the same emulated time and order in one process and over many.
-The collectives' :mod:`collectives.store` offers these beside its TCP store of the wall clock.
+The collectives' :mod:`collectives.comm.store` offers these beside its TCP store of the wall clock.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ barrier's) adds one to a counter and is answered, with every earlier arrival at 
 counter reaches the operation's count: every member leaves the barrier at the same instant.
 
 The virtual fabric drives a :class:`StoreCore` from a trio task
-(:class:`collectives.store.VirtualStore`); an exact run keeps it in the coordinator
+(:class:`collectives.comm.store.VirtualStore`); an exact run keeps it in the coordinator
 (:mod:`rocev2_emu.runtime.sync`), which applies each window's operations before granting it:
 an operation sent in a window arrives after its end, because the latency is at least the
 lookahead.

@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from collectives.job import run_virtual
-from collectives.virtual_bench import all_reduce_once
+from collectives.bench.virtual import all_reduce_once
+from collectives.jobs.job import run_virtual
 from rocev2_emu import cores
 from rocev2_emu.experiments import catalog, harness
 from rocev2_emu.fabric.agent import FlowSpec

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives.launch import run_local
+from collectives.jobs.launch import run_local
 from rocev2_emu.fabric.topogen import leaf_spine, to_toml
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse

@@ -23,7 +23,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectives.store import StoreServer
+from collectives.comm.store import StoreServer
 from rocev2_emu.fabric.agent import AgentServer, HostAgent
 from rocev2_emu.fabric.nodes import switch_driver
 from rocev2_emu.fabric.topogen import single_switch

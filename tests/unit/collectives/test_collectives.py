@@ -12,17 +12,18 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
-from collectives import ops, ring
-from collectives.bench import expected, pattern, sizes
-from collectives.bench import params as bench_params
-from collectives.communicator import Communicator, RankPlace, ring_order
-from collectives.job import comm_options, places_for, run_virtual
-from collectives.links import RdmaRx, RdmaTx
-from collectives.metrics import HostCollectiveMetrics
-from collectives.placement import hierarchy
-from collectives.registry import job
-from collectives.session import CollectiveError
-from collectives.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
+import collectives.bench.checks  # noqa: F401  (registers the check jobs)
+from collectives.bench.nccl import expected, pattern, sizes
+from collectives.bench.nccl import params as bench_params
+from collectives.comm import ops, ring
+from collectives.comm.communicator import Communicator, RankPlace, ring_order
+from collectives.comm.links import RdmaRx, RdmaTx
+from collectives.comm.metrics import HostCollectiveMetrics
+from collectives.comm.placement import hierarchy
+from collectives.comm.session import CollectiveError
+from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
+from collectives.jobs.job import comm_options, places_for, run_virtual
+from collectives.jobs.registry import job
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import parse
@@ -402,7 +403,7 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
 
 
 def test_straggler_topology_keeps_the_leaf_spine_and_scales_to_a_fat_tree() -> None:
-    from collectives.straggler import straggler_topology
+    from collectives.scenarios.straggler import straggler_topology
 
     def placed(topo: Topology) -> dict[str, str]:
         return {h.name: topo.host_link(h.name)[1].name for h in topo.hosts if h.ranks == 0}
@@ -473,7 +474,7 @@ def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
 
 
 def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
-    from collectives.links import LocalRx
+    from collectives.comm.links import LocalRx
 
     rx = LocalRx(2, 64)
     rx.fail("link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR")

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from collectives.metrics import HostCollectiveMetrics, StepMetrics
+from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
 from rocev2_emu.fabric import dashboards
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology_file import parse

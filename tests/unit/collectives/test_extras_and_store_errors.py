@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collectives.job import run_host_ranks
+from collectives.jobs.job import run_host_ranks
 from rocev2_emu.cli import main
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology_file import load

@@ -10,8 +10,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from collectives.launch import run_virtual_recorded
-from collectives.straggler import bursts, straggler_topology
+from collectives.jobs.launch import run_virtual_recorded
+from collectives.scenarios.straggler import bursts, straggler_topology
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.topogen import fat_tree, single_switch
 from rocev2_emu.fabric.topology_file import parse

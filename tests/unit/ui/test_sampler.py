@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from collectives.metrics import HostCollectiveMetrics
+from collectives.comm.metrics import HostCollectiveMetrics
 from rocev2_emu.fabric.nodes import rank_progress
 from rocev2_emu.fabric.topogen import fat_tree, single_switch
 from rocev2_emu.fabric.topology_file import parse

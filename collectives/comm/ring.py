@@ -32,8 +32,8 @@ from typing import Final
 import numpy as np
 import trio
 
-from collectives import ops
-from collectives.links import Rx, Tx
+from collectives.comm import ops
+from collectives.comm.links import Rx, Tx
 from rocev2_emu.verbs import MR
 
 MAX_STEPS: Final = 255

@@ -1,6 +1,6 @@
 """A rank's session: connecting its rings through the store, deadlines, and aborts.
 
-:class:`RankSession` is the part of a :class:`~collectives.communicator.Communicator` that is
+:class:`RankSession` is the part of a :class:`~collectives.comm.communicator.Communicator` that is
 not an operation: it brings up one RC QP pair (or a shared-memory link) per hop of every ring
 the rank is in, swapping QPNs, PSNs and rkeys through the rendezvous store; runs each operation
 under its deadline (emulated seconds, scaled with its size); and on a failure posts an abort to
@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
-from collectives import ring
-from collectives.links import Completions, LinkError, LocalTx, RdmaRx, RdmaTx
-from collectives.metrics import RankMetrics
-from collectives.placement import CommOptions, HostGroup, RankPlace, Ring, hierarchy
-from collectives.store import Store, StoreTimeout
+from collectives.comm import ring
+from collectives.comm.links import Completions, LinkError, LocalTx, RdmaRx, RdmaTx
+from collectives.comm.metrics import RankMetrics
+from collectives.comm.placement import CommOptions, HostGroup, RankPlace, Ring, hierarchy
+from collectives.comm.store import Store, StoreTimeout
 from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
 
 T = TypeVar("T")

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from collectives import ops
-from collectives.communicator import BUS_FACTOR, Communicator
-from collectives.registry import job
+from collectives.comm import ops
+from collectives.comm.communicator import BUS_FACTOR, Communicator
+from collectives.jobs.registry import job
 from rocev2_emu.fabric.report import lateness
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from collectives.links import LocalRx, Rx, Tx
+from collectives.comm.links import LocalRx, Rx, Tx
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,15 +2,15 @@
 
 Ranks are numbered host-major in the order the topology lists its hosts (as torchrun numbers
 node rank x local size + local rank); each host runs its ``ranks`` as tasks of its own process,
-sharing its NIC and a :class:`~collectives.communicator.HostGroup`.
+sharing its NIC and a :class:`~collectives.comm.communicator.HostGroup`.
 
 * :func:`run_virtual` - every switch, host and rank in this process, in virtual time, with an
   in-memory store.
 * :func:`run_host_ranks` - what a host process does when the launcher asks it to run a job
   (:mod:`rocev2_emu.fabric.agent`'s ``collective`` command): connect to the launcher's
-  :class:`~collectives.store.StoreServer`, run its ranks, return their results.
+  :class:`~collectives.comm.store.StoreServer`, run its ranks, return their results.
 
-A job is a coroutine registered by name in :data:`collectives.registry.JOBS`.
+A job is a coroutine registered by name in :data:`collectives.jobs.registry.JOBS`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,17 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-import collectives.bench
-import collectives.checks  # noqa: F401  (registers its jobs)
-from collectives.communicator import (
+from collectives.comm.communicator import (
     CollectiveError,
     CommOptions,
     Communicator,
     HostGroup,
     RankPlace,
 )
-from collectives.metrics import HostCollectiveMetrics
-from collectives.registry import JOBS
-from collectives.ring import first_error
-from collectives.store import Store, TcpStore, VirtualStore, exact_store
+from collectives.comm.metrics import HostCollectiveMetrics
+from collectives.comm.ring import first_error
+from collectives.comm.store import Store, TcpStore, VirtualStore, exact_store
+from collectives.jobs.registry import JOBS, job_named
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
@@ -104,7 +102,7 @@ async def run_rank(
                 abort_store=abort_store,
             )
             try:
-                results[rank] = await JOBS[name](comm, params)
+                results[rank] = await job_named(name)(comm, params)
                 # as NCCL's communicator teardown: nobody destroys its QPs while a peer still waits
                 # for the acknowledgements of its last writes (an aborted job skips it)
                 with contextlib.suppress(CollectiveError):

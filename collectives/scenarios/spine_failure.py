@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import trio
 
-from collectives.communicator import Communicator
-from collectives.launch import run_topology_data, run_virtual_recorded
-from collectives.registry import job
-from collectives.session import BUS_FACTOR
+from collectives.comm.communicator import Communicator
+from collectives.comm.session import BUS_FACTOR
+from collectives.jobs.launch import run_topology_data, run_virtual_recorded
+from collectives.jobs.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save

@@ -1,7 +1,7 @@
 """The communicator: what a training script calls (``await comm.all_reduce(grad)``).
 
 A :class:`Communicator` is one rank of a job.  It is built over the verbs API of its host's
-NIC (:class:`rocev2_emu.verbs.Context`) and a rendezvous :mod:`store <collectives.store>`;
+NIC (:class:`rocev2_emu.verbs.Context`) and a rendezvous :mod:`store <collectives.comm.store>`;
 ranks on the same host share a :class:`HostGroup` (shared memory, the seed's NVLink).
 
 * Rings.  The flat ring orders ranks leaf-major, then host-major, then by local rank
@@ -13,7 +13,7 @@ ranks on the same host share a :class:`HostGroup` (shared memory, the seed's NVL
   each host (through shared memory), then in each rack (the hosts under one leaf), then in
   each pod (a fat-tree's), each on the shard the level below left; an all-reduce of the last
   shard across the top (one ring per shard, so the spines carry several smaller flows); then
-  all-gathers back down.  The levels come from the topology (:func:`~collectives.placement.
+  all-gathers back down.  The levels come from the topology (:func:`~collectives.comm.placement.
   hierarchy`); a level with one member is skipped, one of unequal groups refuses.
 * ``algo="auto"``: hierarchical when there is a level below the top and the message fits in
   one slot (it crosses the spines less and takes fewer steps: faster where latency rules),
@@ -41,12 +41,12 @@ import math
 import numpy as np
 import trio
 
-from collectives import ops, ring
-from collectives.links import RdmaRx, RdmaTx
-from collectives.metrics import RankMetrics
-from collectives.placement import CommOptions, HostGroup, RankPlace, ring_order
-from collectives.session import BUS_FACTOR, CollectiveError, RankSession
-from collectives.store import Store
+from collectives.comm import ops, ring
+from collectives.comm.links import RdmaRx, RdmaTx
+from collectives.comm.metrics import RankMetrics
+from collectives.comm.placement import CommOptions, HostGroup, RankPlace, ring_order
+from collectives.comm.session import BUS_FACTOR, CollectiveError, RankSession
+from collectives.comm.store import Store
 from rocev2_emu.verbs import Context
 
 log = logging.getLogger("collectives")

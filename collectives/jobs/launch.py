@@ -25,9 +25,9 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from collectives.job import places_for, run_virtual
-from collectives.metrics import HostCollectiveMetrics
-from collectives.store import StoreServer
+from collectives.comm.metrics import HostCollectiveMetrics
+from collectives.comm.store import StoreServer
+from collectives.jobs.job import places_for, run_virtual
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
@@ -253,7 +253,7 @@ def run_virtual_recorded(
     beside: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
     flows: list[FlowSpec] | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
-    """A scenario's job in virtual time (:func:`~collectives.job.run_virtual`), recorded for
+    """A scenario's job in virtual time (:func:`~collectives.jobs.job.run_virtual`), recorded for
     the map's replay as ``label`` when its ``mode`` records: the fabric, and every rank's
     progress from the job's own metrics."""
     if mode is None or mode.record is None:

@@ -8,7 +8,7 @@ The cases (issue #12's yardsticks):
 - ``c-pfc`` / ``c-dcqcn``: a 1023 -> 1 incast on a k = 16 fat-tree (1 024 hosts,
   320 switches), 64 KiB per sender, PFC on, without and with DCQCN.
 
-Each case runs in a fresh Python process (``python -m collectives.virtual_bench CASE``) so its
+Each case runs in a fresh Python process (``python -m collectives.bench.virtual CASE``) so its
 peak resident memory is its own; the wall time counts building the fabric (every NIC, switch,
 QP connection) and the run, not the interpreter's start.
 """
@@ -28,9 +28,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from collectives.communicator import Communicator
-from collectives.job import run_virtual
-from collectives.registry import job
+from collectives.comm.communicator import Communicator
+from collectives.jobs.job import run_virtual
+from collectives.jobs.registry import job
 from rocev2_emu import cores
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
@@ -123,7 +123,7 @@ def main(cases: list[str], timeout: float = 3600.0) -> int:
     failed = 0
     for case in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "collectives.virtual_bench", case],
+            [sys.executable, "-m", "collectives.bench.virtual", case],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -144,7 +144,7 @@ def main(cases: list[str], timeout: float = 3600.0) -> int:
 
 
 def _child() -> int:
-    p = argparse.ArgumentParser(prog="python -m collectives.virtual_bench")
+    p = argparse.ArgumentParser(prog="python -m collectives.bench.virtual")
     p.add_argument("case", choices=list(RUNS))
     args = p.parse_args()
     print(json.dumps(measure(args.case)))

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from collectives import ops
-from collectives.communicator import Communicator
-from collectives.registry import job
+from collectives.comm import ops
+from collectives.comm.communicator import Communicator
+from collectives.jobs.registry import job
 
 DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 
