@@ -41,6 +41,7 @@ from collectives.comm.communicator import Communicator
 from collectives.comm.links import RdmaRx, RdmaTx
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
+from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
@@ -152,18 +153,16 @@ def one(
         "p50": statistics.median(per_op),
         "p99": qs[98],
         "times": per_op,
-        "pfc_tx": fab["pfc_tx"],
         "peak_queue_bytes": fab.get("peak_queue_bytes", 0),
         "ecn_marked": fab["ecn_marked"],
         "cnps": fab.get("cnps_sent", 0),
         "drops": sum(fab["drops"].values()),
-        "wrong": sum(v["wrong"] for v in results.values()),
         "links": len(links),
         "over_window": len(over),
         "peak_held": max((h for h, _ in links), default=0),
         "in_flight": max(v["in_flight"] for v in results.values()),
         "window": max((s for _, s in links), default=0),
-        "late_wakeups": fab.get("late_wakeups", 0),
+        **job_fields(results, fab),
     }
 
 
@@ -227,18 +226,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     names = [s for s, _, _ in SETTINGS]
-    for ax, key, label, scale in (
-        (axes[0], "p50", "completion p50 (us)", 1e6),
-        (axes[1], "p99", "completion p99 (us)", 1e6),
-        (axes[2], "pfc_tx", "pause frames", 1.0),
-    ):
-        workloads = list(dict.fromkeys(r["workload"] for r in rows))
-        for k, workload in enumerate(workloads):
-            values = [r[key] * scale for r in rows if r["workload"] == workload]
-            ax.bar([i + 0.4 * k for i in range(len(values))], values, width=0.4, label=workload)
-        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+    grouped_bars(axes[0], rows, "p50", "completion p50 (us)", names, 1e6)
+    grouped_bars(axes[1], rows, "p99", "completion p99 (us)", names, 1e6)
+    grouped_bars(axes[2], rows, "pfc_tx", "pause frames", names)
     hosts = (
         "32 hosts, 4 leaves, 4 spines"
         if len(rows) and "8:1" in rows[-1]["workload"]

@@ -32,6 +32,7 @@ from collectives.comm.communicator import Communicator
 from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
+from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
@@ -149,10 +150,8 @@ def one(
         "busbw": results[0]["bytes"] / t * BUS_FACTOR[coll](n) / 1e9 if t else 0.0,
         "imbalance": max(loads) / mean if mean else 0.0,
         "spine_loads": loads,
-        "wrong": sum(v["wrong"] for v in results.values()),
         "ecn_marked": fab["ecn_marked"],
-        "pfc_tx": fab["pfc_tx"],
-        "late_wakeups": fab.get("late_wakeups", 0),
+        **job_fields(results, fab),
     }
 
 
@@ -203,17 +202,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     names = [s for s, _, _ in SETTINGS]
-    for ax, key, label in (
-        (axes[0], "imbalance", "spine links: max / mean load"),
-        (axes[1], "busbw", "busbw (GB/s)"),
-    ):
-        for k, workload in enumerate(dict.fromkeys(r["workload"] for r in rows)):
-            values = [r[key] for r in rows if r["workload"] == workload]
-            xs = [i + 0.4 * k for i in range(len(values))]
-            ax.bar(xs, values, width=0.4, label=workload)
-        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+    grouped_bars(axes[0], rows, "imbalance", "spine links: max / mean load", names)
+    grouped_bars(axes[1], rows, "busbw", "busbw (GB/s)", names)
     small = bool(rows) and len(rows[0]["spine_loads"]) < 32  # 2 x 2 x 2 leaf-spine links
     size = "8 hosts, 2 leaves, 2 spines (processes)" if small else "32 hosts, 4 leaves, 4 spines"
     fig.suptitle(f"ecmp-entropy: {size} (200G uplinks)")

@@ -38,6 +38,7 @@ from collectives.comm.communicator import Communicator
 from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
+from collectives.scenarios.common import job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
@@ -174,11 +175,9 @@ def run(
     return {
         "spans": spans,
         "busbw": busbw,
-        "wrong": sum(v["wrong"] for v in results.values()),
         "link_down_drops": fab["drops"].get("link_down", 0),
         "retransmitted": fab.get("retransmitted", 0),
-        "pfc_tx": fab["pfc_tx"],
-        "late_wakeups": fab.get("late_wakeups", 0),
+        **job_fields(results, fab),
     }
 
 
