@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from rocev2_emu.wire.qos import DEFAULT_DSCP_MAP, priority_of
 from switch.mmu import MmuConfig
 
-DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
 # how a switch picks among equal-cost ports: the 5-tuple (RFC 2992 ECMP); the 5-tuple and the
 # BTH destination QP (Meta's E-ECMP, a switch UDF on the RoCE header); or by destination alone
 # (path pinning: every flow to one host takes one path)
@@ -62,4 +62,4 @@ class SwitchConfig:
     ecmp: str = "5-tuple"  # one of ECMP_MODES
 
     def priority_of(self, dscp: int) -> int:
-        return self.dscp_map.get(dscp, dscp >> 3)
+        return priority_of(self.dscp_map, dscp)

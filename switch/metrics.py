@@ -13,8 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rocev2_emu.runtime.metrics import pump_metrics
+from rocev2_emu.wire.qos import PRIORITIES
 from switch.driver import EngineSwitch, SwitchDriver
-from switch.mmu import PRIORITIES
 
 DROP_REASONS = frozenset(
     {"buffer", "headroom", "link_down", "malformed", "no_route", "ttl", "ipv4_checksum"}

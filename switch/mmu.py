@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-PRIORITIES: Final = 8
+from rocev2_emu.wire.qos import PRIORITIES
+
 BUFFER_MODES: Final = ("shared", "static")
 
 

@@ -27,10 +27,10 @@ from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.requests import Table, serve_table
+from rocev2_emu.wire.qos import PRIORITIES
 from switch.config import SwitchConfig
 from switch.driver import EngineSwitch, SwitchDriver
 from switch.metrics import SwitchCollector
-from switch.mmu import PRIORITIES
 from switch.pipeline import SwitchCore
 
 

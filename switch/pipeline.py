@@ -29,12 +29,14 @@ from rocev2_emu.wire.ethernet import (
     VXLAN_FLAG_I,
     VXLAN_HEADER,
     VXLAN_LEN,
+    checksum_update,
     ipv4_checksum,
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
-from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS, decode_pfc_untrusted, encode_pfc
+from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc, pause_time
+from rocev2_emu.wire.qos import PRIORITIES
 from switch.config import ECMP_MODES, EcnThresholds, SwitchConfig
-from switch.mmu import PRIORITIES, Mmu
+from switch.mmu import Mmu
 from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
@@ -215,8 +217,8 @@ class SwitchCore(Core):
         if header[8] <= 1:
             out = header  # TTL expired: dropped by the caller, never forwarded
         else:
-            csum = (header[10] << 8 | header[11]) + 0x100
-            csum = (csum & 0xFFFF) + (csum >> 16)
+            word = header[8] << 8 | header[9]  # (TTL, protocol)
+            csum = checksum_update(header[10] << 8 | header[11], word, word - 0x100)
             out = header[:8] + bytes((header[8] - 1, header[9])) + csum.to_bytes(2, "big")
             out += header[12:]
         ports = self.config.routes.get(int.from_bytes(header[16:20], "big"), ())
@@ -274,7 +276,7 @@ class SwitchCore(Core):
                 self.watchdog.pause_seen(port, prio, now, quanta > 0, ps.paused_until[prio] > now)
                 if self.watchdog.stormed[port][prio]:
                     continue  # a stormed queue no longer honours pauses
-                ps.pause(prio, now + quanta * PFC_QUANTUM_BITS / rate, now)
+                ps.pause(prio, now + pause_time(quanta, rate), now)
 
     def _send_pfc(self, port: int, prio: int, quanta: int, now: float) -> None:
         """XOFF (quanta > 0) or XON (0) for ``prio`` to the neighbour on ``port``."""
@@ -287,7 +289,7 @@ class SwitchCore(Core):
         ps.pfc_tx[prio] += 1
         if quanta:
             rate = cfg.rate_bps or NOMINAL_BPS
-            ps.xoff_refresh_at[prio] = now + quanta * PFC_QUANTUM_BITS / rate / 2
+            ps.xoff_refresh_at[prio] = now + pause_time(quanta, rate) / 2
             self._refreshing.add(port)
         else:
             ps.xoff_refresh_at[prio] = 0.0
@@ -367,16 +369,13 @@ class SwitchCore(Core):
             if self._rng.random() >= p:
                 return datagram
         self.ports[port].ecn_marked[prio] += 1
-        # RFC 1624: HC' = ~(~HC + ~m + m'), with m the (version/IHL, TOS) word
-        old_word = 0x45 << 8 | tos
-        new_word = old_word | ECN_CE
-        csum = datagram[_IP + 10] << 8 | datagram[_IP + 11]
-        s = (~csum & 0xFFFF) + (~old_word & 0xFFFF) + new_word
-        s = (s & 0xFFFF) + (s >> 16)
-        s = (s & 0xFFFF) + (s >> 16)
+        old_word = 0x45 << 8 | tos  # the (version/IHL, TOS) word
+        csum = checksum_update(
+            datagram[_IP + 10] << 8 | datagram[_IP + 11], old_word, old_word | ECN_CE
+        )
         buf = bytearray(datagram)
         buf[_IP + 1] = tos | ECN_CE
-        buf[_IP + 10 : _IP + 12] = (~s & 0xFFFF).to_bytes(2, "big")
+        buf[_IP + 10 : _IP + 12] = csum.to_bytes(2, "big")
         return bytes(buf)
 
     # -- timers, links ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from switch.mmu import PRIORITIES
+from rocev2_emu.wire.qos import PRIORITIES
 
 
 class Watchdog:

@@ -40,7 +40,8 @@ from rocev2_emu.wire.ethernet import (
     mac_for_ip,
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
-from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS, PRIORITIES, PfcFrame, encode_pfc
+from rocev2_emu.wire.pfc import PfcFrame, encode_pfc
+from rocev2_emu.wire.qos import DEFAULT_DSCP_MAP, PRIORITIES, priority_of
 from rocev2_emu.wire.roce import (
     DSCP_CNP,
     DSCP_ROCE,
@@ -51,7 +52,6 @@ from rocev2_emu.wire.roce import (
 
 # DSCP -> 802.1p priority: RoCE data on 3, CNPs on 6 (the usual lossless-fabric convention);
 # any other DSCP maps to its class selector (DSCP >> 3).
-DEFAULT_DSCP_MAP: Final = {26: 3, 48: 6}
 CNP_PAD: Final = bytes(CNP_PAD_LEN)
 
 
@@ -202,7 +202,7 @@ class NicCore(Core):
 
     def priority_of(self, dscp: int) -> int:
         """The 802.1p priority of a DSCP: the configured map, else its class selector."""
-        return self.config.dscp_map.get(dscp, dscp >> 3)
+        return priority_of(self.config.dscp_map, dscp)
 
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
@@ -326,7 +326,7 @@ class NicCore(Core):
         for prio in range(PRIORITIES):
             if frame.class_enable >> prio & 1:
                 self.pause_frames_received[prio] += 1
-                self.paused_until[prio] = now + frame.quanta[prio] * PFC_QUANTUM_BITS / rate
+                self.paused_until[prio] = now + frame.pause_seconds(prio, rate)
 
     # -- transmit --------------------------------------------------------------------------
     def queue_control(self, datagram: bytes | bytearray) -> None:

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rocev2_emu.wire.linerate import WIRE_OVERHEAD
-from rocev2_emu.wire.pfc import PFC_QUANTUM_BITS
+from rocev2_emu.wire.pfc import pause_time
 
 
 @dataclass(slots=True)
@@ -77,7 +77,7 @@ class IngressQueue:
             return 0
         elif not (self.paused and now >= self.refresh_at):
             return None
-        self.refresh_at = now + c.quanta * PFC_QUANTUM_BITS / self.link_bps / 2
+        self.refresh_at = now + pause_time(c.quanta, self.link_bps) / 2
         self.pfc_sent += 1
         return c.quanta
 

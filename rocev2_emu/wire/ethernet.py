@@ -62,6 +62,16 @@ def ipv4_checksum(header: bytes | bytearray | memoryview) -> int:
     return ~total & 0xFFFF
 
 
+def checksum_update(checksum: int, old_word: int, new_word: int) -> int:
+    """An Internet checksum after one 16-bit word of what it covers changed from ``old_word``
+    to ``new_word``, without summing the rest again: RFC 1624 eqn. 3, HC' = ~(~HC + ~m + m')
+    (which, unlike RFC 1141's form, never yields 0xFFFF for a zero sum)."""
+    s = (~checksum & 0xFFFF) + (~old_word & 0xFFFF) + new_word
+    s = (s & 0xFFFF) + (s >> 16)
+    s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
 def ip_to_int(address: str) -> int:
     return int(ipaddress.IPv4Address(address))
 

@@ -13,12 +13,12 @@ from typing import Final, NamedTuple
 
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import ETH_HEADER, ETH_LEN, ETH_MIN_FRAME, ETHERTYPE_MAC_CONTROL
+from rocev2_emu.wire.qos import PRIORITIES
 
 PFC_DST_MAC: Final = bytes.fromhex("0180c2000001")
 PFC_OPCODE: Final = 0x0101
 PAUSE_OPCODE: Final = 0x0001  # 802.3x link-level PAUSE, recognised only to be rejected clearly
 PFC_QUANTUM_BITS: Final = 512
-PRIORITIES: Final = 8
 MAX_QUANTA: Final = 0xFFFF
 
 # opcode(16) | class-enable vector(16: reserved(8), C7..C0(8)) | time[0..7] (16 each)
@@ -34,7 +34,13 @@ class PfcFrame(NamedTuple):
 
     def pause_seconds(self, priority: int, link_bps: float) -> float:
         """How long ``priority`` stays paused at a link of ``link_bps`` bit/s (0: resume)."""
-        return self.quanta[priority] * PFC_QUANTUM_BITS / link_bps
+        return pause_time(self.quanta[priority], link_bps)
+
+
+def pause_time(quanta: int, link_bps: float) -> float:
+    """How long a pause of ``quanta`` lasts on a link of ``link_bps`` bit/s: 512 bit times a
+    quantum (802.1Qbb §36.1.3.1); 0 resumes."""
+    return quanta * PFC_QUANTUM_BITS / link_bps
 
 
 def encode_pfc(src_mac: bytes, quanta: dict[int, int]) -> bytes:
