@@ -18,6 +18,11 @@ from switch.mmu import MmuConfig
 # BTH destination QP (Meta's E-ECMP, a switch UDF on the RoCE header); or by destination alone
 # (path pinning: every flow to one host takes one path)
 ECMP_MODES: Final = ("5-tuple", "5-tuple+qpn", "destination")
+# the same modes as the pipeline holds them (their index above); named Final ints rather than an
+# IntEnum so that mypyc compiles a comparison to an integer compare, not an attribute load
+ECMP_FIVE_TUPLE: Final = 0
+ECMP_FIVE_TUPLE_QPN: Final = 1
+ECMP_DESTINATION: Final = 2
 
 
 @dataclass(slots=True, frozen=True)

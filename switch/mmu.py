@@ -29,6 +29,10 @@ from typing import Final
 from rocev2_emu.wire.qos import PRIORITIES
 
 BUFFER_MODES: Final = ("shared", "static")
+# what admit_enqueue did with a frame (named Final ints: mypyc compiles them to constants)
+ADMIT_DROP: Final = -1  # no room: the caller drops it
+ADMIT_SHARED: Final = 0  # taken into the reserve or the shared pool
+ADMIT_HEADROOM: Final = 1  # lossless traffic after XOFF: taken into the PFC headroom
 
 
 @dataclass(slots=True)
@@ -80,9 +84,9 @@ class Mmu:
         return c.alpha * free if free > 0 else 0.0
 
     def admit_enqueue(self, port: int, prio: int, size: int) -> int:
-        """Account a frame of ``size`` bytes from ``port`` at ``prio``: -1 when there is no room
-        (the caller drops it), 0 when it went to the reserve or the shared pool, 1 when it went
-        to the PFC headroom (lossless traffic that arrived after XOFF)."""
+        """Account a frame of ``size`` bytes from ``port`` at ``prio``: ADMIT_DROP when there is
+        no room (the caller drops it), ADMIT_SHARED when it went to the reserve or the shared
+        pool, ADMIT_HEADROOM when it went to the PFC headroom (lossless traffic after XOFF)."""
         c = self.config
         reserve = c.reserve_bytes
         row = self.ingress[port]
@@ -91,7 +95,7 @@ class Mmu:
         if after <= reserve:
             row[prio] = after
             self.total += size
-            return 0
+            return ADMIT_SHARED
         used = ing - reserve if ing > reserve else 0
         grow = after - reserve - used
         full = self.static and self.port_shared[port] + grow > self.partition
@@ -99,24 +103,24 @@ class Mmu:
             if self.paused[port][prio] or used + grow > self.pfc_threshold() or full:
                 headroom = self.headroom_used[port]
                 if headroom[prio] + size > c.headroom_bytes:
-                    return -1
+                    return ADMIT_DROP
                 headroom[prio] += size
                 self.total += size
-                return 1
+                return ADMIT_HEADROOM
             if self.shared_total + grow > self.shared_size:
-                return -1
+                return ADMIT_DROP
         elif self.static:
             if full:
-                return -1
+                return ADMIT_DROP
         else:
             free = self.shared_size - self.shared_total
             if grow > free or used + grow > c.alpha * free:
-                return -1
+                return ADMIT_DROP
         row[prio] = after
         self.shared_total += grow
         self.port_shared[port] += grow
         self.total += size
-        return 0
+        return ADMIT_SHARED
 
     def dequeue(self, port: int, prio: int, size: int, from_headroom: bool) -> None:
         self.total -= size

@@ -35,8 +35,14 @@ from rocev2_emu.wire.ethernet import (
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
 from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc, pause_time
 from rocev2_emu.wire.qos import PRIORITIES
-from switch.config import ECMP_MODES, EcnThresholds, SwitchConfig
-from switch.mmu import Mmu
+from switch.config import (
+    ECMP_DESTINATION,
+    ECMP_FIVE_TUPLE_QPN,
+    ECMP_MODES,
+    EcnThresholds,
+    SwitchConfig,
+)
+from switch.mmu import ADMIT_DROP, ADMIT_HEADROOM, Mmu
 from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
@@ -115,6 +121,7 @@ class SwitchCore(Core):
         if config.ecmp not in ECMP_MODES:
             raise ValueError(f"switch {config.name}: ecmp {config.ecmp!r}: one of {ECMP_MODES}")
         self._ecmp_mode = ECMP_MODES.index(config.ecmp)
+        self._watchdog_drops = config.watchdog_action == "drop"  # else "forward"
         self._flows: dict[bytes, int] = {}
         # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
@@ -189,15 +196,15 @@ class SwitchCore(Core):
             return
         size = total + 14
         eq = self.ports[out]
-        if self.watchdog.stormed[out][prio] and self.config.watchdog_action == "drop":
+        if self.watchdog.stormed[out][prio] and self._watchdog_drops:
             eq.drops["pfc_watchdog"] += 1
             return
         mmu = self.mmu
         where = mmu.admit_enqueue(port, prio, size)
-        if where < 0:
+        if where == ADMIT_DROP:
             ps.drops["buffer" if prio not in mmu.lossless else "headroom"] += 1
             return
-        from_headroom = where == 1
+        from_headroom = where == ADMIT_HEADROOM
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
         fifo = eq.queues[prio].get(port)
         if fifo is None:
@@ -238,18 +245,18 @@ class SwitchCore(Core):
         if len(ports) == 1:
             return None  # its one port is down
         mode = self._ecmp_mode
-        if mode == 2:  # path pinning: the destination alone
+        if mode == ECMP_DESTINATION:  # path pinning: the destination alone
             key = bytes(header[16:20])
         else:  # src, dst, sport, dport (and the destination QP: BTH bytes 5-7 after UDP)
             key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])
-            if mode == 1:
+            if mode == ECMP_FIVE_TUPLE_QPN:
                 key += bytes(data[_IP + 33 : _IP + 36])
         out = self._flows.get(key)
         if out is None or not self.ports[out].up:
             live = [p for p in ports if self.ports[p].up]
             if not live:
                 return None
-            if mode == 2:  # consecutive destinations spread over the ports in turn
+            if mode == ECMP_DESTINATION:  # consecutive destinations spread over the ports in turn
                 out = live[int.from_bytes(key, "big") % len(live)]
             else:
                 out = live[crc32(key, self._ecmp_salt) % len(live)]
@@ -426,7 +433,7 @@ class SwitchCore(Core):
             ps = self.ports[port]
             if self.watchdog.stormed[port][prio]:
                 ps.pause(prio, now, now)  # stop honouring the pause
-                if self.config.watchdog_action == "drop":
+                if self._watchdog_drops:
                     self._flush(port, prio, now, "pfc_watchdog")
 
     def _queue_paused(self, port: int, prio: int, now: float) -> bool:
