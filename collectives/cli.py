@@ -108,6 +108,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
     )
     g.add_argument(
+        "--pace",
+        type=positive_float,
+        metavar="N",
+        help="with --clock exact: at least N wall seconds per emulated second (still exact; a "
+        "run that cannot keep up goes slower, never differently), to follow the map live",
+    )
+    g.add_argument(
         "--ui",
         nargs="?",
         const="127.0.0.1:8080",
@@ -155,6 +162,7 @@ class BenchOptions:
     attach: bool = False
     clock: str = "wall"
     tdf: float | None = None
+    pace: float | None = None  # --clock exact: wall seconds per emulated second, at least
     show_nodes: bool = False  # list the node processes and their metrics first
     ui: str | None = None  # serve the live map here while it runs (processes)
 
@@ -163,7 +171,7 @@ class BenchOptions:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def demo(clock: str, tdf: float | None, ui: str | None = None) -> int:
+def demo(clock: str, tdf: float | None, ui: str | None = None, pace: float | None = None) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node
     (``ui``: with the fabric's live map)."""
     opts = BenchOptions(
@@ -173,6 +181,7 @@ def demo(clock: str, tdf: float | None, ui: str | None = None) -> int:
         algo="ring",
         clock=clock,
         tdf=tdf,
+        pace=pace,
         show_nodes=True,
         ui=ui,
     )
@@ -212,12 +221,16 @@ def main(which: str, args: BenchOptions) -> int:
     )
     ranks = sum(h.ranks for h in topo.hosts)
     exact = args.clock == "exact" and not args.virtual
+    if args.pace is not None and not exact:
+        raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
     if exact and args.attach:
         raise ValueError("--clock exact starts its own fabric: not with --attach")
     tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
     if exact:
-        mode = "one process per node, clock: exact"
+        mode = "one process per node, clock: exact" + (
+            f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
+        )
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
     print(
@@ -243,6 +256,7 @@ def main(which: str, args: BenchOptions) -> int:
             params,
             quiet=not args.show_nodes,
             beside=map_task(topo, args.ui),
+            pace=args.pace,
         )
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)

@@ -166,6 +166,7 @@ def run_exact_job(
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
+    pace: float | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any], str]:
     """Job ``name`` on one process per node on the exact clock: (results by rank, fabric
     counters, how the run was synchronised)."""
@@ -175,6 +176,7 @@ def run_exact_job(
         lambda coordinator: ExactCollectiveJob(name, params, coordinator),
         quiet=quiet,
         beside=beside,
+        pace=pace,
     )
     results, fabric = outcome
     return results, fabric, synced

@@ -12,11 +12,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from rocev2_emu.cli.args import positive_float
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.tools.perftest import wait_until_listening
 
 # the clock ("exact" or "wall"), the TDF of the wall clock (None: the topology's), --ui
-Demo = Callable[[str, float | None, str | None], int]
+Demo = Callable[[str, float | None, str | None, float | None], int]
 _DEMO: list[Demo] = []
 
 
@@ -38,6 +39,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tdf", type=float, help="time-dilation factor of --clock wall (default: the topology's)"
     )
+    p.add_argument(
+        "--pace",
+        type=positive_float,
+        metavar="N",
+        help="with --clock exact: at least N wall seconds per emulated second (still exact), to "
+        "follow the map live",
+    )
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     p.add_argument(
         "--ui",
@@ -54,7 +62,9 @@ def _run(args: argparse.Namespace) -> int:
     if _DEMO and not args.perftest:
         if args.tdf is not None and args.clock == "exact":
             raise ValueError("--tdf dilates the wall clock: give --clock wall too")
-        return _DEMO[0](args.clock, args.tdf, args.ui)
+        if args.pace is not None and args.clock != "exact":
+            raise ValueError("--pace slows an exact run to the wall clock: not with --clock wall")
+        return _DEMO[0](args.clock, args.tdf, args.ui, args.pace)
     return perftest_demo(args.tdf or 200.0, args.loss)
 
 

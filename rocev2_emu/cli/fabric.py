@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.cli.args import positive_float
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
 from rocev2_emu.fabric.compose import generate
@@ -40,6 +41,13 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         "on emulated time, synchronised: the virtual run's results; needs --flows)",
     )
     p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
+    p.add_argument(
+        "--pace",
+        type=positive_float,
+        metavar="N",
+        help="with --clock exact: at least N wall seconds per emulated second (still exact; a "
+        "run that cannot keep up goes slower, never differently), to follow the map live",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results and counters as JSON")
     p.add_argument(
         "--ui",
@@ -83,7 +91,15 @@ def _up(args: argparse.Namespace) -> int:
         watch=watch,
         exact=args.clock == "exact",
         json_out=args.json,
+        pace=_pace(args),
     )
+
+
+def _pace(args: argparse.Namespace) -> float | None:
+    if args.pace is not None and (args.clock != "exact" or args.virtual):
+        raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
+    pace: float | None = args.pace
+    return pace
 
 
 def _view_args(p: argparse.ArgumentParser) -> None:

@@ -296,6 +296,7 @@ def up(
     watch: Watcher | None = None,
     exact: bool = False,
     json_out: str | None = None,
+    pace: float | None = None,
 ) -> int:
     """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time;
     ``exact``: node processes synchronised on emulated time); ``beside``: a task alongside the
@@ -311,7 +312,7 @@ def up(
             raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
         try:
             results, fabric, synced = _run_exact(
-                topo, topo_path, flows, beside, FLOW_START, quiet=False
+                topo, topo_path, flows, beside, FLOW_START, quiet=False, pace=pace
             )
         except SyncError as exc:
             print(f"rocev2-emu up: {exc}", file=sys.stderr)
@@ -344,12 +345,18 @@ def _run_exact(
     t0: float,
     *,
     quiet: bool = True,
+    pace: float | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any], str]:
     """The flows on node processes on the exact clock: their results, the fabric's counters and
     how it was synchronised (:meth:`Coordinator.summary`); a SyncError (one line) if the run
     could not go on (a node died or went silent)."""
     outcome, synced = run_exact(
-        topo, topo_path, lambda c: ExactFlowsJob(flows, c, t0), quiet=quiet, beside=beside
+        topo,
+        topo_path,
+        lambda c: ExactFlowsJob(flows, c, t0),
+        quiet=quiet,
+        beside=beside,
+        pace=pace,
     )
     results, fabric = outcome
     return results, fabric, synced
@@ -362,12 +369,16 @@ def run_exact(
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
+    pace: float | None = None,
 ) -> tuple[Any, str]:
     """One process per node on the exact clock, synchronised by a coordinator served here, and
     the job ``make_job(coordinator)`` on them: its outcome and how the run was synchronised
     (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`); a
-    SyncError (one line) when the run could not go on (a node died or went silent)."""
-    coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"")
+    SyncError (one line) when the run could not go on (a node died or went silent).
+    ``pace``: at least that many wall seconds per emulated second; a terminal on stderr gets
+    the progress line."""
+    terminal = sys.stderr if sys.stderr.isatty() else None
+    coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"", pace=pace, progress=terminal)
     job = make_job(coordinator)
     try:
         outcome = trio.run(_supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator)

@@ -39,10 +39,11 @@ import math
 import os
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TextIO
 
 import msgpack
 import trio
@@ -189,7 +190,27 @@ class Coordinator:
     fabric's secret), say ``{"hello": name}``, then report and wait for each window.  While
     :attr:`held` (a job setting up, or reading counters) no window is granted."""
 
-    def __init__(self, names: list[str], lookahead: float, secret: bytes) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        lookahead: float,
+        secret: bytes,
+        *,
+        pace: float | None = None,
+        progress: TextIO | None = None,
+    ) -> None:
+        """``pace``: wall seconds per emulated second at least (``--pace N``: a run that could
+        go faster waits, one that cannot keeps its own speed - either way the same events);
+        ``progress``: a terminal for the progress line (None: no line)."""
+        if pace is not None and not pace > 0:
+            raise ValueError(f"--pace {pace!r}: wall seconds per emulated second, > 0")
+        self.pace = pace
+        self.progress = progress
+        self._anchor: tuple[float, float] | None = None  # (emulated, wall) where pacing began
+        self._shown = 0.0  # when the progress line was last written (wall)
+        self._started = (0.0, 0.0)  # (emulated, wall) of the first progress line
+        self._width = 0
+        self.holder = ""  # the process whose next event bounded the last window
         lookahead = min(lookahead, STORE_LATENCY)
         if not lookahead > 0:
             raise ValueError(
@@ -228,6 +249,7 @@ class Coordinator:
     async def finish(self) -> None:
         """The job is done: tell every node (each exits quietly)."""
         self.held = True
+        self.clear_progress()
         for chan in list(self._chans.values()):
             with trio.move_on_after(5.0):
                 await chan.send({"stop": DONE})
@@ -325,7 +347,51 @@ class Coordinator:
             if window.until <= self.until:
                 continue  # nothing can move (a held clock): wait for a report that changes it
             self.now = window.until - self.lookahead
+            self.holder = min(self.reports, key=lambda n: self.reports[n].next_time)
+            await self._paced(window.until)
+            self._show()
             await self._grant(window)
+
+    async def _paced(self, until: float) -> None:
+        """With a pace: wait until the wall clock lets the run reach ``until`` (emulated)."""
+        if self.pace is None:
+            return
+        wall = trio.current_time()  # the supervisor's trio runs on the real clock
+        if self._anchor is None:
+            self._anchor = (self.now, wall)
+        emulated0, wall0 = self._anchor
+        due = wall0 + (until - emulated0) * self.pace
+        if due > wall:
+            await trio.sleep(due - wall)
+
+    def _show(self) -> None:
+        """The progress line, at most twice a second: emulated time reached, emulated
+        microseconds per wall second, and the process that bounds the windows."""
+        if self.progress is None:
+            return
+        wall = time.monotonic()
+        if wall - self._shown < 0.5:
+            return
+        if not self._shown:
+            self._started = (self.now, wall)
+        self._shown = wall
+        emulated0, wall0 = self._started
+        rate = (self.now - emulated0) / max(wall - wall0, 1e-9)
+        line = (
+            f"clock: exact, {self.now * 1e6:,.1f} us emulated, {rate * 1e6:,.1f} us per wall s, "
+            f"{self.rounds} windows, bounded by {self.holder}"
+            + (f", paced at {self.pace:g} s per emulated s" if self.pace else "")
+        )
+        self.progress.write("\r" + line.ljust(self._width))
+        self.progress.flush()
+        self._width = len(line)
+
+    def clear_progress(self) -> None:
+        """Clear the progress line (the run's own output follows)."""
+        if self.progress is not None and self._width:
+            self.progress.write("\r" + " " * self._width + "\r")
+            self.progress.flush()
+            self._width = 0
 
     def _stalled(self) -> str:
         """Why no window moved for STALL_SECONDS: the processes it waits for, or the one whose

@@ -41,14 +41,15 @@ def _up(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess[st
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("topology", "flows", "loss"),
+    ("topology", "flows", "loss", "pace"),
     [
-        ("single-switch", "incast-4to1", None),  # PFC, ECN marks, CNPs, DCQCN
-        ("leaf-spine", "leaf-spine-shift", "0.002"),  # ECMP, lost frames, retransmits, a timeout
+        ("single-switch", "incast-4to1", None, None),  # PFC, ECN marks, CNPs, DCQCN
+        ("leaf-spine", "leaf-spine-shift", "0.002", None),  # ECMP, losses, retransmits, a timeout
+        ("single-switch", "incast-4to1", None, "10000"),  # paced: slower, the same run
     ],
 )
 def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_busy(
-    tmp_path: Path, topology: str, flows: str, loss: str | None
+    tmp_path: Path, topology: str, flows: str, loss: str | None, pace: str | None
 ) -> None:
     topo = ROOT / "examples" / "topologies" / f"{topology}.toml"
     if loss is not None:
@@ -60,7 +61,10 @@ def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_b
     done = _up([str(topo), "--virtual", "--flows", flow_file, "--json", str(virtual)])
     assert done.returncode == 0, done.stderr[-2000:]
     with cpu_burners():
-        done = _up([str(topo), "--clock", "exact", "--flows", flow_file, "--json", str(exact)])
+        paced = ["--pace", pace] if pace else []
+        done = _up(
+            [str(topo), "--clock", "exact", *paced, "--flows", flow_file, "--json", str(exact)]
+        )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clock: exact" in done.stdout
     assert "rocev2-emu node: error" not in done.stderr  # the nodes ended quietly

@@ -1,0 +1,52 @@
+"""The exact clock's pace and progress line: a paced coordinator waits for the wall clock (in
+trio's mock time here) and never changes the windows; the progress line says where the run is
+and which process bounds it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import trio
+import trio.testing
+
+from rocev2_emu.runtime.sync import Coordinator
+
+
+async def test_a_paced_coordinator_waits_until_the_wall_clock_allows_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    c = Coordinator(["a", "b"], 1e-6, b"", pace=1000.0)  # 1 ms of wall per emulated us
+    start = trio.current_time()
+    c.now = 5e-6
+    await c._paced(6e-6)  # anchors at 5 us emulated: 1 us on costs 1 ms of wall
+    assert trio.current_time() - start == pytest.approx(1e-3)
+    await c._paced(6e-6)  # already allowed: no wait
+    assert trio.current_time() - start == pytest.approx(1e-3)
+    await c._paced(26e-6)  # an idle stretch skipped in one window is still paced
+    assert trio.current_time() - start == pytest.approx(21e-3)
+    unpaced = Coordinator(["a"], 1e-6, b"")
+    await unpaced._paced(1.0)
+    assert trio.current_time() - start == pytest.approx(21e-3)
+
+
+def test_a_pace_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="--pace 0"):
+        Coordinator(["a"], 1e-6, b"", pace=0)
+
+
+def test_the_progress_line_names_the_time_reached_and_what_bounds_the_windows() -> None:
+    out = io.StringIO()
+    c = Coordinator(["h0", "sw0"], 1e-6, b"", pace=50.0, progress=out)
+    c.now, c.rounds, c.holder = 123.4e-6, 7, "sw0"
+    c._show()
+    line = out.getvalue()
+    assert line.startswith("\rclock: exact, 123.4 us emulated, ")
+    assert "7 windows, bounded by sw0, paced at 50 s per emulated s" in line
+    c._show()  # within half a second: not written again
+    assert out.getvalue() == line
+    c.clear_progress()
+    assert out.getvalue().endswith("\r")
+    silent = Coordinator(["h0"], 1e-6, b"")
+    silent._show()  # no terminal: no line, nothing to clear
+    silent.clear_progress()
