@@ -232,7 +232,8 @@ def run_topology_data(
     mode: Mode | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """Job ``job`` with processes on a topology given as data (a scenario's): written to a
-    temporary file for the nodes to read, removed afterwards.  ``prepare(topo, path)`` runs
+    temporary file for the nodes to read, removed afterwards; on the exact clock when the
+    scenario's ``mode`` says so (``tdf`` then unused).  ``prepare(topo, path)`` runs
     first (to put the path in ``params``, say); a scenario's ``mode`` may put the live map
     beside the job (``scenario NAME --ui``)."""
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
@@ -242,6 +243,9 @@ def run_topology_data(
         if prepare is not None:
             prepare(topo, str(path))
         ui = mode.ui(topo) if mode is not None and mode.ui is not None else None
+        if mode is not None and mode.exact:
+            results, fabric, _ = run_exact_job(topo, str(path), job, params, beside=ui)
+            return results, fabric
         return run_local(topo, str(path), tdf, job, params, beside=ui)
 
 

@@ -212,4 +212,4 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
 
 def register() -> None:
     """Add ``ecmp-entropy`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes."""
-    harness.register(harness.job_scenario("ecmp-entropy", entropy, plot))
+    harness.register(harness.job_scenario("ecmp-entropy", entropy, plot, exact=True))

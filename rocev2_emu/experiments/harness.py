@@ -258,6 +258,7 @@ class Scenario:
     units: str = "; rates in emulated Gbit/s"
     takes: frozenset[str] = frozenset()  # the Mode fields of scale it accepts
     exact: bool = False  # its runs with processes can run on the exact clock (--clock exact)
+    not_exact: str = ""  # why they cannot, when not (--clock exact is refused saying so)
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -285,7 +286,8 @@ def fabric_scenario(
             "matplotlib absent" if series else "processes keep no time series",
         )
 
-    return Scenario(name, run, takes=takes, exact=exact)
+    not_exact = "" if exact else "it measures the wall clock's dilation"
+    return Scenario(name, run, takes=takes, exact=exact, not_exact=not_exact)
 
 
 def virtual_scenario(
@@ -308,16 +310,20 @@ def job_scenario(
     name: str,
     experiment: Callable[[int, float | None, Mode], tuple[list[dict[str, Any]], list[str], bool]],
     plot: Callable[[list[dict[str, Any]], Path], bool],
+    *,
+    exact: bool = False,
+    not_exact: str = "",
 ) -> Scenario:
     """A scenario of collective jobs, in virtual time or with processes at the mode's TDF
     (``experiment(seed, tdf, mode)``, ``tdf`` None in virtual time; the mode's recorder or live
-    map beside each job); it plots its own rows."""
+    map beside each job); it plots its own rows.  ``exact``: its jobs with processes may run
+    on the exact clock (``not_exact``: why not, when they may not)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
         rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
-    return Scenario(name, run, units="")
+    return Scenario(name, run, units="", exact=exact, not_exact=not_exact)
 
 
 SCALE_FLAGS = {
@@ -363,9 +369,7 @@ def main(
         print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
         return 2
     if exact and (virtual or not scenario.exact):
-        why = "it runs in virtual time" if virtual else "it measures the wall clock's dilation"
-        if not virtual and scenario.name != "dilation":
-            why = "its collective jobs with processes are not exact yet (docs/architecture.md)"
+        why = "it runs in virtual time" if virtual else scenario.not_exact
         print(f"{name} takes no --clock exact: {why}", file=sys.stderr)
         return 2
     given = {k: v for k, v in (scale or {}).items() if v is not None}

@@ -160,3 +160,36 @@ def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
     assert "--tdf dilates the wall clock: give --clock wall too" in capsys.readouterr().err
     assert main(["scenario", "ecmp-entropy", "--clock", "exact"]) == 2
     assert "not exact yet" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(900)
+def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_virtual_run() -> None:
+    """The ecmp-entropy scenario's job on its processes' fabric (8 hosts, 2 leaves, 2 spines,
+    the all-reduce over 4 QPs per connection), once as node processes on the exact clock
+    (``scenario ecmp-entropy --clock exact``'s path) while the CPUs are busy, once in virtual
+    time on the same topology: every rank's result and the fabric's counters agree."""
+    from collectives.jobs.job import run_virtual
+    from collectives.jobs.launch import run_topology_data
+    from collectives.scenarios import entropy
+    from rocev2_emu.experiments.harness import Mode
+    from rocev2_emu.fabric.topology_file import parse
+
+    data = entropy.entropy_data(1, "5-tuple", small=True, tdf=1.0)
+    params = {
+        "coll": "all_reduce",
+        "bytes": 256 << 10,
+        "order": "rank",
+        "qps_per_connection": 4,
+        "slot_bytes": 64 << 10,
+        "timeout": 1.0,
+    }
+    virtual, vfab = run_virtual(parse(data, "ecmp-entropy.toml"), "entropy_op", params)
+    with cpu_burners():
+        exact, efab = run_topology_data(
+            data, "ecmp-entropy", 1.0, "entropy_op", params, mode=Mode(virtual=False, exact=True)
+        )
+    assert exact == virtual
+    assert all(r["wrong"] == 0 for r in exact.values())
+    for key in ("port_tx_bytes", "pfc_tx", "ecn_marked", "drops", "retransmitted"):
+        assert efab.get(key) == vfab.get(key), key
+    assert sum(vfab["port_tx_bytes"]) > 0
