@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.cli.args import positive_float
+from rocev2_emu.cli.args import positive_float, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
 from rocev2_emu.fabric.compose import generate
@@ -198,23 +198,73 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _topology_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree"])
+    p.add_argument("shape", choices=["single-switch", "leaf-spine", "fat-tree", "ai-zone"])
     p.add_argument("--hosts", type=int, default=8, help="single-switch: hosts (default 8)")
     p.add_argument("--spines", type=int, default=2, help="leaf-spine: spines (default 2)")
     p.add_argument("--leaves", type=int, default=4, help="leaf-spine: leaves (default 4)")
     p.add_argument("--hosts-per-leaf", type=int, default=2, help="leaf-spine (default 2)")
     p.add_argument("-k", type=int, default=4, help="fat-tree: k (even, default 4)")
-    p.add_argument("--rate", type=float, default=100.0, help="link rate, Gbit/s")
+    p.add_argument(
+        "--rate", type=float, help="link rate, Gbit/s (default 100; ai-zone: a host's, 400)"
+    )
     p.add_argument("--delay-us", type=float, default=1.0, help="link delay, microseconds")
     p.add_argument(
         "--tdf",
         type=float,
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
+    _ai_zone_args(p)
+
+
+def _ai_zone_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ai-zone (Meta's AI Zone: docs/fabric.md)")
+    g.add_argument("--zones", type=positive_int, default=2, help="AI zones (default 2)")
+    g.add_argument("--racks", type=positive_int, default=2, help="racks per zone (default 2)")
+    g.add_argument("--servers-per-rack", type=positive_int, default=1, help="(default 1)")
+    g.add_argument(
+        "--accelerators", type=positive_int, default=2, help="per server, a NIC each (default 2)"
+    )
+    g.add_argument("--ctsws", type=positive_int, default=2, help="spines per zone (default 2)")
+    g.add_argument("--atsws", type=positive_int, default=1, help="aggregators (default 1)")
+    g.add_argument(
+        "--spare", type=positive_float, default=1.125, help="RTSW uplink / downlink (1.125)"
+    )
+    g.add_argument(
+        "--cross-zone-oversubscription",
+        type=positive_float,
+        default=7.0,
+        help="CTSW downlink / ATSW uplink capacity (default 7: an assumption)",
+    )
+    g.add_argument(
+        "--ctsw-buffer-mb",
+        type=float,
+        default=0.0,
+        help="each CTSW's deep buffer, MiB, statically divided (0: the fabric's buffer)",
+    )
 
 
 def _topology(args: argparse.Namespace) -> int:
-    common: dict[str, float] = {"rate_gbps": args.rate, "delay_us": args.delay_us}
+    if args.shape == "ai-zone":
+        extra: dict[str, float] = {"tdf": args.tdf} if args.tdf else {}
+        print(
+            topogen.ai_zone(
+                args.zones,
+                args.racks,
+                args.servers_per_rack,
+                args.accelerators,
+                args.ctsws,
+                args.atsws,
+                host_gbps=args.rate or 400.0,
+                spare=args.spare,
+                cross_zone_oversubscription=args.cross_zone_oversubscription,
+                ctsw_buffer_mb=args.ctsw_buffer_mb,
+                delay_us=args.delay_us,
+                **extra,
+            ),
+            end="",
+        )
+        return 0
+    common: dict[str, float] = {"rate_gbps": args.rate or 100.0, "delay_us": args.delay_us}
     if args.tdf:
         common["tdf"] = args.tdf
     if args.shape == "single-switch":

@@ -1,4 +1,5 @@
-"""Generate topology files: N hosts on one switch, leaf-spine of any size, k-ary fat-trees.
+"""Generate topology files: N hosts on one switch, leaf-spine of any size, k-ary fat-trees, and
+Meta's AI Zone (a two-stage Clos per zone, an aggregation layer across zones).
 
 The output is the TOML that :mod:`rocev2_emu.fabric.topology` reads, so a generated file can be
 edited by hand afterwards; the shipped examples under ``examples/topologies`` are its output.
@@ -107,6 +108,88 @@ def fat_tree(k: int, rate_gbps: float = 100.0, delay_us: float = 1.0, tdf: float
                 pairs.append((h, f"edge{p}_{i}"))
     lines = _header(f"fat-tree-k{k}", f"fat-tree -k {k}", rate_gbps, delay_us, tdf)
     lines += _nodes("switch", cores + aggs + edges) + _nodes("host", hosts) + _links(pairs)
+    return "\n".join(lines)
+
+
+PORT_SET_ASIDE = 96 * 1024 + 8 * 4096  # a port's PFC headroom and per-priority reserve (defaults)
+SPINE_SPARE = 1.125  # Meta keeps 12.5 % spare spine capacity (Gangidi et al., SIGCOMM 2024)
+
+
+def ai_zone(
+    zones: int = 2,
+    racks: int = 2,
+    servers_per_rack: int = 1,
+    accelerators: int = 2,
+    ctsws: int = 2,
+    atsws: int = 1,
+    *,
+    host_gbps: float = 400.0,
+    spare: float = SPINE_SPARE,
+    cross_zone_oversubscription: float = 7.0,
+    ctsw_buffer_mb: float = 0.0,
+    delay_us: float = 1.0,
+    tdf: float = 20000.0,
+) -> str:
+    """Meta's AI Zone (Gangidi et al., "RDMA over Ethernet for Distributed Training at Meta
+    Scale", SIGCOMM 2024; Meta Engineering, "A RoCE network for distributed AI training at
+    scale", 2024): a two-stage Clos per zone - a rack training switch (RTSW, the leaf) per rack,
+    wired to every accelerator's NIC in the rack (one NIC per accelerator: each is a host here),
+    and cluster training switches (CTSW, the spine) that every RTSW of the zone reaches - with
+    ``spare`` more uplink than downlink capacity (1.125: two spines may fail at no loss of
+    bandwidth); the CTSWs have deep buffers statically divided over their ports
+    (``ctsw_buffer_mb``, 0: the fabric's buffer; ``buffer_mode = "static"`` either way).
+    ``zones`` > 1 adds the aggregation layer: ``atsws`` aggregator training switches (ATSW)
+    that every CTSW reaches, oversubscribed ``cross_zone_oversubscription`` : 1 against what
+    the CTSW faces below (the papers say the cross-zone links are oversubscribed, not by how
+    much: a parameter, 7 by default as an assumption).  Link rates carry the ratios: a host's
+    link ``host_gbps``, an RTSW's uplinks share ``spare`` x its hosts' capacity, a CTSW's ATSW
+    links share its downlinks' capacity / oversubscription.  Small defaults run here (8 hosts);
+    ``--zones 8 --racks 192 --servers-per-rack 2 --accelerators 8 --ctsws 18`` writes the 24 576
+    accelerators of Meta's RoCE GenAI cluster (3 072 per zone: 192 racks of 2 eight-GPU servers)."""
+    if min(zones, racks, servers_per_rack, accelerators, ctsws) < 1 or (zones > 1 and atsws < 1):
+        raise ValueError("an AI zone needs at least one rack, server, accelerator and CTSW")
+    if spare <= 0 or cross_zone_oversubscription <= 0 or host_gbps <= 0:
+        raise ValueError("link rates, spare capacity and oversubscription must be > 0")
+    per_rack = servers_per_rack * accelerators
+    up_gbps = per_rack * host_gbps * spare / ctsws  # one uplink from each RTSW to each CTSW
+    cross_gbps = racks * up_gbps / cross_zone_oversubscription / atsws if zones > 1 else 0.0
+    shape = (
+        f"ai-zone --zones {zones} --racks {racks} --servers-per-rack {servers_per_rack} "
+        f"--accelerators {accelerators} --ctsws {ctsws} --atsws {atsws} --spare {spare:g} "
+        f"--cross-zone-oversubscription {cross_zone_oversubscription:g} "
+        f"--ctsw-buffer-mb {ctsw_buffer_mb:g}"
+    )
+    lines = _header("ai-zone", shape, host_gbps, delay_us, tdf)
+    # every switch needs 96 KiB of PFC headroom and 8 x 4 KiB of reserve per port, and a shared
+    # pool beyond that (topology_file checks): the fabric's buffer is sized for its widest
+    # switch (an RTSW, or an ATSW with a port per CTSW), twice what the ports set aside
+    widest = max(per_rack + ctsws, zones * ctsws if zones > 1 else 0)
+    lines += ["[buffer]", f"size_bytes = {max(12 << 20, 2 * widest * PORT_SET_ASIDE)}", ""]
+    ctsw_ports = racks + (atsws if zones > 1 else 0)
+    if 0 < ctsw_buffer_mb * 2**20 <= ctsw_ports * PORT_SET_ASIDE:
+        raise ValueError(
+            f"--ctsw-buffer-mb {ctsw_buffer_mb:g}: a CTSW's {ctsw_ports} ports set aside "
+            f"{ctsw_ports * PORT_SET_ASIDE / 2**20:g} MiB of headroom and reserve; give more"
+        )
+    ctsw = [[f"ctsw{z}_{c}" for c in range(ctsws)] for z in range(zones)]
+    rtsw = [[f"rtsw{z}_{r}" for r in range(racks)] for z in range(zones)]
+    atsw = [f"atsw{a}" for a in range(atsws)] if zones > 1 else []
+    deep = [f"buffer_bytes = {int(ctsw_buffer_mb * 2**20)}"] if ctsw_buffer_mb > 0 else []
+    lines += _nodes("switch", atsw)
+    for name in (c for zone in ctsw for c in zone):
+        lines += ["[[switch]]", f'name = "{name}"', *deep, 'buffer_mode = "static"', ""]
+    lines += _nodes("switch", [r for zone in rtsw for r in zone])
+    hosts: list[tuple[str, str]] = []
+    for z in range(zones):
+        for r in range(racks):
+            for _ in range(per_rack):
+                hosts.append((f"h{len(hosts)}", rtsw[z][r]))
+    lines += _nodes("host", [h for h, _ in hosts])
+    lines += _links(hosts)
+    rated = [(r, c, up_gbps) for z in range(zones) for r in rtsw[z] for c in ctsw[z]]
+    rated += [(c, a, cross_gbps) for zone in ctsw for c in zone for a in atsw]
+    for a, b, gbps in rated:
+        lines += ["[[link]]", f'a = "{a}"', f'b = "{b}"', f"rate_gbps = {gbps:.6g}", ""]
     return "\n".join(lines)
 
 

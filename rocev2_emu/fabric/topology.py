@@ -57,6 +57,8 @@ class Node:
     ranks: int = 0
     rx_gbps: float = 0.0  # hosts: how fast the host drains its NIC (0: as fast as the link)
     ip: str = ""  # hosts: emulated IPv4 (the GID)
+    buffer_bytes: int = 0  # switches: their own buffer (0: the fabric's [buffer] size_bytes)
+    buffer_mode: str = ""  # switches: their own buffer mode ("": the fabric's [buffer] mode)
     ports: list[tuple[Link, str]] = field(default_factory=list)  # (link, neighbour name)
 
 
@@ -122,11 +124,22 @@ class Topology:
                 )
             )
         routes = self.routes_by_ip(name)
+        mmu = self.mmu
+        if node.buffer_bytes or node.buffer_mode:  # a deep-buffer spine, say
+            mmu = MmuConfig(
+                node.buffer_bytes or mmu.buffer_bytes,
+                mmu.reserve_bytes,
+                mmu.headroom_bytes,
+                mmu.alpha,
+                mmu.xoff_bytes,
+                mmu.xon_offset_bytes,
+                node.buffer_mode or mmu.mode,
+            )
         return SwitchConfig(
             name=name,
             ports=ports,
             routes=routes,
-            mmu=self.mmu,
+            mmu=mmu,
             pfc_enabled=bool(self.pfc["enabled"]),
             lossless=frozenset(self.pfc["lossless_priorities"]),
             pfc_quanta=self.pfc["quanta"],

@@ -20,7 +20,8 @@ configurations are built.  Layout of the file::
     [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight,
                     pacing_gbps (every QP paced at this rate when DCQCN is off; 0: off)
                     (unacknowledged packets per QP; default 4096: paced NICs need no window)
-    [[switch]]      name
+    [[switch]]      name, and optionally buffer_bytes and buffer_mode: its own buffer (a
+                    deep-buffer spine, say) instead of the fabric's [buffer] size and mode
     [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
     [[link]]        a, b, and optionally rate_gbps, delay_us, loss
 """
@@ -247,6 +248,8 @@ def _nodes(
             if name in nodes:
                 raise fail(f"[[{kind}]] #{i + 1} name", name, "duplicate node name")
             extra = set(item) - {"name", "ranks", "rx_gbps"}
+            if kind is NodeKind.SWITCH:
+                extra -= {"buffer_bytes", "buffer_mode"}
             if extra:
                 raise fail(f"[[{kind}]] {name}", sorted(extra), "unknown keys")
             index = len(nodes)
@@ -265,7 +268,15 @@ def _nodes(
             rx = item.get("rx_gbps", 0.0)
             if not isinstance(rx, int | float) or isinstance(rx, bool) or rx < 0:
                 raise fail(f"[[{kind}]] {name}.rx_gbps", rx, "must be a number >= 0")
-            nodes[name] = Node(name, kind, index, address, ranks, float(rx))
+            own = item.get("buffer_bytes", 0)  # a switch's own buffer (hosts have no such key)
+            if not isinstance(own, int) or isinstance(own, bool) or own < 0:
+                raise fail(f"[[switch]] {name}.buffer_bytes", own, "must be an integer >= 0")
+            mode = item.get("buffer_mode", "")
+            if mode and mode not in BUFFER_MODES:
+                raise fail(f"[[switch]] {name}.buffer_mode", mode, f"one of {list(BUFFER_MODES)}")
+            nodes[name] = Node(
+                name, kind, index, address, ranks, float(rx), buffer_bytes=own, buffer_mode=mode
+            )
     hosts = [n for n in nodes.values() if n.kind is NodeKind.HOST]
     if not hosts:
         raise fail("[[host]]", [], "a fabric needs at least one host")
@@ -321,19 +332,16 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
             )
 
     buf = sec["buffer"]
-    widest = max(
-        (n for n in nodes.values() if n.kind is NodeKind.SWITCH),
-        key=lambda n: len(n.ports),
-        default=None,
-    )
-    if widest is not None:
-        needed = len(widest.ports) * (buf["headroom_bytes"] + 8 * buf["reserve_bytes"])
-        if buf["size_bytes"] <= needed:
+    for sw in (n for n in nodes.values() if n.kind is NodeKind.SWITCH):
+        needed = len(sw.ports) * (buf["headroom_bytes"] + 8 * buf["reserve_bytes"])
+        size = sw.buffer_bytes or buf["size_bytes"]
+        if size <= needed:
+            key = f"[[switch]] {sw.name}.buffer_bytes" if sw.buffer_bytes else "[buffer].size_bytes"
             raise _fail(
                 path,
-                "[buffer].size_bytes",
-                buf["size_bytes"],
-                f"too small: {widest.name}'s {len(widest.ports)} ports need {needed} bytes of "
+                key,
+                size,
+                f"too small: {sw.name}'s {len(sw.ports)} ports need {needed} bytes of "
                 "headroom and per-priority reserve, and a shared pool beyond that",
             )
     mmu = MmuConfig(

@@ -4,13 +4,14 @@ the key and the bad value."""
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.topogen import fat_tree, leaf_spine, single_switch
+from rocev2_emu.fabric.topogen import ai_zone, fat_tree, leaf_spine, single_switch
 from rocev2_emu.fabric.topology import TopologyError
 from rocev2_emu.fabric.topology_file import load, parse
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
@@ -126,3 +127,55 @@ def test_a_set_faults_request_with_a_boolean_or_no_map_is_refused(faults: Any) -
     with pytest.raises(ValueError, match=r"not a boolean|must be a map"):
         faults_from_request(faults)
     assert faults_from_request({"loss": 0.1, "seed": 3}) == LinkFaults(loss=0.1, seed=3)
+
+
+def test_the_ai_zone_generator_keeps_its_ratios_and_deep_buffer_spines() -> None:
+    text = ai_zone(2, 3, 2, 4, 4, 2, host_gbps=400, ctsw_buffer_mb=64)
+    topo = parse(tomllib.loads(text), "ai.toml")
+    assert len(topo.hosts) == 2 * 3 * 2 * 4  # zones x racks x servers x accelerators
+    kinds = [n.name.rstrip("0123456789_") for n in topo.switches]
+    assert (kinds.count("atsw"), kinds.count("ctsw"), kinds.count("rtsw")) == (2, 8, 6)
+    gbps = {(lk.a, lk.b): lk.rate_bps / 1e9 for lk in topo.links}
+    for z in range(2):
+        for r in range(3):
+            rtsw = f"rtsw{z}_{r}"
+            down = sum(v for (a, b), v in gbps.items() if b == rtsw and a.startswith("h"))
+            up = sum(v for (a, b), v in gbps.items() if a == rtsw)
+            assert down == 8 * 400 and up == pytest.approx(1.125 * down)  # 12.5 % spare
+            assert {b for (a, b) in gbps if a == rtsw} == {f"ctsw{z}_{c}" for c in range(4)}
+    for c in range(4):  # a CTSW: its downlinks over the oversubscription go across zones
+        ctsw = f"ctsw0_{c}"
+        down = sum(v for (a, b), v in gbps.items() if b == ctsw)
+        cross = sum(v for (a, b), v in gbps.items() if a == ctsw)
+        assert cross == pytest.approx(down / 7)
+        mmu = topo.switch_config(ctsw).mmu
+        assert (mmu.buffer_bytes, mmu.mode) == (64 << 20, "static")  # deep, statically divided
+    assert topo.switch_config("rtsw0_0").mmu == topo.mmu  # the fabric's buffer
+    single = parse(tomllib.loads(ai_zone(zones=1)), "one.toml")  # one zone: no aggregation
+    assert not any(n.name.startswith("atsw") for n in single.switches)
+    with pytest.raises(ValueError, match="at least one rack"):
+        ai_zone(racks=0)
+
+
+def test_the_seeds_cluster_is_written_as_a_file() -> None:
+    """Meta's 24 576-accelerator RoCE cluster: 8 zones of 192 racks of two 8-GPU servers."""
+    text = ai_zone(8, 192, 2, 8, 18, 18, ctsw_buffer_mb=16384)
+    assert text.count("[[host]]") == 24576
+    assert text.count("[[switch]]") == 8 * 192 + 8 * 18 + 18
+    assert text.count("[[link]]") == 24576 + 8 * 192 * 18 + 8 * 18 * 18
+
+
+@pytest.mark.parametrize(
+    ("switch", "message"),
+    [
+        ({"buffer_bytes": -1}, "buffer_bytes = -1: must be an integer >= 0"),
+        ({"buffer_bytes": True}, "buffer_bytes = True: must be an integer >= 0"),
+        ({"buffer_mode": "deep"}, "buffer_mode = 'deep': one of"),
+        ({"buffer_bytes": 4096}, "too small: sw0's 2 ports need"),
+    ],
+)
+def test_a_switchs_own_buffer_is_checked(switch: dict[str, Any], message: str) -> None:
+    data = tomllib.loads(single_switch(2))
+    data["switch"][0].update(switch)
+    with pytest.raises(TopologyError, match=re.escape(message)):
+        parse(data, "t.toml")
