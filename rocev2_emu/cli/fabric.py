@@ -236,6 +236,12 @@ def _ai_zone_args(p: argparse.ArgumentParser) -> None:
         help="CTSW downlink / ATSW uplink capacity (default 7: an assumption)",
     )
     g.add_argument(
+        "--rails",
+        action="store_true",
+        help="rail-optimized: a leaf per accelerator index, wired to that accelerator of every "
+        "server of the zone",
+    )
+    g.add_argument(
         "--ctsw-buffer-mb",
         type=float,
         default=0.0,
@@ -258,6 +264,7 @@ def _topology(args: argparse.Namespace) -> int:
                 spare=args.spare,
                 cross_zone_oversubscription=args.cross_zone_oversubscription,
                 ctsw_buffer_mb=args.ctsw_buffer_mb,
+                rails=args.rails,
                 delay_us=args.delay_us,
                 **extra,
             ),

@@ -127,6 +127,7 @@ def ai_zone(
     spare: float = SPINE_SPARE,
     cross_zone_oversubscription: float = 7.0,
     ctsw_buffer_mb: float = 0.0,
+    rails: bool = False,
     delay_us: float = 1.0,
     tdf: float = 20000.0,
 ) -> str:
@@ -145,34 +146,41 @@ def ai_zone(
     link ``host_gbps``, an RTSW's uplinks share ``spare`` x its hosts' capacity, a CTSW's ATSW
     links share its downlinks' capacity / oversubscription.  Small defaults run here (8 hosts);
     ``--zones 8 --racks 192 --servers-per-rack 2 --accelerators 8 --ctsws 18`` writes the 24 576
-    accelerators of Meta's RoCE GenAI cluster (3 072 per zone: 192 racks of 2 eight-GPU servers)."""
+    accelerators of Meta's RoCE GenAI cluster (3 072 per zone: 192 racks of 2 eight-GPU servers).
+
+    ``rails``: rail-optimized instead (as NVIDIA's reference AI fabrics wire them): a leaf per
+    accelerator index in each zone, ``rail{z}_{i}``, wired to accelerator i of every server in
+    the zone, so that accelerators of the same index talk through one switch."""
     if min(zones, racks, servers_per_rack, accelerators, ctsws) < 1 or (zones > 1 and atsws < 1):
         raise ValueError("an AI zone needs at least one rack, server, accelerator and CTSW")
     if spare <= 0 or cross_zone_oversubscription <= 0 or host_gbps <= 0:
         raise ValueError("link rates, spare capacity and oversubscription must be > 0")
-    per_rack = servers_per_rack * accelerators
-    up_gbps = per_rack * host_gbps * spare / ctsws  # one uplink from each RTSW to each CTSW
-    cross_gbps = racks * up_gbps / cross_zone_oversubscription / atsws if zones > 1 else 0.0
+    servers = racks * servers_per_rack  # per zone
+    per_leaf = servers if rails else servers_per_rack * accelerators
+    leaves = accelerators if rails else racks  # per zone
+    up_gbps = per_leaf * host_gbps * spare / ctsws  # one uplink from each leaf to each CTSW
+    cross_gbps = leaves * up_gbps / cross_zone_oversubscription / atsws if zones > 1 else 0.0
     shape = (
         f"ai-zone --zones {zones} --racks {racks} --servers-per-rack {servers_per_rack} "
         f"--accelerators {accelerators} --ctsws {ctsws} --atsws {atsws} --spare {spare:g} "
         f"--cross-zone-oversubscription {cross_zone_oversubscription:g} "
-        f"--ctsw-buffer-mb {ctsw_buffer_mb:g}"
+        f"--ctsw-buffer-mb {ctsw_buffer_mb:g}" + (" --rails" if rails else "")
     )
     lines = _header("ai-zone", shape, host_gbps, delay_us, tdf)
     # every switch needs 96 KiB of PFC headroom and 8 x 4 KiB of reserve per port, and a shared
     # pool beyond that (topology_file checks): the fabric's buffer is sized for its widest
     # switch (an RTSW, or an ATSW with a port per CTSW), twice what the ports set aside
-    widest = max(per_rack + ctsws, zones * ctsws if zones > 1 else 0)
+    widest = max(per_leaf + ctsws, zones * ctsws if zones > 1 else 0)
     lines += ["[buffer]", f"size_bytes = {max(12 << 20, 2 * widest * PORT_SET_ASIDE)}", ""]
-    ctsw_ports = racks + (atsws if zones > 1 else 0)
+    ctsw_ports = leaves + (atsws if zones > 1 else 0)
     if 0 < ctsw_buffer_mb * 2**20 <= ctsw_ports * PORT_SET_ASIDE:
         raise ValueError(
             f"--ctsw-buffer-mb {ctsw_buffer_mb:g}: a CTSW's {ctsw_ports} ports set aside "
             f"{ctsw_ports * PORT_SET_ASIDE / 2**20:g} MiB of headroom and reserve; give more"
         )
     ctsw = [[f"ctsw{z}_{c}" for c in range(ctsws)] for z in range(zones)]
-    rtsw = [[f"rtsw{z}_{r}" for r in range(racks)] for z in range(zones)]
+    leaf = "rail" if rails else "rtsw"
+    rtsw = [[f"{leaf}{z}_{r}" for r in range(leaves)] for z in range(zones)]
     atsw = [f"atsw{a}" for a in range(atsws)] if zones > 1 else []
     deep = [f"buffer_bytes = {int(ctsw_buffer_mb * 2**20)}"] if ctsw_buffer_mb > 0 else []
     lines += _nodes("switch", atsw)
@@ -180,10 +188,11 @@ def ai_zone(
         lines += ["[[switch]]", f'name = "{name}"', *deep, 'buffer_mode = "static"', ""]
     lines += _nodes("switch", [r for zone in rtsw for r in zone])
     hosts: list[tuple[str, str]] = []
-    for z in range(zones):
-        for r in range(racks):
-            for _ in range(per_rack):
-                hosts.append((f"h{len(hosts)}", rtsw[z][r]))
+    for z in range(zones):  # server by server, accelerator by accelerator
+        for server in range(servers):
+            for acc in range(accelerators):
+                rack = server // servers_per_rack
+                hosts.append((f"h{len(hosts)}", rtsw[z][acc if rails else rack]))
     lines += _nodes("host", [h for h, _ in hosts])
     lines += _links(hosts)
     rated = [(r, c, up_gbps) for z in range(zones) for r in rtsw[z] for c in ctsw[z]]

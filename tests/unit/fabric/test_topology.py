@@ -179,3 +179,17 @@ def test_a_switchs_own_buffer_is_checked(switch: dict[str, Any], message: str) -
     data["switch"][0].update(switch)
     with pytest.raises(TopologyError, match=re.escape(message)):
         parse(data, "t.toml")
+
+
+def test_rails_wire_accelerator_i_of_every_server_to_rail_leaf_i() -> None:
+    text = ai_zone(1, 2, 2, 4, 2, rails=True)  # 1 zone, 2 racks of 2 servers of 4 accelerators
+    topo = parse(tomllib.loads(text), "rails.toml")
+    assert len(topo.hosts) == 16
+    rails = sorted(n.name for n in topo.switches if n.name.startswith("rail"))
+    assert rails == ["rail0_0", "rail0_1", "rail0_2", "rail0_3"]
+    for h, host in enumerate(topo.hosts):  # host h is accelerator h % 4 of server h // 4
+        _, leaf = topo.host_link(host.name)
+        assert leaf.name == f"rail0_{h % 4}"
+    gbps = {(lk.a, lk.b): lk.rate_bps / 1e9 for lk in topo.links}
+    up = sum(v for (a, b), v in gbps.items() if a == "rail0_0")
+    assert up == pytest.approx(1.125 * 4 * 400)  # its four servers' accelerator 0, 12.5 % spare
