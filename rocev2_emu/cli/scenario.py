@@ -24,6 +24,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help=f"{', '.join(names[:-1])} or {names[-1]} (docs/scenarios.md)")
     p.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
     p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="run N seeds from --seed (each into OUT/seed-K) and say how many each check "
+        "passed with (default 1)",
+    )
     p.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")
     p.add_argument(
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
@@ -79,6 +87,19 @@ def _run(args: argparse.Namespace) -> int:
     scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings", "iterations")}
     if args.ui and args.virtual:
         raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
+    if args.seeds > 1:
+        return harness.main_seeds(
+            args.name,
+            seed=args.seed,
+            seeds=args.seeds,
+            out=args.out,
+            virtual=args.virtual,
+            tdf=args.tdf,
+            exact=args.clock == "exact",
+            scale=scale,
+            record=None,  # a recording per seed is what --seeds 1 is for
+            ui=None,
+        )
     return harness.main(
         args.name,
         seed=args.seed,

@@ -346,6 +346,32 @@ def register(scenario: Scenario) -> Scenario:
     return scenario
 
 
+def main_seeds(name: str, *, seed: int, seeds: int, out: str | None, **kw: Any) -> int:
+    """Scenario ``name`` for ``seeds`` seeds from ``seed`` (each into ``out/seed-K``), then how
+    many seeds each check passed in: a conclusion should not hang on one seed."""
+    reports: dict[int, list[str]] = {}
+    worst = 0
+    for k in range(seed, seed + seeds):
+        where = str(Path(out or ".") / f"seed-{k}")
+        rc = main(name, seed=k, out=where, **kw)
+        if rc == 2:
+            return rc  # refused before running: the same for every seed
+        worst = max(worst, rc)
+        data = json.loads((Path(where) / f"{name}.json").read_text())
+        reports[k] = [line.strip() for line in data["report"] if "check:" in line]
+    print(f"# {name} over seeds {seed} to {seed + seeds - 1}:")
+    for i in range(max(len(r) for r in reports.values())):
+        lines = {k: r[i] for k, r in reports.items() if i < len(r)}
+        passed = [k for k, line in lines.items() if line.endswith(": pass")]
+        first = next(iter(lines.values())).removeprefix("check: ").rsplit(": ", 1)[0]
+        failed = ", ".join(f"seed {k}" for k in lines if k not in passed)
+        print(
+            f"#   check {i + 1} ({first}, seed {seed}'s figures): passed with "
+            f"{len(passed)} of {len(lines)} seeds" + (f"; failed with {failed}" if failed else "")
+        )
+    return worst
+
+
 def main(
     name: str,
     *,

@@ -123,3 +123,17 @@ def test_fluid_model_queue_matches_the_fixed_point(tmp_path: Path) -> None:
     assert sum("check: queue within 20 %" in line for line in lines) == 2
     assert plot_runs("fluid-model", runs, tmp_path / "fluid-model.png")
     assert_png(tmp_path / "fluid-model.png")
+
+
+def test_a_scenario_over_seeds_says_how_many_each_check_passed_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = harness.main_seeds("victim-flow", seed=5, seeds=2, out=str(tmp_path), virtual=True)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "# victim-flow over seeds 5 to 6:" in out
+    assert out.count("passed with 2 of 2 seeds") == 2 and "failed with" not in out
+    for seed in (5, 6):
+        data = json.loads((tmp_path / f"seed-{seed}" / "victim-flow.json").read_text())
+        assert data["seed"] == seed and data["ok"] is True
+    assert harness.main_seeds("nope", seed=1, seeds=3, out=str(tmp_path), virtual=True) == 2
