@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -87,30 +88,25 @@ def _run(args: argparse.Namespace) -> int:
     scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings", "iterations")}
     if args.ui and args.virtual:
         raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
+    run: dict[str, Any] = {
+        "out": args.out,
+        "virtual": args.virtual,
+        "tdf": args.tdf,
+        "exact": args.clock == "exact",
+        "scale": scale,
+    }
     if args.seeds > 1:
+        # a recording per seed is what --seeds 1 is for
         return harness.main_seeds(
-            args.name,
-            seed=args.seed,
-            seeds=args.seeds,
-            out=args.out,
-            virtual=args.virtual,
-            tdf=args.tdf,
-            exact=args.clock == "exact",
-            scale=scale,
-            record=None,  # a recording per seed is what --seeds 1 is for
-            ui=None,
+            args.name, seed=args.seed, seeds=args.seeds, record=None, ui=None, **run
         )
     return harness.main(
         args.name,
         seed=args.seed,
-        out=args.out,
-        virtual=args.virtual,
-        tdf=args.tdf,
-        exact=args.clock == "exact",
-        scale=scale,
         # every run in virtual time is recorded (dilation's reference run too, with processes)
         record=None if args.no_record else _recorder(args),
         ui=_live(args.ui) if args.ui else None,
+        **run,
     )
 
 

@@ -347,7 +347,6 @@ class Coordinator:
             if window.until <= self.until:
                 continue  # nothing can move (a held clock): wait for a report that changes it
             self.now = window.until - self.lookahead
-            self.holder = min(self.reports, key=lambda n: self.reports[n].next_time)
             await self._paced(window.until)
             self._show()
             await self._grant(window)
@@ -375,6 +374,8 @@ class Coordinator:
         if not self._shown:
             self._started = (self.now, wall)
         self._shown = wall
+        if self.reports:  # the process whose next event bounds the windows now
+            self.holder = min(self.reports, key=lambda n: self.reports[n].next_time)
         emulated0, wall0 = self._started
         rate = (self.now - emulated0) / max(wall - wall0, 1e-9)
         line = (

@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +138,15 @@ def _query(url: str, path: str, **params: Any) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
-def _wait_healthy(names: list[str], timeout: float = 120) -> None:
+def _wait_healthy(
+    names: list[str],
+    timeout: float = 120,
+    compose: Callable[..., subprocess.CompletedProcess[str]] = _compose,
+) -> None:
+    """Wait until the containers of ``names`` (of ``compose``'s project) report healthy."""
     deadline = time.monotonic() + timeout
     while True:
-        ps = _compose("ps", "-q", *names).stdout.split()
+        ps = compose("ps", "-q", *names).stdout.split()
         states = [
             _run("docker", "inspect", "-f", "{{.State.Health.Status}}", cid).stdout.strip()
             for cid in ps
@@ -248,17 +253,7 @@ def test_a_fresh_clone_starts_without_a_secret_file(image: str) -> None:
         assert config.returncode == 0, config.stderr[-2000:]
         started = compose("up", "-d", *names, check=False)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        deadline = time.monotonic() + 120
-        while True:
-            ids = compose("ps", "-q", *names).stdout.split()
-            states = [
-                _run("docker", "inspect", "-f", "{{.State.Health.Status}}", c).stdout.strip()
-                for c in ids
-            ]
-            if len(states) == len(names) and all(st == "healthy" for st in states):
-                break
-            assert time.monotonic() < deadline, f"not healthy within 120 s: {states}"
-            time.sleep(1)
+        _wait_healthy(names, compose=compose)
         assert secret.stat().st_mode & 0o777 == 0o600
         made = auth.read(secret)
         assert made != auth.read(ROOT / "deploy" / auth.BESIDE_TOPOLOGY)  # its own, not ours
