@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing.synchronize import Event as EventType
 from typing import Any, Final
 
 from rocev2_emu.tools.perftest import wait_until_listening
@@ -28,22 +29,46 @@ from rocev2_emu.wire.ethernet import ETH_LEN, IPV4_LEN, LINK_UDP_PORT, UDP_LEN, 
 DATA_DATAGRAM: Final = VXLAN_LEN + ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + 4096 + ICRC_LEN
 
 
-def _udp_receiver(addr: tuple[str, int], seconds: float, out: mp.Queue[tuple[int, float]]) -> None:
+READY_S: Final = 60.0  # how long a process may take to start, or a forwarder to pass a frame
+
+
+def _udp_receiver(
+    addr: tuple[str, int],
+    seconds: float,
+    out: mp.Queue[tuple[int, float]],
+    through: EventType | None = None,
+    go: EventType | None = None,
+) -> None:
+    """Count the datagrams arriving at ``addr``: from the first one (however long its sender
+    takes to start) until 2 s of silence.  With ``through`` and ``go``: first wait for a probe
+    to come through the forwarder (set ``through``), let the probes drain (0.2 s of silence),
+    then set ``go`` and count the blast.  Puts ``(0, 0.0)`` once bound, then (count, seconds)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     sock.bind(addr)
-    sock.settimeout(2.0)
     buf = bytearray(65536)
-    out.put((0, 0.0))  # ready
+    out.put((0, 0.0))  # bound
     count = 0
     first = last = 0.0
-    deadline = time.monotonic() + seconds + 5
     try:
+        if through is not None and go is not None:
+            sock.settimeout(READY_S)
+            sock.recv_into(buf)  # a probe came through: the forwarder is up
+            through.set()
+            sock.settimeout(0.2)
+            drained = time.monotonic() + 5
+            with contextlib.suppress(TimeoutError):
+                while time.monotonic() < drained:
+                    sock.recv_into(buf)
+            go.set()
+        sock.settimeout(READY_S)
+        deadline = time.monotonic() + READY_S + seconds
         while time.monotonic() < deadline:
             sock.recv_into(buf)
             last = time.monotonic()
             if count == 0:
                 first = last
+                sock.settimeout(2.0)
             count += 1
     except TimeoutError:
         pass
@@ -72,11 +97,11 @@ def udp_baseline(
     q: mp.Queue[tuple[int, float]] = ctx.Queue()
     rx = ctx.Process(target=_udp_receiver, args=(addr, seconds, q))
     rx.start()
-    q.get(timeout=30)
+    q.get(timeout=READY_S)
     tx = ctx.Process(target=_udp_sender, args=(addr, seconds, size))
     tx.start()
-    tx.join(seconds + 30)
-    count, elapsed = q.get(timeout=seconds + 30)
+    tx.join(READY_S + seconds)
+    count, elapsed = q.get(timeout=2 * READY_S + seconds)
     rx.join(10)
     return count / elapsed if elapsed > 0 else 0.0
 
@@ -122,9 +147,17 @@ def nic_write_bw(seconds: float = 3.0, size: int = 65536) -> tuple[float, str]:
     return mb_per_s * 2**20 / 4096, out
 
 
-def _frame_sender(addr: tuple[str, int], seconds: float, vni: int, bind: tuple[str, int]) -> None:
-    """Blast one valid 4096-byte-payload RoCE frame (10.0.0.1 -> 10.0.0.2) at ``addr`` from
-    ``bind`` (a switch port takes frames only from its link's peer address)."""
+def _frame_sender(
+    addr: tuple[str, int],
+    seconds: float,
+    vni: int,
+    bind: tuple[str, int],
+    through: EventType,
+    go: EventType,
+) -> None:
+    """Probe ``addr`` until a frame came through (``through``), then, on ``go``, blast one valid
+    4096-byte-payload RoCE frame (10.0.0.1 -> 10.0.0.2) at it from ``bind`` (a switch port takes
+    frames only from its link's peer address)."""
     from rocev2_emu.wire.roce import FrameTemplate
 
     tpl = FrameTemplate(
@@ -139,11 +172,19 @@ def _frame_sender(addr: tuple[str, int], seconds: float, vni: int, bind: tuple[s
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(bind)
     sock.connect(addr)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for _ in range(64):
-            with contextlib.suppress(OSError):  # ECONNREFUSED while the switch starts
-                sock.send(data)
+    ready = time.monotonic() + READY_S
+    while not through.wait(0.02):  # a probe every 20 ms until one came through
+        if time.monotonic() > ready:
+            sock.close()
+            return
+        with contextlib.suppress(OSError):  # ECONNREFUSED while the forwarder starts
+            sock.send(data)
+    if go.wait(READY_S):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(64):
+                with contextlib.suppress(OSError):
+                    sock.send(data)
     sock.close()
 
 
@@ -151,14 +192,15 @@ def _plain_forwarder(listen: tuple[str, int], out: tuple[str, int], seconds: flo
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     rx.bind(listen)
-    rx.settimeout(2.0)
+    rx.settimeout(READY_S)  # the first frame: however long the sender takes to start
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     buf = bytearray(65536)
     view = memoryview(buf)
-    deadline = time.monotonic() + seconds + 5
+    deadline = time.monotonic() + 2 * READY_S + seconds
     try:
         while time.monotonic() < deadline:
             n = rx.recv_into(buf)
+            rx.settimeout(2.0)
             tx.sendto(view[:n], out)
     except TimeoutError:
         pass
@@ -174,15 +216,16 @@ def _forwarding_rate(
 ) -> float:
     ctx = mp.get_context("spawn")
     q: mp.Queue[tuple[int, float]] = ctx.Queue()
-    rx = ctx.Process(target=_udp_receiver, args=(sink, seconds, q))
+    through, go = ctx.Event(), ctx.Event()
+    rx = ctx.Process(target=_udp_receiver, args=(sink, seconds, q, through, go))
     rx.start()
-    q.get(timeout=30)
+    q.get(timeout=READY_S)
     forwarder = start_forwarder()
-    time.sleep(1.0)
-    tx = ctx.Process(target=_frame_sender, args=(listen, seconds, vni, source))
+    # no sleep: the sender probes until a frame came through the forwarder, then blasts
+    tx = ctx.Process(target=_frame_sender, args=(listen, seconds, vni, source, through, go))
     tx.start()
-    tx.join(seconds + 30)
-    count, elapsed = q.get(timeout=seconds + 30)
+    tx.join(3 * READY_S + seconds)
+    count, elapsed = q.get(timeout=3 * READY_S + seconds)
     rx.join(10)
     if isinstance(forwarder, subprocess.Popen):
         forwarder.terminate()

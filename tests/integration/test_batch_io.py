@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.tools import bench
 
 pytestmark = pytest.mark.integration
 _ports = itertools.count(47_300)
@@ -112,9 +113,29 @@ def test_the_switch_bench_moves_frames_through_a_switch_process(flags: list[str]
         [sys.executable, "-m", "rocev2_emu", *flags, "bench", "switch", "--seconds", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     switch = re.search(r"^switch .*?(\d+) frames/s", out.stdout, re.M)
     assert switch is not None and int(switch.group(1)) > 0, out.stdout
+
+
+def test_the_forwarding_bench_waits_for_a_forwarder_that_starts_slowly() -> None:
+    """A forwarder that takes 4 s to start (a switch process on a loaded machine) is probed
+    until a frame comes through, then timed: the bench once timed it from a fixed 1 s sleep
+    and its receiver gave up after 2 s of silence, printing 0 frames/s."""
+    listen, sink = ("127.0.0.70", 47_390), ("127.0.0.71", 47_390)
+    late = (
+        "import time; time.sleep(4); from rocev2_emu.tools.bench import _plain_forwarder; "
+        f"_plain_forwarder({listen!r}, {sink!r}, 1.0)"
+    )
+    rate = bench._forwarding_rate(
+        lambda: subprocess.Popen([sys.executable, "-c", late]),
+        listen,
+        sink,
+        1.0,
+        1,
+        ("127.0.0.72", 47_390),
+    )
+    assert rate > 0
