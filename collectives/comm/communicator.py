@@ -2,15 +2,16 @@
 
 A :class:`Communicator` is one rank of a job.  It is built over the verbs API of its host's
 NIC (:class:`rocev2_emu.verbs.Context`) and a rendezvous :mod:`store <collectives.comm.store>`;
-ranks on the same host share a :class:`HostGroup` (shared memory, the seed's NVLink).
+ranks on the same host (a server's accelerators) share a :class:`HostGroup`: their links go
+through the server's fabric (:mod:`rocev2_emu.server`, NVLink by default).
 
 * Rings.  The flat ring orders ranks leaf-major, then host-major, then by local rank
   (``order="topology"``), so a ring crosses each spine link as few times as it can; ``order=
   "rank"`` keeps rank order (the naive ring).  The chosen order is logged.  Hops between ranks
-  of one host go through shared memory, the others over one RC QP pair each.
+  of one host go through the server's fabric, the others over one RC QP pair each.
 * Hierarchical all-reduce by level (the seed's "reduce within a rack first"; Horovod's
   hierarchical allreduce and NCCL's tree of rings do it within a host): a reduce-scatter in
-  each host (through shared memory), then in each rack (the hosts under one leaf), then in
+  each host (through the server's fabric), then in each rack (the hosts under one leaf), then in
   each pod (a fat-tree's), each on the shard the level below left; an all-reduce of the last
   shard across the top (one ring per shard, so the spines carry several smaller flows); then
   all-gathers back down.  The levels come from the topology (:func:`~collectives.comm.placement.

@@ -18,18 +18,23 @@ the slot.
   higher priority than the data, so a paused or queued data class does not hold them up).
   Completions arrive on the rank's one CQ and are handed to the right link by
   :class:`Completions`.
-* :class:`LocalTx` / :class:`LocalRx` - ranks on the same host, through shared memory (the
-  seed's NVLink): a copy into the receiver's slot and a notification, with the same credits.
+* :class:`LocalTx` / :class:`LocalRx` - ranks on the same host (one server's accelerators),
+  through its intra-server fabric (:mod:`rocev2_emu.server`: NVLink by default): the data is
+  copied into the receiver's slot when written and announced when the fabric delivers it (its
+  size over the bandwidth it gets, plus the latency, later); the credit back is a zero-byte
+  transfer (the latency).  On a ``free`` fabric both happen at once.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Final
 
 import numpy as np
 import trio
 
+from rocev2_emu.server.fabric import ServerFabric
 from rocev2_emu.verbs import (
     CQ,
     MR,
@@ -132,17 +137,25 @@ class _Sender(_Waitable):
         return (self.used - 1) % self.slots
 
 
-# -- shared memory ------------------------------------------------------------------------
+# -- inside a server: shared memory timed by its fabric ------------------------------------
 
 
 class LocalRx(_Receiver):
-    def __init__(self, slots: int, slot_bytes: int) -> None:
+    """The receiving end of a link between accelerators ``src`` and ``dst`` of one server
+    (their ports on ``fabric``)."""
+
+    def __init__(
+        self, slots: int, slot_bytes: int, fabric: ServerFabric, src: int, dst: int
+    ) -> None:
         super().__init__(slots, slot_bytes)
         self.tx: LocalTx | None = None
+        self.fabric = fabric
+        self.src = src
+        self.dst = dst
 
     def release(self, index: int) -> None:
         assert self.tx is not None
-        self.tx.credit()
+        self.fabric.send(self.dst, self.src, 0, self.tx.credit)  # the credit: a flag back
 
 
 class LocalTx(_Sender):
@@ -152,11 +165,14 @@ class LocalTx(_Sender):
         rx.tx = self
 
     async def drain(self) -> None:
-        """Copies are done when :meth:`write` returns."""
+        """The source is copied when :meth:`write` returns: nothing to wait for."""
 
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
-        self.rx.slot(index, data.nbytes)[:] = data
-        self.rx.deliver(imm, data.nbytes)
+        """Copy ``data`` into slot ``index`` (the slot is this sender's until it is announced)
+        and announce it when the server's fabric delivers it."""
+        rx = self.rx
+        rx.slot(index, data.nbytes)[:] = data
+        rx.fabric.send(rx.src, rx.dst, data.nbytes, partial(rx.deliver, imm, data.nbytes))
 
 
 # -- RDMA ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class HostCollectiveMetrics:
     """The metric families of one process; :meth:`rank` gives one rank's view."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry  # the process's: the server fabric's metrics join it
         self.latency = Histogram(
             "rocev2_collective_operation_seconds",
             "Collective operation latency, emulated seconds",

@@ -1,6 +1,6 @@
 """Where a job's ranks are and how they are connected: each rank's place (host, leaf, pod,
-local rank), the ranks of one host (shared memory and a barrier), the rings and their ends, the
-ring order, the levels of the hierarchical all-reduce, and a communicator's options.
+local rank), the ranks of one host (their server fabric and a barrier), the rings and their
+ends, the ring order, the levels of the hierarchical all-reduce, and a communicator's options.
 
 The ring order is leaf-major, then host-major, then by local rank (``order="topology"``), so a
 ring crosses each spine link as few times as it can; ``order="rank"`` keeps rank order (the
@@ -23,6 +23,8 @@ from typing import Any
 import trio
 
 from collectives.comm.links import LocalRx, Rx, Tx
+from rocev2_emu.server.crossbar import PRESETS
+from rocev2_emu.server.fabric import ServerFabric
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,20 +40,31 @@ class RankPlace:
 
 @dataclass(slots=True)
 class HostGroup:
-    """The ranks of one host: shared memory between them, and a barrier."""
+    """The ranks of one host (a server's accelerators): the fabric between them (shared
+    memory timed by the server's NVLink or PCIe; ``None``: a free one), and a barrier."""
 
     size: int
+    fabric: ServerFabric | None = None
     links: dict[tuple[int, int, str], LocalRx] = field(default_factory=dict)
     _arrived: int = 0
     _generation: int = 0
     _lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def local_link(
-        self, src: int, dst: int, ring_name: str, slots: int, slot_bytes: int
+        self,
+        src: int,
+        dst: int,
+        ring_name: str,
+        slots: int,
+        slot_bytes: int,
+        ports: tuple[int, int],
     ) -> LocalRx:
+        """The link from rank ``src`` to rank ``dst`` (accelerators ``ports`` of the server)."""
         key = (src, dst, ring_name)
         if key not in self.links:
-            self.links[key] = LocalRx(slots, slot_bytes)
+            if self.fabric is None:
+                self.fabric = ServerFabric(PRESETS["free"], self.size)
+            self.links[key] = LocalRx(slots, slot_bytes, self.fabric, *ports)
         return self.links[key]
 
     async def barrier(self) -> None:

@@ -113,9 +113,14 @@ class RankSession(abc.ABC):
                 continue
             nxt, prv = members[(pos + 1) % n], members[(pos - 1) % n]
             me = self.place
-            if self.places[prv].host == me.host:  # shared memory from the predecessor
+            if self.places[prv].host == me.host:  # through the server from the predecessor
                 ring_.rx = self.group.local_link(
-                    prv, self.rank, name, self.options.slots, self.options.slot_bytes
+                    prv,
+                    self.rank,
+                    name,
+                    self.options.slots,
+                    self.options.slot_bytes,
+                    (self.places[prv].local_rank, me.local_rank),
                 )
             else:
                 rx = self._rdma(RdmaRx, prv)
@@ -127,7 +132,12 @@ class RankSession(abc.ABC):
                 pending.append((ring_, "rx"))
             if self.places[nxt].host == me.host:
                 shared = self.group.local_link(
-                    self.rank, nxt, name, self.options.slots, self.options.slot_bytes
+                    self.rank,
+                    nxt,
+                    name,
+                    self.options.slots,
+                    self.options.slot_bytes,
+                    (me.local_rank, self.places[nxt].local_rank),
                 )
                 ring_.tx = shared.tx or LocalTx(shared)
             else:

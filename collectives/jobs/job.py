@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
@@ -44,6 +45,7 @@ from rocev2_emu.fabric.virtual import (
     virtual_fabric,
     watching,
 )
+from rocev2_emu.server.fabric import open_server_fabric
 from rocev2_emu.verbs import Context, RemoteVerbsError
 
 
@@ -128,7 +130,6 @@ async def run_host_ranks(
     None in an exact run (the coordinator keeps the store)."""
     places = places_for(topo)
     mine = [p for p in places if p.host == host]
-    group = HostGroup(len(mine))
     options = comm_options(topo, params)
     results: dict[int, Any] = {}
     stores: list[tuple[Store, Store | None]] = []
@@ -147,7 +148,12 @@ async def run_host_ranks(
         except RemoteVerbsError as exc:
             where = f"{store_address[0]}:{store_address[1]}"
             raise RemoteVerbsError(f"the rendezvous store at {where}: {exc}") from exc
-    async with trio.open_nursery() as nursery:
+    registry = metrics.registry if metrics is not None else None
+    async with (
+        open_server_fabric(topo.server, len(mine), ctx.clock, registry=registry, node=host) as fab,
+        trio.open_nursery() as nursery,
+    ):
+        group = HostGroup(len(mine), fab)
         for p, (store, abort_store) in zip(mine, stores, strict=True):
             nursery.start_soon(
                 run_rank,
@@ -234,11 +240,18 @@ def run_virtual(
         places = places_for(topo)
         options = comm_options(topo, params)
         results: dict[int, Any] = {}
-        async with virtual_fabric(topo) as (drivers, agents), trio.open_nursery() as service:
+        async with virtual_fabric(topo) as (drivers, agents), AsyncExitStack() as servers:
+            groups = {}
+            for h in topo.hosts:  # each server's fabric on its own host's clock
+                clock = agents[h.name].ctx.clock
+                fab = await servers.enter_async_context(
+                    open_server_fabric(topo.server, h.ranks, clock)
+                )
+                groups[h.name] = HostGroup(h.ranks, fab)
+            service = await servers.enter_async_context(trio.open_nursery())
             store = VirtualStore(next(iter(agents.values())).ctx.clock)
             service.start_soon(store.run)
             clients = {h.name: store.client(h.index, agents[h.name].ctx.clock) for h in topo.hosts}
-            groups = {h.name: HostGroup(h.ranks) for h in topo.hosts}
             t0 = next(iter(agents.values())).ctx.now()
             with watching(watch, drivers, agents):
                 async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ from rocev2_emu.fabric.compose import generate
 from rocev2_emu.fabric.exact import run_exact_node
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.runtime import auth
+from rocev2_emu.server.crossbar import PRESETS
 
 
 def _load(path: str) -> Topology:
@@ -213,6 +214,18 @@ def _topology_args(p: argparse.ArgumentParser) -> None:
         type=float,
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
+    g = p.add_argument_group("servers (single-switch, leaf-spine, fat-tree)")
+    g.add_argument(
+        "--ranks-per-host",
+        type=positive_int,
+        default=1,
+        help="accelerators per host (its ranks, sharing its NIC; default 1)",
+    )
+    g.add_argument(
+        "--server-fabric",
+        choices=sorted(PRESETS),
+        help="what joins them: nvlink (the default when absent), pcie, or free",
+    )
     _ai_zone_args(p)
 
 
@@ -250,6 +263,11 @@ def _ai_zone_args(p: argparse.ArgumentParser) -> None:
 
 
 def _topology(args: argparse.Namespace) -> int:
+    if args.shape == "ai-zone" and (args.ranks_per_host > 1 or args.server_fabric):
+        raise ValueError(
+            "ai-zone: every accelerator is a host with its own NIC (--accelerators); "
+            "--ranks-per-host and --server-fabric are for the other shapes"
+        )
     if args.shape == "ai-zone":
         extra: dict[str, float] = {"tdf": args.tdf} if args.tdf else {}
         print(
@@ -274,12 +292,17 @@ def _topology(args: argparse.Namespace) -> int:
     common: dict[str, float] = {"rate_gbps": args.rate or 100.0, "delay_us": args.delay_us}
     if args.tdf:
         common["tdf"] = args.tdf
+    servers = None
+    if args.ranks_per_host > 1 or args.server_fabric:
+        servers = topogen.Servers(args.ranks_per_host, args.server_fabric or "nvlink")
     if args.shape == "single-switch":
-        text = topogen.single_switch(args.hosts, **common)
+        text = topogen.single_switch(args.hosts, **common, servers=servers)
     elif args.shape == "leaf-spine":
-        text = topogen.leaf_spine(args.spines, args.leaves, args.hosts_per_leaf, **common)
+        text = topogen.leaf_spine(
+            args.spines, args.leaves, args.hosts_per_leaf, **common, servers=servers
+        )
     else:
-        text = topogen.fat_tree(args.k, **common)
+        text = topogen.fat_tree(args.k, **common, servers=servers)
     print(text, end="")
     return 0
 

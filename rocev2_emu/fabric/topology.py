@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from rocev2_emu.cc import PROFILES, DcqcnParams
+from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
 from rocev2_emu.wire.ethernet import ip_to_int, mac_for_ip
 from switch.config import EcnThresholds, PortConfig, SwitchConfig
 from switch.mmu import MmuConfig
@@ -80,6 +81,7 @@ class Topology:
     subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
     batch_io: bool = True  # node processes batch their datagrams (UDP GSO/GRO)
     ecmp: str = "5-tuple"  # how switches pick among equal-cost ports (switch.config.ECMP_MODES)
+    server: IntraServerConfig = PRESETS["nvlink"]  # what joins the ranks of one host ([server])
 
     @property
     def hosts(self) -> list[Node]:

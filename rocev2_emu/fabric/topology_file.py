@@ -20,6 +20,10 @@ configurations are built.  Layout of the file::
     [transport]     qp_timeout (4.096 us x 2^N; default 12, 16.8 ms), retry_cnt, max_inflight,
                     pacing_gbps (every QP paced at this rate when DCQCN is off; 0: off)
                     (unacknowledged packets per QP; default 4096: paced NICs need no window)
+    [server]        fabric ("nvlink", default; "pcie"; "free": copies take no time), and
+                    optionally bandwidth_gbps (per accelerator, each way) and latency_us: what
+                    joins the ranks of one host (rocev2_emu.server.crossbar names the presets'
+                    sources)
     [[switch]]      name, and optionally buffer_bytes and buffer_mode: its own buffer (a
                     deep-buffer spine, say) instead of the fabric's [buffer] size and mode
     [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
@@ -47,6 +51,8 @@ from rocev2_emu.fabric.topology import (
     dcqcn_overrides,
     shortest_path_routes,
 )
+from rocev2_emu.server.crossbar import PRESETS as SERVER_FABRICS
+from rocev2_emu.server.crossbar import IntraServerConfig
 from switch.config import ECMP_MODES
 from switch.mmu import BUFFER_MODES, MmuConfig
 
@@ -80,6 +86,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ecn": {"enabled": True, "priorities": [3]},
     "dcqcn": {"enabled": True, "profile": "paper"},
+    "server": {"fabric": "nvlink", "bandwidth_gbps": None, "latency_us": None},
     "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096, "pacing_gbps": 0.0},
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -115,6 +122,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "retry_cnt": int,
     "max_inflight": int,
     "pacing_gbps": (int, float),
+    "fabric": str,
+    "bandwidth_gbps": (int, float),
+    "latency_us": (int, float),
 }
 
 
@@ -213,6 +223,14 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
         raise fail("[pfc].watchdog_action", pfc["watchdog_action"], "must be drop or forward")
     if not 0 <= pfc["quanta"] <= 0xFFFF:
         raise fail("[pfc].quanta", pfc["quanta"], "must be 0..65535")
+    srv = sec["server"]
+    if srv["fabric"] not in SERVER_FABRICS:
+        raise fail("[server].fabric", srv["fabric"], f"must be one of {', '.join(SERVER_FABRICS)}")
+    for key in ("bandwidth_gbps", "latency_us"):
+        if srv[key] is not None and srv[key] < 0:
+            raise fail(f"[server].{key}", srv[key], "must be >= 0")
+    if srv["fabric"] == "free" and srv["bandwidth_gbps"]:
+        raise fail("[server].bandwidth_gbps", srv["bandwidth_gbps"], "a free fabric has none")
     dq = sec["dcqcn"]
     if dq["profile"] not in PROFILES:
         raise fail("[dcqcn].profile", dq["profile"], f"must be one of {sorted(PROFILES)}")
@@ -354,6 +372,13 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         sec["buffer"]["mode"],
     )
     routes = shortest_path_routes(nodes, path)
+    srv = sec["server"]
+    preset = SERVER_FABRICS[srv["fabric"]]
+    server = IntraServerConfig(
+        preset.kind,
+        preset.bandwidth_bps if srv["bandwidth_gbps"] is None else srv["bandwidth_gbps"] * 1e9,
+        preset.latency if srv["latency_us"] is None else srv["latency_us"] * 1e-6,
+    )
     return Topology(
         path,
         fab["name"],
@@ -371,4 +396,5 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         fab["subnet"],
         fab["batch_io"],
         fab["ecmp"],
+        server,
     )

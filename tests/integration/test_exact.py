@@ -193,3 +193,40 @@ def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_vir
     for key in ("port_tx_bytes", "pfc_tx", "ecn_marked", "drops", "retransmitted"):
         assert efab.get(key) == vfab.get(key), key
     assert any(sum(ports) for ports in vfab["port_tx_bytes"].values())  # it crossed the fabric
+
+
+@pytest.mark.timeout(900)
+def test_servers_of_four_accelerators_over_processes_print_the_virtual_table(
+    tmp_path: Path,
+) -> None:
+    """Two servers of four accelerators each, joined inside by NVLink (rocev2_emu/server): the
+    intra-server transfers run on each host process's engine clock, so the hierarchical
+    all-reduce over processes prints the virtual run's table while the CPUs are busy."""
+    topo = tmp_path / "servers.toml"
+    made = subprocess.run(
+        [*EXE, "topology", "single-switch", "--hosts", "2", "--ranks-per-host", "4"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    topo.write_text(made.stdout)
+    assert '[server]\nfabric = "nvlink"' in made.stdout and "ranks = 4" in made.stdout
+    bench = [*EXE, "bench", "all-reduce", "-b", "64K", "-e", "1M", "-n", "1", "--topology"]
+    bench += [str(topo), "--algo", "hierarchical"]
+    virtual = subprocess.run(
+        [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert virtual.returncode == 0, virtual.stderr[-2000:]
+    with cpu_burners():
+        exact = subprocess.run(
+            [*bench, "--clock", "exact"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    assert exact.returncode == 0, exact.stderr[-2000:]
+    assert _table(exact.stdout) == _table(virtual.stdout)
+    assert "Out of bounds values : 0 OK" in exact.stdout

@@ -475,8 +475,10 @@ def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
 
 def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
     from collectives.comm.links import LocalRx
+    from rocev2_emu.server.crossbar import PRESETS
+    from rocev2_emu.server.fabric import ServerFabric
 
-    rx = LocalRx(2, 64)
+    rx = LocalRx(2, 64, ServerFabric(PRESETS["free"], 2), 0, 1)
     rx.fail("link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR")
     rx.fail("link with rank 3: RECV completed with WR_FLUSH_ERR")
     assert rx.error == "link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR"

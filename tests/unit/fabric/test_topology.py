@@ -193,3 +193,24 @@ def test_rails_wire_accelerator_i_of_every_server_to_rail_leaf_i() -> None:
     gbps = {(lk.a, lk.b): lk.rate_bps / 1e9 for lk in topo.links}
     up = sum(v for (a, b), v in gbps.items() if a == "rail0_0")
     assert up == pytest.approx(1.125 * 4 * 400)  # its four servers' accelerator 0, 12.5 % spare
+
+
+def test_generators_write_servers_of_several_accelerators() -> None:
+    from rocev2_emu.fabric.topogen import Servers
+
+    for text in (
+        single_switch(2, servers=Servers(4, "pcie")),
+        leaf_spine(2, 2, 1, servers=Servers(4, "pcie")),
+        fat_tree(2, servers=Servers(4, "pcie")),
+    ):
+        topo = parse(tomllib.loads(text))
+        assert all(h.ranks == 4 for h in topo.hosts)
+        assert topo.server.kind == "pcie" and topo.server.bandwidth_bps == 504e9
+        assert "--ranks-per-host 4 --server-fabric pcie" in text.splitlines()[0]
+    plain = parse(tomllib.loads(single_switch(2)))
+    assert plain.server.kind == "nvlink"  # the default, with no [server] written
+    assert "[server]" not in single_switch(2)
+    with pytest.raises(ValueError, match="--server-fabric 'nvswitch'"):
+        Servers(2, "nvswitch")
+    with pytest.raises(ValueError, match="--ranks-per-host 0"):
+        Servers(0)

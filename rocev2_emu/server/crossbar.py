@@ -1,0 +1,203 @@
+"""The intra-server fabric as a sans-IO model: a non-blocking crossbar whose ports are the
+server's accelerators, each with ``bandwidth`` bytes per second out and as much in, and a fixed
+``latency`` from the last byte sent to its delivery.
+
+This is the shape of an NVSwitch-based server (every GPU's NVLinks go to the NVSwitch chips, so
+any GPU reaches any other at its full per-GPU bandwidth, and what limits a transfer is the
+sender's and the receiver's ports) and, with PCIe-class figures, of accelerators behind a PCIe
+switch.  Transfers are fluid, not packets: the transfers in progress share each port max-min
+fairly (progressive filling: the port with the smallest fair share fixes its transfers' rate
+first), and the rates change only when a transfer starts or ends.  An S-byte transfer alone
+takes ``S / bandwidth + latency``; two from one accelerator, or two into one, take twice as long
+each; two between different pairs do not slow each other.  Transfers from one accelerator to
+another are served in order, one at a time (a copy engine's queue): the first written is the
+first delivered.  A zero-byte transfer (a flag or credit) costs ``latency``.
+
+Sources of the presets: NVLink 4 (H100 SXM5: 900 GB/s per GPU both ways, so 450 GB/s = 3 600
+Gb/s each way, NVIDIA's H100 datasheet), a latency of 0.5 us (NCCL's tuning model charges 0.47
+us per ring step over NVLink with its LL protocol, ``hwLat`` in src/graph/tuning.cc); PCIe 5.0
+x16 (32 GT/s x 16 lanes, 128b/130b: 63 GB/s, taken as 504 Gb/s each way, PCI-SIG), latency 1 us
+(an assumption, the order of a PCIe switch round trip).  ``free``: copies take no time (the
+model before this one, to compare against).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class IntraServerConfig:
+    """One server's fabric: what it is, its per-accelerator bandwidth each way (bits per
+    second; 0: copies take no time) and its latency (seconds)."""
+
+    kind: str
+    bandwidth_bps: float
+    latency: float
+
+    @property
+    def free(self) -> bool:
+        return self.bandwidth_bps == 0
+
+    def describe(self) -> str:
+        if self.free:
+            return "free (copies take no emulated time)"
+        return (
+            f"{self.kind}, {self.bandwidth_bps / 1e9:g} Gb/s per accelerator each way, "
+            f"{self.latency * 1e6:g} us"
+        )
+
+
+PRESETS: Final = {
+    "nvlink": IntraServerConfig("nvlink", 3600e9, 0.5e-6),
+    "pcie": IntraServerConfig("pcie", 504e9, 1e-6),
+    "free": IntraServerConfig("free", 0.0, 0.0),
+}
+
+
+class _Transfer:
+    __slots__ = ("dst", "on_delivered", "rate", "remaining", "size", "src")
+
+    def __init__(self, src: int, dst: int, size: int, on_delivered: Callable[[], None]) -> None:
+        self.src = src
+        self.dst = dst
+        self.size = size
+        self.remaining = float(size)
+        self.rate = 0.0
+        self.on_delivered = on_delivered
+
+
+class Crossbar:
+    """``ports`` accelerators, ``bandwidth`` bytes/s each way per port, ``latency`` seconds.
+
+    :meth:`send` queues a transfer at ``now``; :meth:`next_time` is the earliest instant
+    anything changes (a transfer's last byte leaves, or one is delivered); :meth:`advance` moves
+    the model to ``now`` and returns the delivery callbacks due, in delivery order."""
+
+    def __init__(self, ports: int, bandwidth: float, latency: float) -> None:
+        if ports < 1 or not bandwidth > 0 or latency < 0:
+            raise ValueError(f"crossbar of {ports} ports, {bandwidth} B/s, {latency} s")
+        self.ports = ports
+        self.bandwidth = bandwidth
+        self.latency = latency
+        self.at = 0.0  # the model's time
+        self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
+        self._active: list[_Transfer] = []  # the head of each busy pair, in start order
+        self._landing: list[tuple[float, int, _Transfer]] = []  # (delivery time, seq, transfer)
+        self._seq = itertools.count()
+        self.tx_bytes = [0] * ports  # bytes whose last byte left, per sending port
+        self.rx_bytes = [0] * ports  # bytes delivered, per receiving port
+        self.tx_busy = [0.0] * ports  # seconds a port was sending something
+        self.rx_busy = [0.0] * ports
+        self.transfers = 0  # delivered
+
+    def send(
+        self, src: int, dst: int, size: int, now: float, on_delivered: Callable[[], None]
+    ) -> None:
+        if not (0 <= src < self.ports and 0 <= dst < self.ports) or src == dst:
+            raise ValueError(f"a transfer from port {src} to port {dst} of {self.ports}")
+        self._progress(now)
+        transfer = _Transfer(src, dst, size, on_delivered)
+        queue = self._queues.setdefault((src, dst), deque())
+        queue.append(transfer)
+        if len(queue) == 1:
+            self._start(transfer)
+
+    def next_time(self) -> float | None:
+        times = [self._finish_time(t) for t in self._active]
+        if self._landing:
+            times.append(self._landing[0][0])
+        return min(times) if times else None
+
+    def advance(self, now: float) -> list[Callable[[], None]]:
+        self._progress(now)
+        due: list[Callable[[], None]] = []
+        while self._landing and self._landing[0][0] <= now:
+            _, _, transfer = heapq.heappop(self._landing)
+            self.rx_bytes[transfer.dst] += transfer.size
+            self.transfers += 1
+            due.append(transfer.on_delivered)
+        return due
+
+    # -- the fluid model ------------------------------------------------------------------
+    def _finish_time(self, t: _Transfer) -> float:
+        return self.at + (t.remaining / t.rate if t.rate > 0 else 0.0)
+
+    def _start(self, transfer: _Transfer) -> None:
+        if transfer.size == 0:  # a flag: nothing to send, only the latency
+            self._sent(transfer)
+            return
+        self._active.append(transfer)
+        self._share()
+
+    def _sent(self, transfer: _Transfer) -> None:
+        """The last byte left: delivery after the latency; the pair's next transfer starts."""
+        self.tx_bytes[transfer.src] += transfer.size
+        heapq.heappush(self._landing, (self.at + self.latency, next(self._seq), transfer))
+        queue = self._queues[transfer.src, transfer.dst]
+        queue.popleft()
+        if queue:
+            self._start(queue[0])
+        else:
+            del self._queues[transfer.src, transfer.dst]
+
+    def _progress(self, now: float) -> None:
+        """Run the transfers forward to ``now``, ending each whose last byte leaves on the way
+        (the rates change at each end)."""
+        while self._active:
+            first = min(self._active, key=self._finish_time)
+            end = self._finish_time(first)
+            if end > now:
+                break
+            self._run_for(end - self.at)
+            done = [t for t in self._active if t is first or t.remaining <= t.rate * 1e-12]
+            self._active = [t for t in self._active if t not in done]
+            for t in done:
+                t.remaining = 0.0
+                self._sent(t)
+            self._share()
+        if now > self.at:
+            self._run_for(now - self.at)
+
+    def _run_for(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        busy_tx = {t.src for t in self._active}
+        busy_rx = {t.dst for t in self._active}
+        for t in self._active:
+            t.remaining = max(0.0, t.remaining - t.rate * dt)
+        for p in busy_tx:
+            self.tx_busy[p] += dt
+        for p in busy_rx:
+            self.rx_busy[p] += dt
+        self.at += dt
+
+    def _share(self) -> None:
+        """Max-min fair rates by progressive filling over the ports' two directions."""
+        left: dict[tuple[str, int], float] = {}
+        users: dict[tuple[str, int], list[_Transfer]] = {}
+        for t in self._active:
+            for res in (("tx", t.src), ("rx", t.dst)):
+                left[res] = self.bandwidth
+                users.setdefault(res, []).append(t)
+        unfixed = set(map(id, self._active))
+        while unfixed:
+            res, share = min(
+                (
+                    (r, left[r] / n)
+                    for r, ts in users.items()
+                    if (n := sum(1 for t in ts if id(t) in unfixed))
+                ),
+                key=lambda item: (item[1], item[0]),
+            )
+            for t in users[res]:
+                if id(t) in unfixed:
+                    t.rate = share
+                    unfixed.discard(id(t))
+                    for other in (("tx", t.src), ("rx", t.dst)):
+                        left[other] -= share

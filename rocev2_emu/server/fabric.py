@@ -1,0 +1,145 @@
+"""A server's intra-server fabric on the host's emulated clock, and its Prometheus metrics.
+
+:class:`ServerFabric` drives a :class:`~rocev2_emu.server.crossbar.Crossbar` from one trio task
+that sleeps until the model's next change on the host's :class:`DilatedClock` (emulated time:
+virtual, exact and wall-clock runs alike, since every one of them runs trio on a clock the
+emulated one maps to) and calls each transfer's delivery when it lands.  With the ``free``
+fabric a transfer is delivered at once, as shared memory was before there was a model.
+
+Metrics (a custom collector reading the model's counters at scrape time), labels ``node`` and
+``accelerator`` (the local rank): ``rocev2_server_fabric_tx_bytes_total``,
+``rocev2_server_fabric_rx_bytes_total``, and ``rocev2_server_fabric_busy_seconds_total`` with a
+``direction`` label (emulated seconds the port was moving data: its utilisation is the rate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.server.crossbar import Crossbar, IntraServerConfig
+
+
+class ServerFabric:
+    """The fabric joining ``ports`` accelerators of one server, on ``clock`` (a free fabric
+    needs none)."""
+
+    def __init__(
+        self, config: IntraServerConfig, ports: int, clock: DilatedClock | None = None
+    ) -> None:
+        self.config = config
+        self.model = (
+            None
+            if config.free or ports < 2
+            else Crossbar(ports, config.bandwidth_bps / 8, config.latency)
+        )
+        if self.model is not None and clock is None:
+            raise ValueError(f"a {config.kind} fabric runs on a clock: give it the host's")
+        self.clock = clock
+        self._scope: trio.CancelScope | None = None
+        self._target = math.inf  # the emulated instant the task sleeps until
+
+    def send(self, src: int, dst: int, size: int, on_delivered: Callable[[], None]) -> None:
+        """Move ``size`` bytes from accelerator ``src`` to ``dst``; ``on_delivered`` runs when
+        they land (at once on a free fabric)."""
+        if self.model is None or self.clock is None:
+            on_delivered()
+            return
+        self.model.send(src, dst, size, self.clock.now(), on_delivered)
+        self._arm(self.model, self.clock)
+
+    def _arm(self, model: Crossbar, clock: DilatedClock) -> None:
+        nxt = model.next_time()
+        self._target = math.inf if nxt is None else nxt
+        if self._scope is not None:
+            self._scope.deadline = math.inf if nxt is None else clock.to_trio(nxt)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver each transfer when it lands, until cancelled."""
+        task_status.started()
+        model, clock = self.model, self.clock
+        if model is None or clock is None:
+            await trio.sleep_forever()
+            return
+        while True:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                self._arm(model, clock)
+                await trio.sleep_forever()
+            self._scope = None
+            now = clock.now()
+            if self._target != math.inf:
+                now = max(now, self._target)  # the instant slept to, not a rounding before it
+            for deliver in model.advance(now):
+                deliver()
+
+
+@asynccontextmanager
+async def open_server_fabric(
+    config: IntraServerConfig,
+    ports: int,
+    clock: DilatedClock,
+    *,
+    registry: CollectorRegistry | None = None,
+    node: str = "",
+) -> AsyncIterator[ServerFabric]:
+    """A running :class:`ServerFabric` for the block (its metrics on ``registry`` if given)."""
+    fabric = ServerFabric(config, ports, clock)
+    collector = None
+    if registry is not None and fabric.model is not None:
+        collector = ServerFabricCollector(fabric, node)
+        registry.register(collector)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fabric.run)
+            yield fabric
+            nursery.cancel_scope.cancel()
+    finally:
+        if collector is not None and registry is not None:
+            registry.unregister(collector)
+
+
+class ServerFabricCollector(Collector):
+    """The fabric's counters as of its last change (a transfer started, sent or delivered),
+    read when scraped."""
+
+    def __init__(self, fabric: ServerFabric, node: str) -> None:
+        self.fabric = fabric
+        self.node = node
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        model = self.fabric.model
+        if model is None:
+            return
+        labels = ["node", "accelerator"]
+        tx = CounterMetricFamily(
+            "rocev2_server_fabric_tx_bytes",
+            "Bytes sent into the intra-server fabric",
+            labels=labels,
+        )
+        rx = CounterMetricFamily(
+            "rocev2_server_fabric_rx_bytes",
+            "Bytes delivered by the intra-server fabric",
+            labels=labels,
+        )
+        busy = CounterMetricFamily(
+            "rocev2_server_fabric_busy_seconds",
+            "Emulated seconds an accelerator's fabric port moved data, per direction",
+            labels=[*labels, "direction"],
+        )
+        for port in range(model.ports):
+            acc = str(port)
+            tx.add_metric([self.node, acc], model.tx_bytes[port])
+            rx.add_metric([self.node, acc], model.rx_bytes[port])
+            busy.add_metric([self.node, acc, "tx"], model.tx_busy[port])
+            busy.add_metric([self.node, acc, "rx"], model.rx_busy[port])
+        yield tx
+        yield rx
+        yield busy

@@ -1,0 +1,82 @@
+"""The intra-server fabric on a trio clock: deliveries at the model's instants, in virtual time,
+and its Prometheus counters."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
+
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
+from rocev2_emu.server.fabric import ServerFabric, open_server_fabric
+
+
+def test_deliveries_land_at_the_models_instants_and_are_counted() -> None:
+    registry = CollectorRegistry()
+    config = IntraServerConfig("pcie", 8e9, 1e-6)  # 1 GB/s: a 1 MB transfer is 1 ms
+
+    async def main() -> list[tuple[str, float]]:
+        clock = DilatedClock(1.0)
+        landed: list[tuple[str, float]] = []
+        async with open_server_fabric(config, 2, clock, registry=registry, node="h0") as fab:
+            done = trio.Event()
+
+            def data() -> None:
+                landed.append(("data", clock.now()))
+                done.set()
+
+            fab.send(0, 1, 1_000_000, data)
+            await trio.sleep(0.5e-3)
+            fab.send(1, 0, 0, lambda: landed.append(("flag", clock.now())))
+            await done.wait()
+        return landed
+
+    landed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [name for name, _ in landed] == ["flag", "data"]
+    flag, data = (at for _, at in landed)
+    assert abs(flag - (0.5e-3 + 1e-6)) < 1e-9
+    assert abs(data - (1e-3 + 1e-6)) < 1e-9
+
+    # the collector leaves the registry with the fabric
+    assert (
+        registry.get_sample_value(
+            "rocev2_server_fabric_tx_bytes_total", {"node": "h0", "accelerator": "0"}
+        )
+        is None
+    )
+
+
+def test_the_collector_reads_the_counters_while_the_fabric_runs() -> None:
+    registry = CollectorRegistry()
+    config = IntraServerConfig("nvlink", 8e9, 0.0)  # 1 GB/s
+
+    def sample(name: str, accelerator: str, **more: str) -> float | None:
+        labels = {"node": "h0", "accelerator": accelerator, **more}
+        return registry.get_sample_value(f"rocev2_server_fabric_{name}_total", labels)
+
+    async def main() -> list[float | None]:
+        clock = DilatedClock(1.0)
+        async with open_server_fabric(config, 2, clock, registry=registry, node="h0") as fab:
+            done = trio.Event()
+            fab.send(0, 1, 1_000_000, done.set)
+            await done.wait()
+            return [
+                sample("tx_bytes", "0"),
+                sample("rx_bytes", "1"),
+                sample("rx_bytes", "0"),
+                sample("busy_seconds", "0", direction="tx"),
+                sample("busy_seconds", "1", direction="tx"),
+            ]
+
+    got = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert got[:3] == [1_000_000, 1_000_000, 0]
+    assert got[3] is not None and abs(got[3] - 1e-3) < 1e-12  # 1 MB at 1 GB/s
+    assert got[4] == 0
+
+
+def test_a_free_fabric_delivers_at_once_and_needs_no_clock() -> None:
+    fab = ServerFabric(PRESETS["free"], 4)
+    landed: list[int] = []
+    fab.send(0, 1, 1 << 20, lambda: landed.append(1))
+    assert landed == [1]
