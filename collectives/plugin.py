@@ -13,9 +13,9 @@ of them by name.
 from __future__ import annotations
 
 from collectives import cli, launcher
-from collectives.bench import checks  # noqa: F401  (registers the check jobs)
+from collectives.bench import checks, dlrm  # noqa: F401  (register their jobs)
 from collectives.jobs.job import collective_handler
-from collectives.scenarios import admission, entropy, spine_failure, straggler
+from collectives.scenarios import admission, entropy, recommendation, spine_failure, straggler
 from rocev2_emu.fabric.services import host_service
 
 
@@ -26,4 +26,5 @@ def register() -> None:
     entropy.register()
     admission.register()
     spine_failure.register()
+    recommendation.register()
     launcher.register()
