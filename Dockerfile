@@ -28,6 +28,9 @@ RUN python3 -m venv /opt/rocev2-emu \
     && /opt/rocev2-emu/bin/pip install --no-cache-dir -q --no-index --find-links /wheels rocev2-emu \
     && rm -rf /wheels \
     && useradd --system --uid 10001 --create-home rocev2
+# the example scripts (rocev2-emu launch ... -- python3 /opt/rocev2-emu/examples/ddp_train.py):
+# the training image (deploy/torch) adds PyTorch to run them
+COPY examples /opt/rocev2-emu/examples
 ENV PATH=/opt/rocev2-emu/bin:$PATH
 USER rocev2
 # nodes serve /metrics on 9100 (compose starts them with --metrics-addr 0.0.0.0)

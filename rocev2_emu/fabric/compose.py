@@ -14,9 +14,9 @@ Writes, under ``--out`` (default ``.``):
 * ``docker-compose.training.yml`` - the same fabric training a model: the switches as nodes,
   each host a rank of ``examples/ddp_train.py`` under DDP (``rocev2-emu launch --host``: the
   host's NIC runs in the rank's process), on the training image; Prometheus and Grafana alike.
-* ``deploy/torch/Dockerfile`` - the training image: the node image with PyTorch (from a wheel
-  put in ``deploy/torch/wheels/``, else PyPI) and the example (``deploy/torch/ddp_train.py``,
-  copied from ``examples/`` when the source tree is there).
+* ``deploy/torch/Dockerfile`` - the training image: the node image (which carries
+  ``examples/`` at ``/opt/rocev2-emu/examples``) with PyTorch (from a wheel put in
+  ``deploy/torch/wheels/``, else PyPI).
 * ``deploy/prometheus/Dockerfile`` - that Prometheus image.
 * ``deploy/topology.toml`` - the topology with its subnet, mounted into every container.
 * ``deploy/docker-stack.yml`` and ``deploy/topology-swarm.toml`` - the same fabric for
@@ -73,7 +73,7 @@ ENTRYPOINT ["/usr/bin/prometheus", "--storage.tsdb.path=/prometheus"]
 """
 TORCH_IMAGE = "rocev2-emu-torch:latest"  # built by compose, from deploy/torch
 TORCH_DOCKERFILE = """\
-# The training image: the node image with PyTorch (the torch extra) and the DDP example.
+# The training image: the node image (its /opt/rocev2-emu/examples included) with PyTorch.
 # wheels/: a torch wheel put here (a CPU build, say) is what is installed (its dependencies
 # from PyPI); without one, pip takes torch from PyPI (for Linux, a CUDA build of several GB).
 ARG IMAGE=rocev2-emu:latest
@@ -84,13 +84,11 @@ RUN set -e; pip="/opt/rocev2-emu/bin/pip install --no-cache-dir -q"; \\
     if ls /wheels/torch-*.whl >/dev/null 2>&1; then $pip /wheels/torch-*.whl; \\
     else $pip "torch>=2.4"; fi; \\
     rm -rf /wheels
-COPY ddp_train.py /opt/rocev2-emu/examples/ddp_train.py
 USER rocev2
 """
 TRAIN_SCRIPT = "/opt/rocev2-emu/examples/ddp_train.py"
 TRAIN_STEPS = 5
 TRAIN_COMPUTE_MS = 0.2  # the modelled accelerator compute per step (docs/pytorch.md)
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 GRAFANA_IMAGE = "grafana/grafana:11.1.0"
 TOPOLOGY_IN_CONTAINER = "/etc/rocev2-emu/topology.toml"
 SECRET_DIR = "/run/rocev2-emu"  # the named volume ``secret``: the containers' copy
@@ -367,8 +365,6 @@ def generate(topology_path: str, out: str, subnet: str = DEFAULT_SUBNET) -> list
         root / "deploy" / "torch" / "wheels" / "README": "A torch wheel put here is what the "
         "training image installs (deploy/torch/Dockerfile); without one, pip takes PyPI's.\n",
     }
-    if EXAMPLE.exists():  # a source checkout: the example goes into the training image
-        files[root / "deploy" / "torch" / "ddp_train.py"] = EXAMPLE.read_text()
     for rel, text in dashboards.files().items():
         files[root / "deploy" / "grafana" / rel] = text
     for path, text in files.items():

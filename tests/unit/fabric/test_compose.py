@@ -25,7 +25,7 @@ def test_checked_in_testbed_is_the_generators_output(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
     written = generate(SHIPPED, str(tmp_path))
-    assert len(written) == 16
+    assert len(written) == 15
     for path in written:
         if path.name == "fabric.secret":
             continue  # made per testbed, never checked in
