@@ -17,8 +17,9 @@ through the server's fabric (:mod:`rocev2_emu.server`, NVLink by default).
   all-gathers back down.  The levels come from the topology (:func:`~collectives.comm.placement.
   hierarchy`); a level with one member is skipped, one of unequal groups refuses.
 * ``algo="auto"``: hierarchical when there is a level below the top and the message fits in
-  one slot (it crosses the spines less and takes fewer steps: faster where latency rules),
-  else the ring (the per-shard rings of a large message collide on ECMP paths; measured in
+  one slot (fewer steps: faster where latency rules), or when a bandwidth model with the
+  server's fabric in it gives the hierarchy well under the ring's time (servers of several
+  accelerators: the NICs carry less); else the ring (:mod:`collectives.comm.cost`, measured in
   docs/collectives.md).
 * All-to-all (``all_to_all``, and ``all_to_all_v`` with per-peer counts, as MPI's
   ``MPI_Alltoallv`` and torch's ``all_to_all_single`` with splits) and point to point
@@ -42,7 +43,7 @@ import math
 import numpy as np
 import trio
 
-from collectives.comm import ops, ring
+from collectives.comm import cost, ops, ring
 from collectives.comm.links import RdmaRx, RdmaTx
 from collectives.comm.metrics import RankMetrics
 from collectives.comm.placement import CommOptions, HostGroup, RankPlace, ring_order
@@ -115,9 +116,11 @@ class Communicator(RankSession):
     ) -> np.ndarray:
         """Reduce ``x`` over all ranks into ``out`` (a new array; ``out=x`` works in place)."""
         flat = self._check(x, op)
-        if algo == "auto":  # where it is faster (docs/collectives.md, Hierarchy)
-            hier = bool(self.hierarchy.levels) and flat.nbytes <= self.options.slot_bytes
-            algo = "hierarchical" if hier else "ring"
+        if algo == "auto":  # where it is faster (collectives.comm.cost)
+            o = self.options
+            algo = cost.choose(
+                self.hierarchy, self.size, flat.nbytes, o.slot_bytes, o.link_gbps, o.server_gbps
+            )
         if algo not in ("ring", "hierarchical"):
             raise ValueError(f"algorithm {algo!r}: use ring, hierarchical or auto")
         if algo == "hierarchical" and not self.hierarchy.levels:

@@ -173,6 +173,7 @@ class CommOptions:
     slot_bytes: int = 256 << 10  # bytes per slot (a chunk)
     timeout: float = 0.05  # base deadline of an operation, emulated seconds (more for larger)
     link_gbps: float = 100.0  # the hosts' link rate, for deadlines that scale with size
+    server_gbps: float = 0.0  # the server fabric's per-accelerator rate (0: free), for "auto"
     mtu: int = 4096
     qp_timeout: int = 10  # QP local ACK timeout code: 4.096 us * 2^N
     retry_cnt: int = 7
@@ -181,9 +182,15 @@ class CommOptions:
 
     @classmethod
     def for_job(
-        cls, link_gbps: float, mtu: int, retry_cnt: int, params: dict[str, Any]
+        cls,
+        link_gbps: float,
+        mtu: int,
+        retry_cnt: int,
+        params: dict[str, Any],
+        server_gbps: float = 0.0,
     ) -> CommOptions:
-        """A job's options: the fabric's link rate, MTU and retries, and the job's parameters
+        """A job's options: the fabric's link rate, MTU, retries and server fabric's rate, and
+        the job's parameters
         (``job_id``, ``order``, ``slots``, ``slot_bytes``, ``timeout``, ``qp_timeout``,
         ``qps_per_connection``, ``grant_dscp``)."""
         qps = int(params.get("qps_per_connection", 1))
@@ -199,6 +206,7 @@ class CommOptions:
             slot_bytes=int(params.get("slot_bytes", 256 << 10)),
             timeout=float(params.get("timeout", 0.05)),
             link_gbps=link_gbps,
+            server_gbps=server_gbps,
             mtu=mtu,
             qp_timeout=int(params.get("qp_timeout", 10)),
             retry_cnt=retry_cnt,

@@ -68,10 +68,15 @@ def places_for(topo: Topology) -> list[RankPlace]:
 
 
 def comm_options(topo: Topology, params: dict[str, Any]) -> CommOptions:
-    """Communicator settings from the topology (link rate, MTU, transport) and the job."""
+    """Communicator settings from the topology (link rate, MTU, transport, the server
+    fabric) and the job."""
     link, _ = topo.host_link(topo.hosts[0].name)
     return CommOptions.for_job(
-        link.rate_bps / 1e9 or 100.0, topo.mtu, int(topo.transport.get("retry_cnt", 7)), params
+        link.rate_bps / 1e9 or 100.0,
+        topo.mtu,
+        int(topo.transport.get("retry_cnt", 7)),
+        params,
+        topo.server.bandwidth_bps / 1e9,
     )
 
 

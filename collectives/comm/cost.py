@@ -1,0 +1,57 @@
+"""How ``algo="auto"`` picks an all-reduce's schedule: a bandwidth model with the server's
+fabric in it, and the latency rule (docs/collectives.md, "Choosing the schedule").
+
+For a message of S bytes over n ranks, the flat ring moves 2(n-1)/n · S through each host's
+NIC.  The hierarchical all-reduce moves, at each level of groups of g (bottom up, then the
+top), 2(g-1)/g of the shard its ranks hold entering the level (S, then S/g, ...): through the
+server's fabric at the host level, through the NIC above it - where every rank of the host
+runs a ring of its own at once, so the host's NIC carries that times its ranks.  The model's
+ratio is the hierarchy's bandwidth time over the ring's (NIC bytes at the link rate plus
+fabric bytes at the fabric's rate; a free fabric costs nothing).
+
+The rule, set by the measured runs beside it in the docs: the hierarchy where a level exists
+and the message fits in one slot (latency rules there: fewer steps win), or where the model
+gives it at most ``THRESHOLD`` of the ring's time (the per-shard rings of several network
+levels collide on ECMP and do not overlap as one ring's steps do: the leaf-spine of 8 servers
+x 4 measured 11 - 15 % slower than the model says); else the ring.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from collectives.comm.placement import Hierarchy
+
+THRESHOLD: Final = 0.85
+
+
+def hierarchy_ratio(h: Hierarchy, ranks: int, link_gbps: float, server_gbps: float) -> float:
+    """The hierarchical all-reduce's bandwidth time over the flat ring's (``server_gbps`` 0:
+    a free server fabric); ``inf`` without a hierarchy."""
+    if not h.levels or ranks < 2:
+        return float("inf")
+    ring = 2 * (ranks - 1) / ranks / link_gbps
+    sizes = {level: len(next(iter(h.rings[level].values()))) for level in h.levels}
+    per_host = sizes.get("host", 1)  # rings through one NIC at once above the host level
+    held, time = 1.0, 0.0  # the fraction of S a rank holds entering each level
+    for level in h.levels:
+        g = sizes[level]
+        moved = 2 * (g - 1) / g * held
+        if level == "host":
+            time += moved / server_gbps if server_gbps > 0 else 0.0
+        else:
+            time += moved * per_host / link_gbps
+        held /= g
+    return time / ring
+
+
+def choose(
+    h: Hierarchy, ranks: int, nbytes: int, slot_bytes: int, link_gbps: float, server_gbps: float
+) -> str:
+    """``"hierarchical"`` or ``"ring"`` for an all-reduce of ``nbytes`` (the rule above)."""
+    if not h.levels:
+        return "ring"
+    if nbytes <= slot_bytes:
+        return "hierarchical"
+    fast = hierarchy_ratio(h, ranks, link_gbps, server_gbps) <= THRESHOLD
+    return "hierarchical" if fast else "ring"
