@@ -181,9 +181,12 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
     try:
         assert proc.stdout is not None
         seen = ""
-        deadline = time.monotonic() + 60
-        while "ready" not in seen and time.monotonic() < deadline:
-            seen += proc.stdout.readline()
+        while "ready" not in seen:  # pytest's timeout ends a run that never gets there
+            line = proc.stdout.readline()
+            if not line:  # it exited: say why, not what a later step trips over
+                assert proc.stderr is not None
+                raise AssertionError(f"up exited before ready:\n{seen}{proc.stderr.read()}")
+            seen += line
         lossy = subprocess.run(
             [*CLI, "link", str(topo), "h0", "sw0", "--loss", "0.02"],
             capture_output=True,
@@ -211,7 +214,7 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+        proc.communicate(timeout=10)  # reaped, its pipes closed, whatever happened above
     assert proc.returncode == 0, out + err
     assert "ok, verified" in out
     assert fabric_line(out, "retransmitted packets") > 0  # the loss set at run time bit
