@@ -409,10 +409,12 @@ class Coordinator:
             )
         first = min(self.reports, key=lambda n: self.reports[n].next_time)
         report = self.reports[first]
+        store = self.store.next_time()
         return (
             f"no progress for {STALL_SECONDS:g} s (wall): {first}'s next event at "
             f"t={report.next_time * 1e6:.3f} us holds the windows (until "
             f"{self.until * 1e6:.3f} us) {where}; received {report.received}, quiet {report.quiet}"
+            + ("" if store is None else f"; the store's next operation at t={store * 1e6:.3f} us")
         )
 
     async def _grant(self, window: Window, *, everyone: bool = False) -> None:
@@ -425,6 +427,7 @@ class Coordinator:
         for reply in self.store.run_until(window.until):
             replies.setdefault(self._origins[reply.origin], []).append(reply.wire())
         reports, self.reports = self.reports, {}
+        woken = 0
         for name, chan in self._chans.items():
             report = reports.get(name)
             if (
@@ -442,7 +445,12 @@ class Coordinator:
             if name in replies:
                 grant["store"] = replies[name]
             self._granted[name] = self._granted.get(name, 0) + 1
+            woken += 1
             await chan.send(grant)
+        if not woken:
+            # nobody had anything to do before the window's end (a store operation bounded it,
+            # and gave no reply yet): no report will come, so decide the next round now
+            self._changed.set()
 
 
 class SyncLink:
