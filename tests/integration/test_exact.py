@@ -80,11 +80,11 @@ def _table(out: str) -> list[str]:
     return lines[start:]
 
 
-@pytest.mark.timeout(900)
-def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_are_busy() -> None:
-    """The store is a node of the run: the ranks' rendezvous and barriers take the same
-    emulated time over processes as in one."""
-    bench = [*EXE, "bench", "all-reduce", "-b", "1K", "-e", "256K", "-n", "2", "--algo", "ring"]
+def _virtual_then_exact(
+    bench: list[str],
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """``bench`` in virtual time, then with processes on the exact clock beside two CPU
+    burners; both must succeed."""
     virtual = subprocess.run(
         [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
@@ -99,6 +99,15 @@ def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_a
             check=False,
         )
     assert exact.returncode == 0, exact.stderr[-2000:]
+    return virtual, exact
+
+
+@pytest.mark.timeout(900)
+def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_are_busy() -> None:
+    """The store is a node of the run: the ranks' rendezvous and barriers take the same
+    emulated time over processes as in one."""
+    bench = [*EXE, "bench", "all-reduce", "-b", "1K", "-e", "256K", "-n", "2", "--algo", "ring"]
+    virtual, exact = _virtual_then_exact(bench)
     assert "clock: exact" in exact.stdout and "clock: exact" in exact.stderr
     assert _table(exact.stdout) == _table(virtual.stdout)
     assert "Out of bounds values : 0 OK" in exact.stdout
@@ -214,19 +223,6 @@ def test_servers_of_four_accelerators_over_processes_print_the_virtual_table(
     assert '[server]\nfabric = "nvlink"' in made.stdout and "ranks = 4" in made.stdout
     bench = [*EXE, "bench", "all-reduce", "-b", "64K", "-e", "1M", "-n", "1", "--topology"]
     bench += [str(topo), "--algo", "hierarchical"]
-    virtual = subprocess.run(
-        [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert virtual.returncode == 0, virtual.stderr[-2000:]
-    with cpu_burners():
-        exact = subprocess.run(
-            [*bench, "--clock", "exact"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    assert exact.returncode == 0, exact.stderr[-2000:]
+    virtual, exact = _virtual_then_exact(bench)
     assert _table(exact.stdout) == _table(virtual.stdout)
     assert "Out of bounds values : 0 OK" in exact.stdout
