@@ -95,7 +95,10 @@ async def open_server_fabric(
     collector = None
     if registry is not None and fabric.model is not None:
         collector = ServerFabricCollector(fabric, node)
-        registry.register(collector)
+        try:
+            registry.register(collector)
+        except ValueError:  # another job's fabric on this host already exports its families
+            collector = None
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(fabric.run)
