@@ -221,7 +221,7 @@ def test_servers_of_four_accelerators_over_processes_print_the_virtual_table(
     )
     topo.write_text(made.stdout)
     assert '[server]\nfabric = "nvlink"' in made.stdout and "ranks = 4" in made.stdout
-    bench = [*EXE, "bench", "all-reduce", "-b", "64K", "-e", "1M", "-n", "1", "--topology"]
+    bench = [*EXE, "bench", "all-reduce", "-b", "64K", "-e", "256K", "-n", "1", "--topology"]
     bench += [str(topo), "--algo", "hierarchical"]
     virtual, exact = _virtual_then_exact(bench)
     assert _table(exact.stdout) == _table(virtual.stdout)
