@@ -76,6 +76,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=16, help="floats per embedding")
     p.add_argument("--lookups", type=int, default=4, help="rows pooled per sample and table")
     p.add_argument("--width", type=int, default=64, help="the MLPs' hidden width")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate")
     p.add_argument("--backend", default="rocev2", choices=["rocev2", "gloo"])
     p.add_argument("--save", help="write rank 0's final parameters here (torch.save)")
     args = p.parse_args()
@@ -86,7 +87,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = Shard(args.tables, args.rows, args.dim, rank)
     dense = nn.parallel.DistributedDataParallel(Dense(world * args.tables, args.dim, args.width))
-    opt = torch.optim.SGD([*shard.parameters(), *dense.parameters()], lr=0.05)
+    opt = torch.optim.SGD([*shard.parameters(), *dense.parameters()], lr=args.lr)
     gen = torch.Generator().manual_seed(1000 + rank)
     target = torch.randn(DENSE, 1, generator=torch.Generator().manual_seed(7))
     mine = slice(rank * args.tables, (rank + 1) * args.tables)  # this rank's tables, job-wide
