@@ -18,6 +18,8 @@ off, a window of 2 slots of 64 KiB: a sender writes a chunk only into a slot its
 granted); ``PFC + admission, grants at DSCP 48`` (the same window, the grants on a QP of their
 own at a high-priority DSCP, as Meta's grants travel).
 
+``--iterations N`` runs each workload N times.
+
 Per run: the operations' completion time p50 / p99 (each from a barrier to the last rank's end,
 emulated; 4 and 12 samples, so p99 is near the slowest), the pause frames, the deepest egress
 queue of any switch port, ECN marks, drops, and the most chunks a link ever had in flight
@@ -148,10 +150,11 @@ def one(
     per_op = [max(v["times"][k] for v in results.values()) for k in range(iters)]
     links = [link for v in results.values() for link in v["links"]]
     over = [held for held, slots in links if held > slots]
-    qs = statistics.quantiles(per_op, n=100, method="inclusive")
+    one_op = len(per_op) < 2  # --iterations 1: its p99 is its only time
+    p99 = per_op[0] if one_op else statistics.quantiles(per_op, n=100, method="inclusive")[98]
     return {
         "p50": statistics.median(per_op),
-        "p99": qs[98],
+        "p99": p99,
         "times": per_op,
         "peak_queue_bytes": fab.get("peak_queue_bytes", 0),
         "ecn_marked": fab["ecn_marked"],
@@ -171,9 +174,11 @@ def admission(
 ) -> tuple[list[dict[str, Any]], list[str], bool]:
     """Every workload under every setting: in virtual time, or with processes at ``tdf``."""
     scale = VIRTUAL if tdf is None else PROCESSES
+    every = mode.iterations if mode is not None else None  # --iterations: each workload's
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
-    for workload, size, iters in scale.workloads:
+    for workload, size, default in scale.workloads:
+        iters = every or default
         for setting, dcqcn, extra in SETTINGS:
             label = f"{workload}-{setting}"
             got = one(seed, workload, size, iters, dcqcn, extra, scale, tdf, label, mode)
@@ -240,4 +245,5 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
 
 def register() -> None:
     """Add ``admission`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes (8)."""
-    harness.register(harness.job_scenario("admission", admission, plot, exact=True))
+    scale = frozenset({"iterations"})
+    harness.register(harness.job_scenario("admission", admission, plot, exact=True, takes=scale))

@@ -8,10 +8,13 @@ connection (5-tuple ECMP with 1, 4 and 8 QPs; the 5-tuple and the destination QP
 with 8 QPs; path pinning by destination with 1 QP):
 
 * a ring all-reduce in rank order over ranks whose neighbours sit under other leaves (the
-  file lists the leaves' hosts in turn, as a scheduler that scatters a job does), 1 MiB: all
-  32 hops cross the spines at once, 8 flows out of every leaf - the "few, large flows" of
-  collective traffic, and the ring runs at its slowest hop;
+  file lists the leaves' hosts in turn, as a scheduler that scatters a job does), 8 MiB per
+  rank: all 32 hops cross the spines at once, 8 flows out of every leaf - the "few, large
+  flows" of collective traffic, and the ring runs at its slowest hop;
 * all-to-all, 1 MiB per rank (32 KiB to each of 31 peers).
+
+``--size`` sets the all-reduce's bytes per rank, the all-to-all's an eighth of it (with
+processes, 8 hosts: 2 MiB and 256 KiB by default).
 
 Per run: the load of every spine link (bytes each leaf sent each spine and each spine sent each
 leaf) as max / mean - 1.0 is a perfect spread - and the busbw.  The checks: with 1 QP the
@@ -47,16 +50,16 @@ SETTINGS = (  # name, [fabric] ecmp, QPs per connection
     ("QPN hashing, 8 QPs", "5-tuple+qpn", 8),
     ("path pinning, 1 QP", "destination", 1),
 )
-WORKLOADS = (  # name, collective, bytes per rank
-    ("all-reduce", "all_reduce", 8 << 20),
-    ("all-to-all", "all_to_all", 1 << 20),
-)
+ALL_REDUCE_BYTES = 8 << 20  # per rank; the all-to-all's: an eighth of it
+ALL_REDUCE_BYTES_PROCESSES = 2 << 20  # 8 hosts, 2 leaves of 4, 2 spines
 
 
-WORKLOADS_PROCESSES = (  # 8 hosts, 2 leaves of 4, 2 spines
-    ("all-reduce", "all_reduce", 2 << 20),
-    ("all-to-all", "all_to_all", 256 << 10),
-)
+def workloads(all_reduce_bytes: int) -> tuple[tuple[str, str, int], ...]:
+    """name, collective, bytes per rank."""
+    return (
+        ("all-reduce", "all_reduce", all_reduce_bytes),
+        ("all-to-all", "all_to_all", max(all_reduce_bytes // 8, 4096)),
+    )
 
 
 def entropy_data(seed: int, ecmp: str, small: bool = False, tdf: float = 1.0) -> dict[str, Any]:
@@ -161,7 +164,8 @@ def entropy(
     """Every workload under every setting: 32 hosts in virtual time, or 8 as processes."""
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
-    for workload, coll, size in WORKLOADS if tdf is None else WORKLOADS_PROCESSES:
+    default = ALL_REDUCE_BYTES if tdf is None else ALL_REDUCE_BYTES_PROCESSES
+    for workload, coll, size in workloads((mode.size if mode else None) or default):
         for setting, ecmp, qps in SETTINGS:
             got = one(seed, ecmp, qps, coll, size, tdf, mode)
             rows.append({"workload": workload, "setting": setting, **got})
@@ -211,5 +215,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
 
 
 def register() -> None:
-    """Add ``ecmp-entropy`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes."""
-    harness.register(harness.job_scenario("ecmp-entropy", entropy, plot, exact=True))
+    """Add ``ecmp-entropy`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes
+    (``--size``)."""
+    scale = frozenset({"size"})
+    harness.register(harness.job_scenario("ecmp-entropy", entropy, plot, exact=True, takes=scale))

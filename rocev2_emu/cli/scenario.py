@@ -57,7 +57,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="in virtual time, do not record each run (flows or a job) for the map's replay "
         "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
-    scale = p.add_argument_group("scale (incast, straggler)")
+    scale = p.add_argument_group("scale (each scenario takes those its help names)")
     scale.add_argument(
         "--senders", type=positive_int, help="incast: senders (default 8; processes: 4)"
     )
@@ -65,7 +65,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--size",
         type=positive_int,
         help="incast: bytes per sender (default 4 MiB); straggler: bytes per all-reduce "
-        "(default 256 KiB)",
+        "(default 256 KiB); ecmp-entropy: the all-reduce's bytes per rank, the all-to-all's an "
+        "eighth (default 8 MiB; processes: 2 MiB); spine-failure: bytes per all-reduce "
+        "(default 1 MiB)",
     )
     scale.add_argument(
         "--topology",
@@ -74,7 +76,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "ranks, the bursts' hosts added (default: the shipped leaf-spine)",
     )
     scale.add_argument(
-        "--iterations", type=positive_int, help="straggler: all-reduces per setting (default 40)"
+        "--iterations",
+        type=positive_int,
+        help="straggler: all-reduces per setting (default 40); recommendation: training steps "
+        "per setting (default 3); admission: runs of each workload (default 4 all-to-alls, "
+        "12 incasts; processes: 3 and 4)",
     )
     scale.add_argument(
         "--settings",

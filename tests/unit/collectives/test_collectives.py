@@ -450,8 +450,8 @@ def test_straggler_at_scale_takes_a_topology_iterations_and_size(
     assert "scenario straggler takes no --senders" in capsys.readouterr().err
 
 
-# ten virtual runs of a 40-node fabric, five of them an 8 MiB ring over 32 ranks: a few
-# minutes here, so past the default per-test timeout (a hang still ends the test)
+# ten virtual runs of a 40-node fabric, at a quarter of the shipped size (a 2 MiB ring over 32
+# ranks, a 256 KiB all-to-all): about half a minute here; a hang still ends the test
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
@@ -461,7 +461,8 @@ def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
     from rocev2_emu.experiments import harness
 
     register()
-    assert harness.main("ecmp-entropy", seed=1, out=str(tmp_path), virtual=True) == 0
+    scale = {"size": 2 << 20}
+    assert harness.main("ecmp-entropy", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
     assert_png(tmp_path / "ecmp-entropy.png")
     rows = json.loads((tmp_path / "ecmp-entropy.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
@@ -484,7 +485,7 @@ def test_a_link_reports_its_first_error_not_the_flush_after_it() -> None:
     assert rx.error == "link with rank 3: RDMA_WRITE completed with RETRY_EXC_ERR"
 
 
-# eight virtual runs of a 40-node fabric: a couple of minutes here
+# eight virtual runs of a 40-node fabric, each workload twice (shipped: 4 and 12 times)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
@@ -492,7 +493,8 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
     from rocev2_emu.experiments import harness
 
     register()
-    assert harness.main("admission", seed=1, out=str(tmp_path), virtual=True) == 0
+    scale = {"iterations": 2}
+    assert harness.main("admission", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
     assert_png(tmp_path / "admission.png")
     rows = json.loads((tmp_path / "admission.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
@@ -503,7 +505,7 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
     assert pfc["pfc_tx"] > 0 and window["in_flight"] == window["window"] == 2
 
 
-# four virtual runs of 41- and 44-node fabrics, six 1 MiB all-reduces each
+# four virtual runs of 41- and 44-node fabrics, six 256 KiB all-reduces each (shipped: 1 MiB)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
@@ -513,7 +515,8 @@ def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
     from rocev2_emu.experiments import harness
 
     register()
-    assert harness.main("spine-failure", seed=1, out=str(tmp_path), virtual=True) == 0
+    scale = {"size": 256 << 10}
+    assert harness.main("spine-failure", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
     assert_png(tmp_path / "spine-failure.png")
     spare, tight = json.loads((tmp_path / "spine-failure.json").read_text())["runs"]
     assert spare["spines"] == 9 and tight["spines"] == 8
