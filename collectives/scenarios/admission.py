@@ -246,4 +246,4 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
 def register() -> None:
     """Add ``admission`` to ``rocev2-emu scenario``: virtual time (32 hosts) or processes (8)."""
     scale = frozenset({"iterations"})
-    harness.register(harness.job_scenario("admission", admission, plot, exact=True, takes=scale))
+    harness.register(harness.job_scenario("admission", admission, plot, takes=scale))

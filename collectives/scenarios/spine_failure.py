@@ -20,9 +20,11 @@ more busbw after the failure (the paper's claim) is reported, not checked: at 1 
 bound by its per-step latency as much as by the spines, and over seeds the difference is inside
 the noise (seed 1: 3.70 against 3.41 GB/s after the failure, seed 7: 3.65 against 3.65).  With
 processes (``--tdf``): 2 leaves of 2 hosts, spine links at 25 Gbit/s (9 spines: again 1.125 x
-the hosts'), and rank 0 fails the spines through the switches' control ports, half as long
-into the fourth all-reduce as the third lasted.  ``--size`` sets the bytes per all-reduce
-(default 1 MiB).
+the hosts'), and rank 0 fails the spines half as long into the fourth all-reduce as the third
+lasted: with ``--clock exact`` at that emulated instant (a change to the fabric the run's
+coordinator hands to every switch, :class:`~rocev2_emu.runtime.sync.LinkChange`), so the run
+repeats exactly; on the wall clock through the switches' control ports.  ``--size`` sets the
+bytes per all-reduce (default 1 MiB).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from rocev2_emu.fabric.control import set_links
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import load, parse
+from rocev2_emu.runtime.exact import current_engine
 
 FABRICS = (("1 : 1.125 (9 spines)", 9), ("1 : 1 (8 spines)", 8))
 FAILED = ("spine0", "spine1")
@@ -77,26 +80,34 @@ def spine_topology(seed: int, spines: int) -> Topology:
 @job("spine_failure_op")
 async def spine_failure_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
     """``ITERS`` all-reduces, each from a barrier: their start and end, and the wrong values.
-    With processes (``p["fail"]``), rank 0 fails the spines itself, through the switches'
-    control ports, half as long into all-reduce ``FAIL_AT`` as the one before it lasted."""
+    With processes (``p["fail"]``), rank 0 fails the spines itself half as long into
+    all-reduce ``FAIL_AT`` as the one before it lasted: on the exact clock at that emulated
+    instant, through the run's coordinator; on the wall clock through the switches' control
+    ports.  ``failed_at``: the emulated instant of an exact failure (None otherwise)."""
     n, r = comm.size, comm.rank
     count = int(p["bytes"]) // 4 // n * n
     fail = p.get("fail") if r == 0 else None
     await comm.all_reduce(np.ones(1024, np.float32), algo="ring")  # makes the links
     spans: list[tuple[float, float]] = []
     wrong = 0
+    failed_at = None
+    engine = current_engine()
     for k in range(int(p["iters"])):
         await comm.barrier()
         start = comm.ctx.now()
         async with trio.open_nursery() as nursery:
             if fail is not None and k == FAIL_AT:
                 s0, e0 = spans[-1]
-                delay = comm.ctx.clock.wall_duration((e0 - s0) / 2)
-                nursery.start_soon(_fail_links, fail, delay)
+                if engine is not None:  # exact: one event of the run, at an emulated instant
+                    failed_at = start + (e0 - s0) / 2
+                    engine.change_links(failed_at, [(a, b) for a, b in fail["pairs"]], up=False)
+                else:
+                    delay = comm.ctx.clock.wall_duration((e0 - s0) / 2)
+                    nursery.start_soon(_fail_links, fail, delay)
             got = await comm.all_reduce(np.full(count, r + k + 1, np.float32), algo="ring")
             spans.append((start, comm.ctx.now()))
         wrong += int(np.count_nonzero(got != n * (n + 1) / 2 + n * k))
-    return {"spans": spans, "wrong": wrong, "bytes": count * 4}
+    return {"spans": spans, "wrong": wrong, "bytes": count * 4, "failed_at": failed_at}
 
 
 async def _fail_links(fail: dict[str, Any], delay: float) -> None:
@@ -105,7 +116,7 @@ async def _fail_links(fail: dict[str, Any], delay: float) -> None:
     await set_links(topo, [(a, b) for a, b in fail["pairs"]], up=False)
 
 
-def _fail(topo: Topology, at: float | None) -> Any:
+def failing(topo: Topology, at: float | None) -> Any:
     """The task that fails ``FAILED`` at emulated time ``at`` (None: no failure)."""
 
     async def fail(switches: dict[str, Any], agents: dict[str, Any]) -> None:
@@ -126,6 +137,19 @@ def _fail(topo: Topology, at: float | None) -> Any:
     return fail
 
 
+def job_params(size: int) -> dict[str, Any]:
+    """The job's parameters: ``ITERS`` ring all-reduces of ``size`` bytes in rank order."""
+    return {
+        "bytes": size,
+        "iters": ITERS,
+        "order": "rank",
+        "qps_per_connection": QPS,
+        "slot_bytes": 128 << 10,
+        "timeout": 1.0,
+        "qp_timeout": 6,  # 262 us: the frames lost with the links are sent again soon
+    }
+
+
 def run(
     seed: int,
     spines: int,
@@ -137,19 +161,11 @@ def run(
     """One job of all-reduces of ``size`` bytes: in virtual time, the spines failing at emulated
     time ``at`` (None: never); with processes at ``tdf``, failed by rank 0 during all-reduce
     ``FAIL_AT``; recorded, or watched live, as the scenario's ``mode`` says."""
-    p: dict[str, Any] = {
-        "bytes": size,
-        "iters": ITERS,
-        "order": "rank",
-        "qps_per_connection": QPS,
-        "slot_bytes": 128 << 10,
-        "timeout": 1.0,
-        "qp_timeout": 6,  # 262 us: the frames lost with the links are sent again soon
-    }
+    p = job_params(size)
     if tdf is None:
         topo = spine_topology(seed, spines)
         label = f"{spines}-spines" + ("-failing" if at is not None else "")
-        fail = _fail(topo, at)
+        fail = failing(topo, at)
         results, fab = run_virtual_recorded(topo, "spine_failure_op", p, label, mode, beside=fail)
     else:
         data = spine_data(seed, spines, small=True, tdf=tdf)
@@ -176,6 +192,7 @@ def run(
     busbw = [nbytes / (e - s) * BUS_FACTOR["all_reduce"](n) / 1e9 for s, e in spans]
     return {
         "bytes": nbytes,
+        "failed_at": results[0]["failed_at"],  # an exact run's (rank 0's) failure instant
         "spans": spans,
         "busbw": busbw,
         "link_down_drops": fab["drops"].get("link_down", 0),
@@ -239,7 +256,8 @@ def spine_failure(
             all(r["link_down_drops"] > 0 and r["retransmitted"] > 0 for r in rows),
         ),
     ]
-    if tdf is None:  # virtual time repeats exactly; with processes the timing moves: reported
+    exact = tdf is None or (mode is not None and mode.exact)
+    if exact:  # virtual time and the exact clock repeat exactly; on the wall clock: reported
         checks.append(
             (
                 "the failure cost busbw: the all-reduce during it slower than those before",
@@ -276,7 +294,5 @@ def register() -> None:
             spine_failure,
             plot,
             takes=frozenset({"size"}),
-            not_exact="rank 0 fails the spines through the switches' control ports at a "
-            "wall-clock moment; an exact fabric changes only at emulated instants (not yet)",
         )
     )

@@ -311,21 +311,18 @@ def job_scenario(
     experiment: Callable[[int, float | None, Mode], tuple[list[dict[str, Any]], list[str], bool]],
     plot: Callable[[list[dict[str, Any]], Path], bool],
     *,
-    exact: bool = False,
-    not_exact: str = "",
     takes: frozenset[str] = frozenset(),
 ) -> Scenario:
-    """A scenario of collective jobs, in virtual time or with processes at the mode's TDF
-    (``experiment(seed, tdf, mode)``, ``tdf`` None in virtual time; the mode's recorder or live
-    map beside each job); it plots its own rows.  ``exact``: its jobs with processes may run
-    on the exact clock (``not_exact``: why not, when they may not); ``takes``: the Mode fields
+    """A scenario of collective jobs, in virtual time or with processes at the mode's TDF or on
+    the exact clock (``experiment(seed, tdf, mode)``, ``tdf`` None in virtual time; the mode's
+    recorder or live map beside each job); it plots its own rows.  ``takes``: the Mode fields
     of scale it accepts."""
 
     def run(seed: int, mode: Mode) -> Outcome:
         rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
-    return Scenario(name, run, units="", takes=takes, exact=exact, not_exact=not_exact)
+    return Scenario(name, run, units="", takes=takes, exact=True)
 
 
 SCALE_FLAGS = {

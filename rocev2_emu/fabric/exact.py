@@ -10,11 +10,18 @@ engine window by window.  :class:`ExactFlowsJob` runs a flow job on such a fabri
 one by one in the order of their ids while the clock is held, started at the same emulated
 instant, and the counters read when the fabric is quiet.  The same topology and flows therefore
 give the same results and counters as the virtual run, whatever the machine's load.
+
+A change to the fabric asked for in the run (:meth:`ExactEngine.change_links`, e.g. a job's
+rank failing spines) reaches every process with a window; a switch applies it at its emulated
+instant as the virtual fabric's failures do - its ports on those links down or up, then its
+routes converged around every link down so far.  Changes from outside the run (``rocev2-emu
+link``, the map) are still refused: they would land at no defined emulated instant.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Final
 
@@ -38,7 +45,7 @@ from rocev2_emu.runtime.engine import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
-from rocev2_emu.runtime.sync import Coordinator, RunOver
+from rocev2_emu.runtime.sync import Coordinator, LinkChange, RunOver
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -126,6 +133,7 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
         clock = DilatedClock(1.0)
         if node.kind is NodeKind.SWITCH:
             core = SwitchCore(topo.switch_config(name))
+            engine.on_change = link_changes(topo, name, core)
             switch = EngineSwitch(core, engine, clock, (address, LINK_UDP_PORT))
             local = switch.node
             reply = control_replies(switch, more)
@@ -158,6 +166,26 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
             f"control={address}:{CONTROL_PORT} clock=exact",
             flush=True,
         )
+
+
+def link_changes(
+    topo: Topology, name: str, core: SwitchCore
+) -> Callable[[LinkChange, float], None]:
+    """What a change to the fabric does to switch ``name``: its ports on the changed links go
+    down or up, and its routes converge around every link down so far."""
+    down: set[int] = set()
+    by_pair = {frozenset((lk.a, lk.b)): lk.index for lk in topo.links}
+    ports = {link.index: port for port, (link, _) in enumerate(topo.nodes[name].ports)}
+
+    def apply(change: LinkChange, now: float) -> None:
+        links = {by_pair[frozenset(p)] for p in change.pairs if frozenset(p) in by_pair}
+        (down.difference_update if change.up else down.update)(links)
+        for index in sorted(links):
+            if index in ports:
+                core.set_link(ports[index], change.up, now)
+        core.set_routes(topo.routes_by_ip(name, frozenset(down)))
+
+    return apply
 
 
 async def _host_context(

@@ -30,6 +30,7 @@ from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
     DONE,
+    LinkChange,
     RunOver,
     SyncError,
     SyncLink,
@@ -112,6 +113,11 @@ class ExactEngine(Engine):
         self._store_out: list[StoreOp] = []  # store operations since the last report
         self._store_waiters: dict[int, StoreWaiter] = {}
         self._replies: list[tuple[float, int, StoreReply]] = []  # a heap, by arrival
+        self._changes_out: list[LinkChange] = []  # asked for since the last report
+        self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
+        self._changes_seen = 0
+        # what a change does here (the node process sets it: a switch's ports and routes)
+        self.on_change: Callable[[LinkChange, float], None] | None = None
 
     def link(self, link: RemoteLink) -> RemoteLink:
         if link.vni in self._by_vni:
@@ -145,6 +151,27 @@ class ExactEngine(Engine):
 
     def _reply_time(self) -> float:
         return self._replies[0][0] if self._replies else math.inf
+
+    # -- changes to the fabric at emulated instants (rocev2_emu.runtime.sync.LinkChange) ------
+    def change_links(self, at: float, pairs: list[tuple[str, str]], *, up: bool) -> None:
+        """Ask for the links between the named nodes to go down (or up) at emulated ``at``,
+        everywhere in the run at once (at least one lookahead from now: the coordinator
+        refuses a change the run has already passed, and the run stops)."""
+        if not at >= self.events.now:
+            raise EngineError(f"a link change at t={at!r} is before now ({self.events.now!r})")
+        self._changes_out.append(LinkChange(at, tuple(pairs), up))
+        self._wake_barrier()
+
+    def _change_time(self) -> float:
+        return self._changes[0][0] if self._changes else math.inf
+
+    def _apply_changes(self, now: float) -> None:
+        """The changes due by ``now``, in the order they were asked for at one instant."""
+        changes = self._changes
+        while changes and changes[0][0] <= now:
+            _, _, change = heapq.heappop(changes)
+            if self.on_change is not None:
+                self.on_change(change, now)
 
     @property
     def holds(self) -> int:
@@ -232,7 +259,7 @@ class ExactEngine(Engine):
         heap_next = events.next_event_time()
         deadline = trio.current_time() + trio.lowlevel.current_statistics().seconds_to_next_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
-        nxt = min(nxt, self._inflight, self._reply_time())
+        nxt = min(nxt, self._inflight, self._reply_time(), self._change_time())
         if self._holds:
             nxt = min(nxt, events.now)
         quiet = (
@@ -240,8 +267,11 @@ class ExactEngine(Engine):
             and not events.pending
             and self._inflight == math.inf
             and not self._replies
+            and not self._changes
+            and not self._changes_out
         )
         ops, self._store_out = self._store_out, []
+        changes, self._changes_out = self._changes_out, []
         return {
             "next": nxt,
             "quiet": quiet,
@@ -250,6 +280,7 @@ class ExactEngine(Engine):
             "received": self.received,
             "window": self.rounds,
             "store": [op.wire() for op in ops],
+            "changes": [c.wire() for c in changes],
         }
 
     async def _barrier(self) -> float:
@@ -282,6 +313,10 @@ class ExactEngine(Engine):
             for at, seq, value, error in msg.get("store", ()):
                 reply = StoreReply(float(at), -1, int(seq), value, error)
                 heapq.heappush(self._replies, (reply.at, reply.seq, reply))
+            for item in msg.get("changes", ()):
+                change = LinkChange.from_wire(item)
+                self._changes_seen += 1
+                heapq.heappush(self._changes, (change.at, self._changes_seen, change))
             await self._take_in(int(msg["expect"]))
             return float(msg["until"])
 
@@ -308,6 +343,7 @@ class ExactEngine(Engine):
             events.now = max(events.now, trio.current_time() - self.origin)
             events.woke = False
             if events.now < until:
+                self._apply_changes(events.now)
                 if self._replies_due(events.now):
                     continue  # the waiting tasks run first, as a trio deadline's would
                 events.run_due()
@@ -315,7 +351,7 @@ class ExactEngine(Engine):
                 if events.woke:
                     continue
             deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
-            trio_next = min(deadline, self._reply_time())
+            trio_next = min(deadline, self._reply_time(), self._change_time())
             limit = min(until, trio_next)
             nt = events.run_until(limit, None)
             self._flush()

@@ -31,6 +31,14 @@ stays where Wireshark expects it (the trailer shows as the Ethernet frame's trai
 frame's own bytes are what the virtual run carries.  The receiver checks that each link's
 sequence numbers come in order with no gap; a gap, a datagram from the wrong sender, or a
 malformed one stops the run naming the link (no silently different result).
+
+**Changes to the fabric** happen at emulated instants, never at a wall-clock moment: a process
+asks for one (:class:`LinkChange`: links between named nodes down or up at time ``at``) with its
+report; the coordinator refuses one whose instant a granted window has already passed, bounds
+the next window at ``at + lookahead`` and hands the change to every process with that window's
+grant.  Each process applies it when its engine reaches ``at`` (a switch: its ports on those
+links, and routes converged around every link down), so the change is one event of the run,
+seen everywhere at the same instant.
 """
 
 from __future__ import annotations
@@ -128,6 +136,40 @@ def holding_clock() -> Iterator[None]:
 # -- the coordinator -----------------------------------------------------------------------
 
 
+MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report may carry)
+
+
+@dataclass(slots=True, frozen=True)
+class LinkChange:
+    """The links between the named nodes go down (``up`` False) or come back at ``at``."""
+
+    at: float
+    pairs: tuple[tuple[str, str], ...]
+    up: bool
+
+    def wire(self) -> list[Any]:
+        return [self.at, [list(p) for p in self.pairs], self.up]
+
+    @classmethod
+    def from_wire(cls, item: Any) -> LinkChange:
+        """A change as a process sent it, checked (ValueError names what is wrong)."""
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise ValueError(f"a link change is [at, [[a, b], ...], up]: {item!r:.80}")
+        at, pairs, up = item
+        if not isinstance(at, int | float) or not math.isfinite(at) or at < 0:
+            raise ValueError(f"link change time {at!r:.40}")
+        if not isinstance(up, bool) or not isinstance(pairs, list | tuple):
+            raise ValueError(f"a link change's links or state: {item!r:.80}")
+        if not 0 < len(pairs) <= MAX_CHANGE_LINKS or not all(
+            isinstance(pair, list | tuple)
+            and len(pair) == 2
+            and all(isinstance(n, str) for n in pair)
+            for pair in pairs
+        ):
+            raise ValueError(f"a link change names 1 to {MAX_CHANGE_LINKS} [a, b] node pairs")
+        return cls(float(at), tuple((str(a), str(b)) for a, b in pairs), up)
+
+
 @dataclass(slots=True)
 class Report:
     """One process's report at the end of a window."""
@@ -138,6 +180,7 @@ class Report:
     received: int  # frames received since the start
     window: int = 0  # how many windows it had been granted when it reported
     store: list[StoreOp] = field(default_factory=list)  # operations for the store
+    changes: list[LinkChange] = field(default_factory=list)  # changes to the fabric it asks for
 
     @classmethod
     def from_wire(cls, msg: Any) -> Report:
@@ -151,11 +194,12 @@ class Report:
             received = int(msg["received"])
             window = int(msg["window"])
             store = [StoreOp.from_wire(op) for op in msg.get("store", ())]
+            changes = [LinkChange.from_wire(c) for c in msg.get("changes", ())]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a sync report's field is missing or wrong: {exc!r}") from exc
         if math.isnan(next_time):
             raise ValueError("a sync report's next time is NaN")
-        return cls(next_time, quiet, sent, received, window, store)
+        return cls(next_time, quiet, sent, received, window, store, changes)
 
 
 @dataclass(slots=True)
@@ -235,6 +279,7 @@ class Coordinator:
         self._granted: dict[str, int] = {}  # windows sent to each process
         self.store = StoreCore()  # the rendezvous store, a node of the run
         self._origins: dict[int, str] = {}  # a host's index -> its process
+        self._changes: list[LinkChange] = []  # asked for, not yet handed out
 
     def hold(self) -> None:
         """No window from now on until :meth:`release` (those granted still run)."""
@@ -304,6 +349,7 @@ class Coordinator:
                     if self._origins.get(op.origin) != name:
                         raise SyncError(f"node {name}: a store operation as host {op.origin}")
                     self.store.submit(op)
+                self._take_changes(name, report.changes)
                 if report.window != self._granted.get(name, 0):
                     # said before the node got its latest window (a re-report crossing a grant):
                     # its report of that window follows
@@ -322,6 +368,18 @@ class Coordinator:
                 else:
                     await chan.aclose()
 
+    def _take_changes(self, name: str, changes: list[LinkChange]) -> None:
+        """Changes to the fabric node ``name`` asked for, to hand out with the next window; a
+        SyncError if the run has already passed one's instant."""
+        for change in changes:
+            if change.at < self.until:
+                raise SyncError(
+                    f"node {name}: a link change at t={change.at * 1e6:.3f} us comes after the "
+                    f"run reached {self.until * 1e6:.3f} us (ask at least one lookahead ahead "
+                    "of now)"
+                )
+            self._changes.append(change)
+
     async def _rounds(self) -> None:
         await self.connected.wait()
         while True:
@@ -336,6 +394,9 @@ class Coordinator:
             store_next = self.store.next_time()
             if store_next is not None:
                 window.until = min(window.until, store_next + self.lookahead)
+                window.quiet = False
+            if self._changes:  # handed out with this window, run inside it at the latest
+                window.until = min(window.until, min(c.at for c in self._changes) + self.lookahead)
                 window.quiet = False
             if self._poll:
                 self._poll = False
@@ -426,6 +487,10 @@ class Coordinator:
         replies: dict[str, list[list[Any]]] = {}
         for reply in self.store.run_until(window.until):
             replies.setdefault(self._origins[reply.origin], []).append(reply.wire())
+        changes: list[list[Any]] = []
+        if not everyone:  # a poll's window is empty: the changes go with the next one
+            changes, self._changes = [c.wire() for c in self._changes], []
+        everyone = everyone or bool(changes)
         reports, self.reports = self.reports, {}
         woken = 0
         for name, chan in self._chans.items():
@@ -444,6 +509,8 @@ class Coordinator:
             grant: dict[str, Any] = {"until": window.until, "expect": window.expect[name]}
             if name in replies:
                 grant["store"] = replies[name]
+            if changes:
+                grant["changes"] = changes
             self._granted[name] = self._granted.get(name, 0) + 1
             woken += 1
             await chan.send(grant)

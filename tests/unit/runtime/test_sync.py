@@ -3,6 +3,7 @@ makes of every frame from another process (rocev2_emu/runtime/exact.py)."""
 
 from __future__ import annotations
 
+import heapq
 import math
 import socket
 
@@ -14,8 +15,10 @@ from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
     TRAILER,
     Coordinator,
+    LinkChange,
     Report,
     SyncError,
+    Window,
     next_window,
     split_trailer,
     with_trailer,
@@ -137,3 +140,68 @@ def test_a_datagram_that_is_on_no_link_or_malformed_stops_the_run(case: str) -> 
         udp.close()
         peer.close()
         stranger.close()
+
+
+def test_a_link_change_crosses_the_wire_and_a_malformed_one_is_named() -> None:
+    change = LinkChange(5e-6, (("spine0", "leaf0"), ("spine0", "leaf1")), False)
+    assert LinkChange.from_wire(change.wire()) == change
+    report = {"next": 1.0, "quiet": False, "sent": {}, "received": 0, "window": 0}
+    assert Report.from_wire({**report, "changes": [change.wire()]}).changes == [change]
+    for bad, match in [
+        ([5e-6, [["a", "b"]]], "is \\[at"),
+        ([-1.0, [["a", "b"]], False], "time"),
+        ([5e-6, [["a", "b"]], "down"], "links or state"),
+        ([5e-6, [], False], "node pairs"),
+        ([5e-6, [["a", 3]], False], "node pairs"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            LinkChange.from_wire(bad)
+
+
+class _Chan:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send(self, msg: dict[str, object]) -> None:
+        self.sent.append(msg)
+
+
+async def test_a_link_change_goes_to_every_process_with_the_next_window_not_too_late() -> None:
+    c = Coordinator(["h0", "sw0", "sw1"], 1e-6, b"")
+    chans = c._chans = {name: _Chan() for name in c.names}
+    idle = Report(next_time=1.0, quiet=False, sent={}, received=0)
+    c.reports = dict.fromkeys(c.names, idle)
+    change = LinkChange(5e-6, (("sw0", "sw1"),), False)
+    c._take_changes("h0", [change])
+    # every process would be skipped (nothing before the window's end): the change wakes all
+    await c._grant(Window(6e-6, dict.fromkeys(c.names, 0)))
+    assert all(chan.sent[-1]["changes"] == [change.wire()] for chan in chans.values())
+    await c._grant(Window(7e-6, dict.fromkeys(c.names, 0)), everyone=True)
+    assert all("changes" not in chan.sent[-1] for chan in chans.values())  # handed out once
+    with pytest.raises(SyncError, match=r"node h0: a link change at t=5\.000 us comes after"):
+        c._take_changes("h0", [change])  # the run reached 7 us
+
+
+async def test_an_engine_applies_a_change_when_its_clock_reaches_the_instant() -> None:
+    udp = UdpPort(("127.0.0.1", 0), None, batch=False)
+    try:
+        _changes_at_their_instants(ExactEngine("sw0", udp, chan=None))  # type: ignore[arg-type]
+    finally:
+        udp.close()
+
+
+def _changes_at_their_instants(engine: ExactEngine) -> None:
+    seen: list[tuple[LinkChange, float]] = []
+    engine.on_change = lambda change, now: seen.append((change, now))
+    late, early = LinkChange(9e-6, (("a", "b"),), True), LinkChange(4e-6, (("a", "b"),), False)
+    for n, change in enumerate((late, early)):
+        heapq.heappush(engine._changes, (change.at, n, change))
+    assert engine._change_time() == 4e-6
+    engine._apply_changes(3e-6)
+    assert seen == []
+    engine._apply_changes(5e-6)
+    assert seen == [(early, 5e-6)] and engine._change_time() == 9e-6
+    engine.events.now = 1e-6
+    engine.change_links(2e-6, [("a", "b")], up=False)
+    assert engine._report()["changes"] == [[2e-6, [["a", "b"]], False]]
+    assert engine._report()["changes"] == []  # said once
