@@ -45,11 +45,11 @@ from collectives.scenarios.common import job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.fabric.changes import change_links_at, change_links_in_run
 from rocev2_emu.fabric.control import set_links
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.topology_file import load, parse
-from rocev2_emu.runtime.exact import current_engine
 
 FABRICS = (("1 : 1.125 (9 spines)", 9), ("1 : 1 (8 spines)", 8))
 FAILED = ("spine0", "spine1")
@@ -91,16 +91,16 @@ async def spine_failure_op(comm: Communicator, p: dict[str, Any]) -> dict[str, A
     spans: list[tuple[float, float]] = []
     wrong = 0
     failed_at = None
-    engine = current_engine()
     for k in range(int(p["iters"])):
         await comm.barrier()
         start = comm.ctx.now()
         async with trio.open_nursery() as nursery:
             if fail is not None and k == FAIL_AT:
                 s0, e0 = spans[-1]
-                if engine is not None:  # exact: one event of the run, at an emulated instant
-                    failed_at = start + (e0 - s0) / 2
-                    engine.change_links(failed_at, [(a, b) for a, b in fail["pairs"]], up=False)
+                at = start + (e0 - s0) / 2
+                pairs = [(a, b) for a, b in fail["pairs"]]
+                if change_links_in_run(at, pairs, up=False):  # exact: an event of the run
+                    failed_at = at
                 else:
                     delay = comm.ctx.clock.wall_duration((e0 - s0) / 2)
                     nursery.start_soon(_fail_links, fail, delay)
@@ -116,25 +116,9 @@ async def _fail_links(fail: dict[str, Any], delay: float) -> None:
     await set_links(topo, [(a, b) for a, b in fail["pairs"]], up=False)
 
 
-def failing(topo: Topology, at: float | None) -> Any:
-    """The task that fails ``FAILED`` at emulated time ``at`` (None: no failure)."""
-
-    async def fail(switches: dict[str, Any], agents: dict[str, Any]) -> None:
-        if at is None:
-            return
-        clock = next(iter(switches.values())).clock
-        await trio.sleep(max(0.0, at - clock.now()))
-        now = clock.now()
-        down = {lk.index for lk in topo.links if lk.a in FAILED or lk.b in FAILED}
-        for sw in topo.switches:
-            core = switches[sw.name].core
-            for port, (lk, _) in enumerate(sw.ports):
-                if lk.index in down:
-                    core.set_link(port, False, now)
-        for sw in topo.switches:  # routing converges around the failure
-            switches[sw.name].core.set_routes(topo.routes_by_ip(sw.name, frozenset(down)))
-
-    return fail
+def failed_pairs(topo: Topology) -> list[tuple[str, str]]:
+    """Every link of the failing spines, as node pairs."""
+    return [(lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} & set(FAILED)]
 
 
 def job_params(size: int) -> dict[str, Any]:
@@ -165,14 +149,13 @@ def run(
     if tdf is None:
         topo = spine_topology(seed, spines)
         label = f"{spines}-spines" + ("-failing" if at is not None else "")
-        fail = failing(topo, at)
+        fail = None if at is None else change_links_at(topo, at, failed_pairs(topo), up=False)
         results, fab = run_virtual_recorded(topo, "spine_failure_op", p, label, mode, beside=fail)
     else:
         data = spine_data(seed, spines, small=True, tdf=tdf)
 
         def prepare(topo: Topology, path: str) -> None:  # rank 0 fails them from the file
-            pairs = [[lk.a, lk.b] for lk in topo.links if {lk.a, lk.b} & set(FAILED)]
-            p["fail"] = {"topology": path, "pairs": pairs}
+            p["fail"] = {"topology": path, "pairs": [list(pair) for pair in failed_pairs(topo)]}
 
         results, fab = run_topology_data(
             data, "spine-failure", tdf, "spine_failure_op", p, prepare, mode

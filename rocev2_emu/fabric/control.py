@@ -1,6 +1,6 @@
 """Steering a running fabric from outside: a request to one node's control port (or many over
 connections kept open, :class:`ControlPool`), links down and up (with the routes recomputed
-around them), link faults, and stopping one node.
+around them; on an exact run at one emulated instant), link faults, and stopping one node.
 
 Works on any running fabric - ``rocev2-emu up``'s processes or the compose testbed's
 containers - since it needs only the topology file and each node's control port.
@@ -94,8 +94,16 @@ def _port_of(topo: Topology, switch: str, link: Link) -> int:
 
 async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> str:
     """Take the links between each pair of ``pairs`` down (or up) at once, then reroute every
-    switch around what is down in the fabric, as a routing protocol would converge."""
+    switch around what is down in the fabric, as a routing protocol would converge.  On an
+    exact run (``--clock exact``) one ``change_links`` request does it all at one emulated
+    instant, which the answer names; on the wall clock each switch is told in turn."""
     links = [_link(topo, a, b) for a, b in pairs]
+    state = "up" if up else "down"
+    named = ", ".join(f"{lk.a} <-> {lk.b} (VNI {lk.vni})" for lk in links)
+    at = await change_links_exact(topo, pairs, up)
+    if at is not None:
+        us = at * 1e6
+        return f"link {named} is {state} from t={us:.3f} us emulated (exact run: every switch then)"
     down: set[int] = set()
     for sw in topo.switches:  # the fabric's state lives in its switches
         stats = await control(sw.address, {"cmd": "stats"})
@@ -109,9 +117,23 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
     for sw in topo.switches:  # routing converges around the failure
         routes = topo.routes_by_ip(sw.name, frozenset(down))
         await control(sw.address, {"cmd": "set_routes", "routes": list(routes.items())})
-    state = "up" if up else "down"
-    named = ", ".join(f"{lk.a} <-> {lk.b} (VNI {lk.vni})" for lk in links)
     return f"link {named} is {state}; {len(down)} link(s) down in the fabric"
+
+
+async def change_links_exact(
+    topo: Topology, pairs: list[tuple[str, str]], up: bool
+) -> float | None:
+    """On an exact run: the links between ``pairs`` down (or up) at the first emulated instant
+    the run can take it, everywhere at once (one ``change_links`` request to a node); that
+    instant.  None if the fabric runs on the wall clock (its nodes know no such request)."""
+    first = topo.switches[0] if topo.switches else topo.nodes[pairs[0][0]]
+    msg = {"cmd": "change_links", "pairs": [list(pair) for pair in pairs], "up": up}
+    reply = await control(first.address, msg, timeout=30.0)
+    if isinstance(reply, dict) and "at" in reply:
+        return float(reply["at"])
+    if isinstance(reply, dict) and "unknown command" in str(reply.get("error")):
+        return None
+    raise RuntimeError(f"change_links at {first.name}: {reply!r:.200}")
 
 
 def set_link(topo: Topology, a: str, b: str, up: bool) -> int:

@@ -14,8 +14,11 @@ give the same results and counters as the virtual run, whatever the machine's lo
 A change to the fabric asked for in the run (:meth:`ExactEngine.change_links`, e.g. a job's
 rank failing spines) reaches every process with a window; a switch applies it at its emulated
 instant as the virtual fabric's failures do - its ports on those links down or up, then its
-routes converged around every link down so far.  Changes from outside the run (``rocev2-emu
-link``, the map) are still refused: they would land at no defined emulated instant.
+routes converged around every link down so far.  A change from outside the run (``rocev2-emu
+link``, the map's clicks) is the ``change_links`` control request to any node: the node asks
+for it without an instant, the coordinator gives it the first instant no process has passed,
+and the reply names that instant.  The per-port commands (``set_link``, ``set_faults``,
+``set_routes``) are refused: one switch alone would change at no instant the others share.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
+from rocev2_emu.fabric.changes import link_indices, switch_changes
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
@@ -45,7 +49,7 @@ from rocev2_emu.runtime.engine import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
-from rocev2_emu.runtime.sync import Coordinator, LinkChange, RunOver
+from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -92,9 +96,38 @@ def run_exact_node(
 
 async def _refuse(msg: dict[str, Any]) -> dict[str, Any]:
     return {
-        "error": f"{msg.get('cmd')}: an exact run does not take changes to the fabric from outside "
-        "yet (they would land at no defined emulated instant); use --clock wall"
+        "error": f"{msg.get('cmd')}: an exact run changes its fabric only at emulated instants, "
+        "everywhere at once: take links down or up with change_links (rocev2-emu link, the "
+        "map); link faults and routes from outside are not taken (use --clock wall)"
     }
+
+
+def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
+    """``change_links {pairs: [[a, b], ...], up: bool}``: the links between those nodes down or
+    up at the first emulated instant the run can take it; the reply ``{"at": seconds}``."""
+
+    async def change_links(msg: dict[str, Any]) -> dict[str, Any]:
+        pairs, up = msg.get("pairs"), msg.get("up")
+        if not isinstance(up, bool) or not isinstance(pairs, list) or not pairs:
+            return {"error": "change_links takes pairs: [[a, b], ...] and up: true or false"}
+        if len(pairs) > MAX_CHANGE_LINKS:
+            return {"error": f"change_links: at most {MAX_CHANGE_LINKS} links at once"}
+        ok = all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
+            for pair in pairs
+        )
+        if not ok:
+            return {"error": "change_links: pairs are [a, b] node names"}
+        try:
+            link_indices(topo, pairs)
+        except TopologyError as exc:
+            return {"error": f"change_links: {exc}"}
+        waiter = engine.change_links(None, [(a, b) for a, b in pairs], up=up)
+        # no deadline here (it would be an emulated one): the client's, on the wall clock
+        await waiter.event.wait()
+        return {"at": waiter.at}
+
+    return change_links
 
 
 REFUSED: Final = ("set_link", "set_faults", "set_routes")
@@ -127,7 +160,11 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
             "next_deadline": stats.seconds_to_next_deadline,
         }
 
-    more: dict[str, Handler] = {"engine": engine_state, **dict.fromkeys(REFUSED, _refuse)}
+    more: dict[str, Handler] = {
+        "engine": engine_state,
+        "change_links": change_links_handler(topo, engine),
+        **dict.fromkeys(REFUSED, _refuse),
+    }
     async with trio.open_nursery() as nursery:
         local: Node
         clock = DilatedClock(1.0)
@@ -171,21 +208,10 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
 def link_changes(
     topo: Topology, name: str, core: SwitchCore
 ) -> Callable[[LinkChange, float], None]:
-    """What a change to the fabric does to switch ``name``: its ports on the changed links go
-    down or up, and its routes converge around every link down so far."""
-    down: set[int] = set()
-    by_pair = {frozenset((lk.a, lk.b)): lk.index for lk in topo.links}
-    ports = {link.index: port for port, (link, _) in enumerate(topo.nodes[name].ports)}
-
-    def apply(change: LinkChange, now: float) -> None:
-        links = {by_pair[frozenset(p)] for p in change.pairs if frozenset(p) in by_pair}
-        (down.difference_update if change.up else down.update)(links)
-        for index in sorted(links):
-            if index in ports:
-                core.set_link(ports[index], change.up, now)
-        core.set_routes(topo.routes_by_ip(name, frozenset(down)))
-
-    return apply
+    """What a change handed out in the run does to switch ``name``
+    (:func:`~rocev2_emu.fabric.changes.switch_changes`)."""
+    apply = switch_changes(topo, name, core)
+    return lambda change, now: apply(change.pairs, change.up, now)
 
 
 async def _host_context(

@@ -132,23 +132,34 @@ def watching(
 
 
 async def _flows(
-    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None
+    topo: Topology,
+    flows: list[FlowSpec],
+    watch: Watcher | None = None,
+    beside: Beside | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any]]:
-    async with virtual_fabric(topo) as (drivers, agents):
+    async with virtual_fabric(topo) as (drivers, agents), trio.open_nursery() as nursery:
         show_progress(drivers, delivered(agents, flows))
         t0 = next(iter(agents.values())).ctx.now() + 1e-3
+        if beside is not None:
+            nursery.start_soon(beside, drivers, agents)
         with watching(watch, drivers, agents):
             results = await run_flows(agents, flows, t0)
             await fabric_quiet(agents)
+        nursery.cancel_scope.cancel()
         return results, fabric_stats(drivers, agents)
 
 
 def run_flows_virtual(
-    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None
+    topo: Topology,
+    flows: list[FlowSpec],
+    watch: Watcher | None = None,
+    beside: Beside | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     """``flows`` on ``topo`` in virtual time: their results and the fabric's counters;
-    ``watch``: an observer of the run until the flows end (the map's recorder)."""
-    return run_virtual_time(topo.seed, _flows, topo, flows, watch)
+    ``watch``: an observer of the run until the flows end (the map's recorder); ``beside``: a
+    task alongside the flows (a link failing at an instant,
+    :func:`~rocev2_emu.fabric.changes.change_links_at`)."""
+    return run_virtual_time(topo.seed, _flows, topo, flows, watch, beside)
 
 
 def run_virtual(

@@ -82,6 +82,17 @@ class StoreWaiter:
         self.event.set()
 
 
+class ChangeWaiter:
+    """Where the instant the coordinator gave a change asked for without one lands."""
+
+    __slots__ = ("at", "change", "event")
+
+    def __init__(self, change: LinkChange) -> None:
+        self.change = change
+        self.event = trio.Event()
+        self.at: float | None = None
+
+
 _ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
 
 
@@ -116,6 +127,7 @@ class ExactEngine(Engine):
         self._changes_out: list[LinkChange] = []  # asked for since the last report
         self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
         self._changes_seen = 0
+        self._asked: list[ChangeWaiter] = []  # changes asked for without an instant
         # what a change does here (the node process sets it: a switch's ports and routes)
         self.on_change: Callable[[LinkChange, float], None] | None = None
 
@@ -153,14 +165,26 @@ class ExactEngine(Engine):
         return self._replies[0][0] if self._replies else math.inf
 
     # -- changes to the fabric at emulated instants (rocev2_emu.runtime.sync.LinkChange) ------
-    def change_links(self, at: float, pairs: list[tuple[str, str]], *, up: bool) -> None:
+    def change_links(
+        self, at: float | None, pairs: list[tuple[str, str]], *, up: bool
+    ) -> ChangeWaiter:
         """Ask for the links between the named nodes to go down (or up) at emulated ``at``,
         everywhere in the run at once (at least one lookahead from now: the coordinator
-        refuses a change the run has already passed, and the run stops)."""
-        if not at >= self.events.now:
+        refuses a change the run has already passed, and the run stops; None: as soon as the
+        run can take it, for a change from outside the run - the waiter then learns the
+        instant it was given)."""
+        if at is not None and not at >= self.events.now:
             raise EngineError(f"a link change at t={at!r} is before now ({self.events.now!r})")
-        self._changes_out.append(LinkChange(at, tuple(pairs), up))
+        change = LinkChange(at, tuple(pairs), up)
+        self._changes_out.append(change)
+        waiter = ChangeWaiter(change)
+        if at is None:
+            self._asked.append(waiter)
+        else:
+            waiter.at = at
+            waiter.event.set()
         self._wake_barrier()
+        return waiter
 
     def _change_time(self) -> float:
         return self._changes[0][0] if self._changes else math.inf
@@ -315,6 +339,14 @@ class ExactEngine(Engine):
                 heapq.heappush(self._replies, (reply.at, reply.seq, reply))
             for item in msg.get("changes", ()):
                 change = LinkChange.from_wire(item)
+                if change.at is None:
+                    raise SyncError(f"{self.name}: a link change came without its instant")
+                for waiter in self._asked:  # the first ask of this change: its instant
+                    if (waiter.change.pairs, waiter.change.up) == (change.pairs, change.up):
+                        waiter.at = change.at
+                        waiter.event.set()
+                        self._asked.remove(waiter)
+                        break
                 self._changes_seen += 1
                 heapq.heappush(self._changes, (change.at, self._changes_seen, change))
             await self._take_in(int(msg["expect"]))

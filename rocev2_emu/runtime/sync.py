@@ -141,9 +141,11 @@ MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report 
 
 @dataclass(slots=True, frozen=True)
 class LinkChange:
-    """The links between the named nodes go down (``up`` False) or come back at ``at``."""
+    """The links between the named nodes go down (``up`` False) or come back at ``at`` (None:
+    as soon as the run can take it - a change from outside the run, ``rocev2-emu link`` or the
+    map; the coordinator gives it the instant its windows have reached)."""
 
-    at: float
+    at: float | None
     pairs: tuple[tuple[str, str], ...]
     up: bool
 
@@ -156,7 +158,7 @@ class LinkChange:
         if not isinstance(item, list | tuple) or len(item) != 3:
             raise ValueError(f"a link change is [at, [[a, b], ...], up]: {item!r:.80}")
         at, pairs, up = item
-        if not isinstance(at, int | float) or not math.isfinite(at) or at < 0:
+        if at is not None and (not isinstance(at, int | float) or not math.isfinite(at) or at < 0):
             raise ValueError(f"link change time {at!r:.40}")
         if not isinstance(up, bool) or not isinstance(pairs, list | tuple):
             raise ValueError(f"a link change's links or state: {item!r:.80}")
@@ -167,7 +169,8 @@ class LinkChange:
             for pair in pairs
         ):
             raise ValueError(f"a link change names 1 to {MAX_CHANGE_LINKS} [a, b] node pairs")
-        return cls(float(at), tuple((str(a), str(b)) for a, b in pairs), up)
+        when = None if at is None else float(at)
+        return cls(when, tuple((str(a), str(b)) for a, b in pairs), up)
 
 
 @dataclass(slots=True)
@@ -369,16 +372,20 @@ class Coordinator:
                     await chan.aclose()
 
     def _take_changes(self, name: str, changes: list[LinkChange]) -> None:
-        """Changes to the fabric node ``name`` asked for, to hand out with the next window; a
-        SyncError if the run has already passed one's instant."""
+        """Changes to the fabric node ``name`` asked for, to hand out with the next window (one
+        without an instant gets the first no process has passed); a SyncError if the run has
+        already passed one's instant."""
         for change in changes:
-            if change.at < self.until:
+            if change.at is None:
+                change = LinkChange(max(self.until, 0.0), change.pairs, change.up)
+            elif change.at < self.until:
                 raise SyncError(
                     f"node {name}: a link change at t={change.at * 1e6:.3f} us comes after the "
                     f"run reached {self.until * 1e6:.3f} us (ask at least one lookahead ahead "
                     "of now)"
                 )
             self._changes.append(change)
+            self._changed.set()  # a round to hand it out, even in an idle fabric
 
     async def _rounds(self) -> None:
         await self.connected.wait()
@@ -395,8 +402,7 @@ class Coordinator:
             if store_next is not None:
                 window.until = min(window.until, store_next + self.lookahead)
                 window.quiet = False
-            if self._changes:  # handed out with this window, run inside it at the latest
-                window.until = min(window.until, min(c.at for c in self._changes) + self.lookahead)
+            if self._changes:
                 window.quiet = False
             if self._poll:
                 self._poll = False
@@ -482,14 +488,19 @@ class Coordinator:
         """Send the window to every process that has something to do in it: a process whose
         next event comes after it, that is owed no frame and no store reply, would only report
         the same again - it keeps its report and is not woken (``everyone``: all are)."""
+        changes: list[list[Any]] = []
+        if self._changes and not everyone:  # a poll's window is empty: not in it
+            # handed out with this window, which ends one lookahead after the first at the
+            # latest (bounded here, not when the round was decided: a change may have come
+            # while the window waited for its pace)
+            first = min(c.at for c in self._changes if c.at is not None)
+            window.until = min(window.until, first + self.lookahead)
+            changes, self._changes = [c.wire() for c in self._changes], []
         self.until = window.until
         self.rounds += 1
         replies: dict[str, list[list[Any]]] = {}
         for reply in self.store.run_until(window.until):
             replies.setdefault(self._origins[reply.origin], []).append(reply.wire())
-        changes: list[list[Any]] = []
-        if not everyone:  # a poll's window is empty: the changes go with the next one
-            changes, self._changes = [c.wire() for c in self._changes], []
         everyone = everyone or bool(changes)
         reports, self.reports = self.reports, {}
         woken = 0

@@ -143,6 +143,78 @@ def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
             proc.wait()
 
 
+ASK_CHANGE = """
+import sys, trio
+from rocev2_emu.fabric.control import attach, change_links_exact
+from rocev2_emu.fabric.topology_file import load
+topo = load(sys.argv[1])
+attach(topo)
+print(repr(trio.run(change_links_exact, topo, [(sys.argv[2], sys.argv[3])], False)))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_then(
+    tmp_path: Path,
+) -> None:
+    """``change_links`` (what ``rocev2-emu link`` and the map's clicks send) against a paced
+    exact run of the leaf-spine's flows, while two processes burn the CPUs: the run gives the
+    change the first emulated instant it can take, every switch applies it then, and the run's
+    JSON is the virtual run's with leaf0 <-> spine0 failed at that instant, byte for byte."""
+    from rocev2_emu.fabric.changes import change_links_at
+    from rocev2_emu.fabric.flows import load_flows
+    from rocev2_emu.fabric.report import write_json
+    from rocev2_emu.fabric.topology_file import load
+    from rocev2_emu.fabric.virtual import run_flows_virtual
+
+    topo_path = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
+    flows = str(ROOT / "examples" / "flows" / "leaf-spine-shift.toml")
+    exact, virtual = tmp_path / "exact.json", tmp_path / "virtual.json"
+    run = [*EXE, "up", topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
+    with cpu_burners():
+        proc = subprocess.Popen(
+            [*run, "--json", str(exact)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # the table of ready nodes: the last host is up
+                if line.split()[:1] == ["h7"]:
+                    break
+            else:
+                pytest.fail(f"no READY table: {proc.stderr.read() if proc.stderr else ''}")
+            asked = subprocess.run(
+                [sys.executable, "-c", ASK_CHANGE, topo_path, "leaf0", "spine0"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert asked.returncode == 0, asked.stderr
+            at = float(asked.stdout)
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-2000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    topo = load(topo_path)
+    down = change_links_at(topo, at, [("leaf0", "spine0")], up=False)
+    results, fabric = run_flows_virtual(topo, load_flows(flows, topo), beside=down)
+    write_json(str(virtual), results, fabric)
+    assert exact.read_bytes() == virtual.read_bytes()
+    assert all(r.status.startswith("ok") for r in results)
+    spine0 = next(i for i, (_, peer) in enumerate(topo.nodes["leaf0"].ports) if peer == "spine0")
+    calm_results, calm = run_flows_virtual(topo, load_flows(flows, topo))
+    assert calm["port_tx_bytes"]["leaf0"][spine0] > 0  # without the failure the link is used
+    assert (calm_results, calm) != (results, fabric)  # and its failure changed the run
+
+
 def _pid_of(name: str) -> int:
     """The pid of this test's node process ``name`` (rocev2-emu node TOPOLOGY NAME ...)."""
     deadline = time.monotonic() + 30
@@ -214,6 +286,7 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     from collectives.jobs.launch import run_virtual_recorded
     from collectives.scenarios import spine_failure as sf
     from rocev2_emu.experiments.harness import Mode
+    from rocev2_emu.fabric.changes import change_links_at
     from rocev2_emu.fabric.topology_file import parse
 
     size = 256 << 10
@@ -222,7 +295,7 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     assert exact["failed_at"] is not None and exact["wrong"] == 0
     assert exact["link_down_drops"] > 0 and exact["retransmitted"] > 0
     topo = parse(sf.spine_data(1, 9, small=True), "spine-failure.toml")
-    fail = sf.failing(topo, exact["failed_at"])
+    fail = change_links_at(topo, exact["failed_at"], sf.failed_pairs(topo), up=False)
     results, fab = run_virtual_recorded(
         topo, "spine_failure_op", sf.job_params(size), "", None, beside=fail
     )

@@ -194,8 +194,8 @@ def _changes_at_their_instants(engine: ExactEngine) -> None:
     seen: list[tuple[LinkChange, float]] = []
     engine.on_change = lambda change, now: seen.append((change, now))
     late, early = LinkChange(9e-6, (("a", "b"),), True), LinkChange(4e-6, (("a", "b"),), False)
-    for n, change in enumerate((late, early)):
-        heapq.heappush(engine._changes, (change.at, n, change))
+    for n, (at, change) in enumerate(((9e-6, late), (4e-6, early))):
+        heapq.heappush(engine._changes, (at, n, change))
     assert engine._change_time() == 4e-6
     engine._apply_changes(3e-6)
     assert seen == []

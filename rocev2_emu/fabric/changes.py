@@ -1,0 +1,82 @@
+"""Changes to a fabric's links at an emulated instant, the same in every mode: what a switch does
+when links go down or come back (its ports on them, then its routes converged around every link
+down, as a routing protocol would), and the task that makes such a change in a virtual run.
+
+An exact run hands a :class:`~rocev2_emu.runtime.sync.LinkChange` to every process, and each
+switch process applies it with :func:`switch_changes`; a virtual run applies the same change to
+all its switches at once with :func:`change_links_at`; a job's rank in an exact run asks for
+one with :func:`change_links_in_run`.  So a run over processes with a link
+failed at instant T is the virtual run with that link failed at T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import trio
+
+from rocev2_emu.fabric.topology import Topology, TopologyError
+from rocev2_emu.runtime.exact import current_engine
+from switch.pipeline import SwitchCore
+
+
+def link_indices(topo: Topology, pairs: Iterable[tuple[str, str]]) -> set[int]:
+    """The indices of the links between each pair of nodes (a TopologyError names one that is
+    no link)."""
+    by_pair = {frozenset((lk.a, lk.b)): lk.index for lk in topo.links}
+    indices = set()
+    for a, b in pairs:
+        index = by_pair.get(frozenset((a, b)))
+        if index is None:
+            raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
+        indices.add(index)
+    return indices
+
+
+def switch_changes(
+    topo: Topology, name: str, core: SwitchCore
+) -> Callable[[Iterable[tuple[str, str]], bool, float], None]:
+    """What link changes do to switch ``name``: ``apply(pairs, up, now)`` takes its ports on
+    those links down or up and converges its routes around every link down so far."""
+    down: set[int] = set()
+    ports = {link.index: port for port, (link, _) in enumerate(topo.nodes[name].ports)}
+
+    def apply(pairs: Iterable[tuple[str, str]], up: bool, now: float) -> None:
+        links = link_indices(topo, pairs)
+        (down.difference_update if up else down.update)(links)
+        for index in sorted(links):
+            if index in ports:
+                core.set_link(ports[index], up, now)
+        core.set_routes(topo.routes_by_ip(name, frozenset(down)))
+
+    return apply
+
+
+def change_links_in_run(at: float, pairs: list[tuple[str, str]], *, up: bool) -> bool:
+    """In a process of an exact run (a job's rank): ask for the links between ``pairs`` to go
+    down (or up) at emulated ``at``, everywhere in the run at once; False outside an exact run
+    (nothing asked)."""
+    engine = current_engine()
+    if engine is None:
+        return False
+    engine.change_links(at, pairs, up=up)
+    return True
+
+
+def change_links_at(
+    topo: Topology, at: float, pairs: list[tuple[str, str]], *, up: bool
+) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
+    """A task beside a virtual run (``beside(switches, agents)``): at emulated ``at`` the links
+    between ``pairs`` go down (or up) on every switch, routes converged everywhere."""
+    link_indices(topo, pairs)  # refused now, not mid-run
+
+    async def change(switches: dict[str, Any], agents: dict[str, Any]) -> None:
+        applies = [switch_changes(topo, name, sw.core) for name, sw in switches.items()]
+        clock = next(iter(switches.values())).clock
+        await trio.sleep(max(0.0, at - clock.now()))
+        now = clock.now()
+        for apply in applies:
+            apply(pairs, up, now)
+
+    return change
