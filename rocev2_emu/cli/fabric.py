@@ -18,7 +18,7 @@ from rocev2_emu.fabric.compose import generate
 from rocev2_emu.fabric.exact import run_exact_node
 from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.runtime import auth
-from rocev2_emu.server.crossbar import PRESETS
+from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 
 
 def _load(path: str) -> Topology:
@@ -224,7 +224,8 @@ def _topology_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--server-fabric",
         choices=sorted(PRESETS),
-        help="what joins them: nvlink (the default when absent), pcie, or free",
+        help=f"what joins them: {', '.join(sorted(PRESETS))} (default {DEFAULT_PRESET}; free: "
+        "copies take no time)",
     )
     _ai_zone_args(p)
 
@@ -294,7 +295,7 @@ def _topology(args: argparse.Namespace) -> int:
         common["tdf"] = args.tdf
     servers = None
     if args.ranks_per_host > 1 or args.server_fabric:
-        servers = topogen.Servers(args.ranks_per_host, args.server_fabric or "nvlink")
+        servers = topogen.Servers(args.ranks_per_host, args.server_fabric or DEFAULT_PRESET)
     if args.shape == "single-switch":
         text = topogen.single_switch(args.hosts, **common, servers=servers)
     elif args.shape == "leaf-spine":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rocev2_emu.server.crossbar import PRESETS
+from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 
 
 def _header(
@@ -64,7 +64,7 @@ class Servers:
     (a preset of :mod:`rocev2_emu.server.crossbar`)."""
 
     ranks: int = 1
-    fabric: str = "nvlink"
+    fabric: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:
         if self.ranks < 1:

@@ -51,8 +51,8 @@ from rocev2_emu.fabric.topology import (
     dcqcn_overrides,
     shortest_path_routes,
 )
+from rocev2_emu.server.crossbar import DEFAULT_PRESET, IntraServerConfig
 from rocev2_emu.server.crossbar import PRESETS as SERVER_FABRICS
-from rocev2_emu.server.crossbar import IntraServerConfig
 from switch.config import ECMP_MODES
 from switch.mmu import BUFFER_MODES, MmuConfig
 
@@ -86,7 +86,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ecn": {"enabled": True, "priorities": [3]},
     "dcqcn": {"enabled": True, "profile": "paper"},
-    "server": {"fabric": "nvlink", "bandwidth_gbps": None, "latency_us": None},
+    "server": {"fabric": DEFAULT_PRESET, "bandwidth_gbps": None, "latency_us": None},
     "transport": {"qp_timeout": 12, "retry_cnt": 7, "max_inflight": 4096, "pacing_gbps": 0.0},
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {

@@ -53,6 +53,8 @@ class IntraServerConfig:
         )
 
 
+DEFAULT_PRESET: Final = "nvlink"  # a server's fabric when its topology names none
+
 PRESETS: Final = {
     "nvlink": IntraServerConfig("nvlink", 3600e9, 0.5e-6),
     "pcie": IntraServerConfig("pcie", 504e9, 1e-6),
