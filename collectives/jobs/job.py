@@ -45,7 +45,7 @@ from rocev2_emu.fabric.virtual import (
     virtual_fabric,
     watching,
 )
-from rocev2_emu.server.fabric import open_server_fabric
+from rocev2_emu.server.fabric import ServerFabric, host_server_fabric, open_server_fabric
 from rocev2_emu.verbs import Context, RemoteVerbsError
 
 
@@ -130,9 +130,11 @@ async def run_host_ranks(
     name: str,
     params: dict[str, Any],
     metrics: HostCollectiveMetrics | None = None,
+    fabric: ServerFabric | None = None,
 ) -> dict[int, Any]:
     """This host's ranks of job ``name``; ``store_address``: the launcher's store server, or
-    None in an exact run (the coordinator keeps the store)."""
+    None in an exact run (the coordinator keeps the store); ``fabric``: the host's server
+    fabric (None: one of the job's own)."""
     places = places_for(topo)
     mine = [p for p in places if p.host == host]
     options = comm_options(topo, params)
@@ -154,11 +156,12 @@ async def run_host_ranks(
             where = f"{store_address[0]}:{store_address[1]}"
             raise RemoteVerbsError(f"the rendezvous store at {where}: {exc}") from exc
     registry = metrics.registry if metrics is not None else None
-    async with (
-        open_server_fabric(topo.server, len(mine), ctx.clock, registry=registry, node=host) as fab,
-        trio.open_nursery() as nursery,
-    ):
-        group = HostGroup(len(mine), fab)
+    async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+        if fabric is None:
+            fabric = await stack.enter_async_context(
+                open_server_fabric(topo.server, len(mine), ctx.clock, registry=registry, node=host)
+            )
+        group = HostGroup(len(mine), fabric)
         for p, (store, abort_store) in zip(mine, stores, strict=True):
             nursery.start_soon(
                 run_rank,
@@ -188,14 +191,24 @@ def collective_handler(
     while the coordinator holds the clock, and ``{"cmd": "collective", "results": true}`` waits
     for them: the ranks start at the same emulated instant however the requests travel."""
     metrics = HostCollectiveMetrics(registry)
+    ranks = sum(1 for p in places_for(topo) if p.host == host)
+    fabrics: list[ServerFabric] = []  # the host's, made with its first job
+
+    def fabric() -> ServerFabric:
+        if not fabrics:
+            fabrics.append(
+                host_server_fabric(topo.server, ranks, ctx.clock, registry=registry, node=host)
+            )
+        return fabrics[0]
+
     started: list[str] = []  # the exact job started here (one per node process)
     finished: list[dict[int, Any]] = []
     done = trio.Event()
 
-    async def in_background(name: str, params: dict[str, Any]) -> None:
+    async def in_background(name: str, params: dict[str, Any], fab: ServerFabric) -> None:
         results: dict[int, Any] = {}
         try:
-            results = await run_host_ranks(ctx, topo, host, None, name, params, metrics)
+            results = await run_host_ranks(ctx, topo, host, None, name, params, metrics, fab)
         except Exception as exc:  # handed to the results request, never out of the node
             results = {-1: {"error": f"{type(exc).__name__}: {exc}"}}
         finally:
@@ -215,12 +228,13 @@ def collective_handler(
             if started:
                 return {"error": "an exact job already ran on this host"}
             started.append(name)
-            trio.lowlevel.spawn_system_task(in_background, name, dict(msg["params"]))
+            fab = fabric()
+            trio.lowlevel.spawn_system_task(in_background, name, dict(msg["params"]), fab)
             return {"started": True}
         host_, port = msg["store"]
-        results = await run_host_ranks(
-            ctx, topo, host, (str(host_), int(port)), name, dict(msg["params"]), metrics
-        )
+        where = (str(host_), int(port))
+        params = dict(msg["params"])
+        results = await run_host_ranks(ctx, topo, host, where, name, params, metrics, fabric())
         return {"results": {str(k): v for k, v in results.items()}}
 
     return handle

@@ -90,15 +90,13 @@ async def open_server_fabric(
     registry: CollectorRegistry | None = None,
     node: str = "",
 ) -> AsyncIterator[ServerFabric]:
-    """A running :class:`ServerFabric` for the block (its metrics on ``registry`` if given)."""
+    """A running :class:`ServerFabric` for the block (its metrics on ``registry`` if given): a
+    job's own, in virtual time; a host process keeps one (:func:`host_server_fabric`)."""
     fabric = ServerFabric(config, ports, clock)
     collector = None
     if registry is not None and fabric.model is not None:
         collector = ServerFabricCollector(fabric, node)
-        try:
-            registry.register(collector)
-        except ValueError:  # another job's fabric on this host already exports its families
-            collector = None
+        registry.register(collector)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(fabric.run)
@@ -107,6 +105,24 @@ async def open_server_fabric(
     finally:
         if collector is not None and registry is not None:
             registry.unregister(collector)
+
+
+def host_server_fabric(
+    config: IntraServerConfig,
+    ports: int,
+    clock: DilatedClock,
+    *,
+    registry: CollectorRegistry | None = None,
+    node: str = "",
+) -> ServerFabric:
+    """A host process's fabric for the rest of its trio run (a system task), its metrics on
+    ``registry``: one per host, so that concurrent jobs on it share - and contend for - its
+    links, and its counters run on from job to job."""
+    fabric = ServerFabric(config, ports, clock)
+    if registry is not None and fabric.model is not None:
+        registry.register(ServerFabricCollector(fabric, node))
+    trio.lowlevel.spawn_system_task(fabric.run, name=f"server fabric of {node or 'a host'}")
+    return fabric
 
 
 class ServerFabricCollector(Collector):

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
-from rocev2_emu.server.fabric import ServerFabric, open_server_fabric
+from rocev2_emu.server.fabric import ServerFabric, host_server_fabric, open_server_fabric
 
 
 def test_deliveries_land_at_the_models_instants_and_are_counted() -> None:
@@ -80,3 +80,31 @@ def test_a_free_fabric_delivers_at_once_and_needs_no_clock() -> None:
     landed: list[int] = []
     fab.send(0, 1, 1 << 20, lambda: landed.append(1))
     assert landed == [1]
+
+
+def test_a_hosts_fabric_is_shared_by_its_jobs_and_counts_across_them() -> None:
+    """Two jobs' transfers on one host's fabric (host_server_fabric) contend for the same pair
+    of ports, and its counters run on from one to the other."""
+    registry = CollectorRegistry()
+    config = IntraServerConfig("pcie", 8e9, 0.0)  # 1 GB/s: 1 MB alone takes 1 ms
+
+    async def job(fab: ServerFabric, clock: DilatedClock, landed: list[float]) -> None:
+        done = trio.Event()
+        fab.send(0, 1, 1_000_000, done.set)
+        await done.wait()
+        landed.append(clock.now())
+
+    async def main() -> list[float]:
+        clock = DilatedClock(1.0)
+        fab = host_server_fabric(config, 2, clock, registry=registry, node="h0")
+        landed: list[float] = []
+        async with trio.open_nursery() as nursery:  # two jobs at once, one port 0 -> 1
+            nursery.start_soon(job, fab, clock, landed)
+            nursery.start_soon(job, fab, clock, landed)
+        return landed
+
+    landed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # one pair, first in first out: the second job's transfer waits for the first one's
+    assert [round(t * 1e3, 6) for t in landed] == [1.0, 2.0]
+    labels = {"node": "h0", "accelerator": "0"}
+    assert registry.get_sample_value("rocev2_server_fabric_tx_bytes_total", labels) == 2e6
