@@ -1,10 +1,9 @@
-"""The rate-control interface and the trivial implementation (line rate, no reaction)."""
+"""The rate-control interface, the trivial implementations (line rate, no reaction; a fixed
+pacing rate), and the factory a NIC is configured with."""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from typing import Any
 
 
 class RateControl(abc.ABC):
@@ -71,12 +70,29 @@ class StaticRate(LineRate):
         RateControl.on_sent(self, size=size, now=now)
 
 
-REGISTRY: dict[str, Callable[..., RateControl]] = {"none": LineRate, "static": StaticRate}
+class RateControlFactory(abc.ABC):
+    """Makes every QP's rate control of one NIC: chosen once, when the NIC is configured, and
+    called with typed arguments when a QP becomes ready to send (no name looked up, no keyword
+    arguments gathered per QP)."""
+
+    @abc.abstractmethod
+    def create(self, line_rate: float, now: float) -> RateControl: ...
 
 
-def create(name: str, *, line_rate: float, now: float, **params: Any) -> RateControl:
-    try:
-        factory = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown rate control {name!r}; known: {sorted(REGISTRY)}") from None
-    return factory(line_rate=line_rate, now=now, **params)
+class LineRateFactory(RateControlFactory):
+    """No rate control (:class:`LineRate`)."""
+
+    def create(self, line_rate: float, now: float) -> RateControl:
+        return LineRate(line_rate=line_rate, now=now)
+
+
+class StaticRateFactory(RateControlFactory):
+    """NIC pacing at ``rate`` bit/s (:class:`StaticRate`)."""
+
+    def __init__(self, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"pacing rate {rate} bit/s must be > 0")
+        self.rate = rate
+
+    def create(self, line_rate: float, now: float) -> RateControl:
+        return StaticRate(line_rate=line_rate, now=now, rate=self.rate)

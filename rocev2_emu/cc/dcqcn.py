@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from rocev2_emu.cc.base import REGISTRY, RateControl
+from rocev2_emu.cc.base import RateControl, RateControlFactory
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,4 +167,11 @@ class Dcqcn(RateControl):
             self.increase_deadline = None  # recovered: the increase timer stops
 
 
-REGISTRY["dcqcn"] = Dcqcn
+class DcqcnFactory(RateControlFactory):
+    """DCQCN with ``params`` on every QP of a NIC."""
+
+    def __init__(self, params: DcqcnParams) -> None:
+        self.params = params
+
+    def create(self, line_rate: float, now: float) -> RateControl:
+        return Dcqcn(line_rate=line_rate, now=now, params=self.params)

@@ -18,8 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rocev2_emu.cc import PROFILES, DcqcnParams
-from rocev2_emu.cc import create as create_rate_control
+from rocev2_emu.cc import PROFILES, LineRateFactory, RateControlFactory
 from rocev2_emu.nic.ingress import IngressConfig, IngressQueue
 from rocev2_emu.runtime.events import Core
 from rocev2_emu.transport.counters import NicCounters
@@ -69,10 +68,9 @@ class NicConfig:
     ecn: int = ECN_ECT0
     catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
     ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
-    rate_control: str = "none"  # per QP: "dcqcn", "static" (pacing at pacing_bps) or "none"
-    pacing_bps: float = 0.0  # "static": every QP's fixed rate
-    dcqcn: DcqcnParams = field(default_factory=lambda: PROFILES["paper"])
+    rate_control: RateControlFactory = field(default_factory=LineRateFactory)  # every QP's
     send_cnps: bool = False  # notification point: answer CE marks with CNPs
+    cnp_interval: float = PROFILES["paper"].cnp_interval  # at most one CNP per QP per interval
     cnp_dscp: int = DSCP_CNP
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
 
@@ -181,17 +179,7 @@ class NicCore(Core):
         qp.priority = self.priority_of(self.dscp_of(qp))
         self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
-            kwargs: dict[str, object] = {}
-            if self.config.rate_control == "dcqcn":
-                kwargs["params"] = self.config.dcqcn
-            elif self.config.rate_control == "static":
-                kwargs["rate"] = self.config.pacing_bps
-            qp.rc = create_rate_control(
-                self.config.rate_control,
-                line_rate=self.config.link_bps or NOMINAL_BPS,
-                now=0.0,
-                **kwargs,
-            )
+            qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
             self._active[qp.priority][qp.qpn] = qp
@@ -307,7 +295,7 @@ class NicCore(Core):
         """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
         per QP per ``cnp_interval`` (sent on the CNP priority, ahead of data)."""
         qp = self.qps.get(qpn)
-        if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.dcqcn.cnp_interval:
+        if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.cnp_interval:
             return
         if self._peer_ip.get(qpn, src_ip) != src_ip:
             return  # marked, but not by the QP's peer's packet: no CNP on its behalf

@@ -28,7 +28,14 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.cc import PROFILES, DcqcnParams
+from rocev2_emu.cc import (
+    PROFILES,
+    DcqcnFactory,
+    DcqcnParams,
+    LineRateFactory,
+    RateControlFactory,
+    StaticRateFactory,
+)
 from rocev2_emu.nic.core import NicConfig, NicCore
 from rocev2_emu.nic.driver import EngineNic, NicDriver
 from rocev2_emu.nic.ingress import IngressConfig
@@ -77,6 +84,16 @@ class DeviceConfig:
     batch_io: bool = True  # UDP GSO/GRO where the kernel has them (runtime/ports.py)
 
 
+def rate_control(config: DeviceConfig) -> RateControlFactory:
+    """The NIC's rate control, resolved once: DCQCN if the device has it, else pacing at
+    ``pacing_gbps`` if given, else none (line rate)."""
+    if config.dcqcn is not None:
+        return DcqcnFactory(config.dcqcn)
+    if config.pacing_gbps:
+        return StaticRateFactory(config.pacing_gbps * 1e9)
+    return LineRateFactory()
+
+
 @dataclass(slots=True, frozen=True)
 class RemoteQP:
     """What the peer tells us out of band to connect to its QP (as perftest exchanges)."""
@@ -120,14 +137,9 @@ class Context:
                 # a late pump may send "in the past"; the virtual-time engine is never late
                 catchup=0.0 if engine is not None else CATCHUP_WALL_SECONDS / config.tdf,
                 ingress=config.ingress,
-                rate_control="dcqcn"
-                if config.dcqcn is not None
-                else "static"
-                if config.pacing_gbps
-                else "none",
-                pacing_bps=config.pacing_gbps * 1e9,
-                dcqcn=config.dcqcn or PROFILES["paper"],
+                rate_control=rate_control(config),
                 send_cnps=config.dcqcn is not None,
+                cnp_interval=(config.dcqcn or PROFILES["paper"]).cnp_interval,
                 max_inflight=config.max_inflight,
             ),
             rng=None if config.seed is None else random.Random(config.seed),

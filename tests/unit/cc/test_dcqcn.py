@@ -6,7 +6,16 @@ import tomllib
 
 import pytest
 
-from rocev2_emu.cc import PROFILES, Dcqcn, DcqcnParams, create
+from rocev2_emu.cc import (
+    PROFILES,
+    Dcqcn,
+    DcqcnFactory,
+    DcqcnParams,
+    LineRate,
+    LineRateFactory,
+    StaticRate,
+    StaticRateFactory,
+)
 from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.fabric.topology_file import parse
 from tests.unit.netsim import NetSim
@@ -112,11 +121,15 @@ def test_at_most_one_cut_per_decrease_period_and_the_minimum_rate() -> None:
     assert rp.rate == p.min_rate
 
 
-def test_registry_and_overrides() -> None:
-    assert isinstance(create("dcqcn", line_rate=G, now=0.0), Dcqcn)
-    assert create("none", line_rate=G, now=0.0).rate == G
-    with pytest.raises(ValueError, match="unknown rate control"):
-        create("timely", line_rate=G, now=0.0)
+def test_factories_make_each_qps_rate_control_and_overrides_are_checked() -> None:
+    hpcc = PROFILES["hpcc"]
+    dcqcn = DcqcnFactory(hpcc).create(G, 0.0)
+    assert isinstance(dcqcn, Dcqcn) and dcqcn.params is hpcc
+    assert isinstance(LineRateFactory().create(G, 0.0), LineRate)
+    paced = StaticRateFactory(25e9).create(G, 0.0)
+    assert isinstance(paced, StaticRate) and paced.rate == 25e9
+    with pytest.raises(ValueError, match="pacing rate 0 bit/s must be > 0"):
+        StaticRateFactory(0)
     with pytest.raises(ValueError, match="unknown DCQCN parameters"):
         DcqcnParams().with_overrides(k=1)
 
@@ -126,7 +139,7 @@ def test_incast_with_dcqcn_sends_cnps_and_cuts_rates() -> None:
     t = parse(data, "incast.toml")
     sim = NetSim(t)
     for nic in sim.nics.values():  # DCQCN on at every NIC: notification and reaction
-        nic.config.rate_control = "dcqcn"
+        nic.config.rate_control = DcqcnFactory(PROFILES["paper"])
         nic.config.send_cnps = True
     flows = [connect(sim, f"h{i}", "h4", 2 << 20, i) for i in range(4)]
     counts = [start(f) for f in flows]
