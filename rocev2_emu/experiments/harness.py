@@ -13,6 +13,7 @@ the built-in ones; plugins add theirs).
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -111,8 +112,12 @@ def run_sampled(
     return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, recorder)
 
 
-def topology_data(text: str, seed: int, **sections: dict[str, Any]) -> dict[str, Any]:
-    data = tomllib.loads(text)
+def topology_data(
+    base: str | dict[str, Any], seed: int, **sections: dict[str, Any]
+) -> dict[str, Any]:
+    """A scenario run's topology: ``base`` (a topology file's text, or its data already parsed,
+    copied here) with the seed and ``sections``' values set."""
+    data = tomllib.loads(base) if isinstance(base, str) else copy.deepcopy(base)
     data["fabric"]["seed"] = seed
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

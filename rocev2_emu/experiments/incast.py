@@ -38,9 +38,10 @@ SETTINGS: Final = {  # name: (PFC, DCQCN, NIC pacing: each sender at C/N)
 }
 
 
-def incast_fabric(mode: Mode, senders: int) -> tuple[str, dict[str, Any], list[str], str]:
-    """The topology (text, and parsed), the senders and the receiver: the scenario's one switch
-    with ``senders + 1`` hosts, or ``mode.topology``'s first ``senders`` hosts into its last."""
+def incast_fabric(mode: Mode, senders: int) -> tuple[dict[str, Any], list[str], str]:
+    """The topology (parsed once: every setting's is a copy), the senders and the receiver: the
+    scenario's one switch with ``senders + 1`` hosts, or ``mode.topology``'s first ``senders``
+    hosts into its last."""
     text = single_switch(senders + 1) if mode.topology is None else Path(mode.topology).read_text()
     data = tomllib.loads(text)
     hosts = [h["name"] for h in data.get("host", [])]
@@ -48,7 +49,7 @@ def incast_fabric(mode: Mode, senders: int) -> tuple[str, dict[str, Any], list[s
         raise ValueError(
             f"{mode.topology}: {len(hosts)} hosts, too few for {senders} senders and a receiver"
         )
-    return text, data, hosts[:senders], hosts[-1]
+    return data, hosts[:senders], hosts[-1]
 
 
 def buffer_bytes(data: dict[str, Any]) -> int:
@@ -80,7 +81,7 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
     unknown = sorted(set(chosen) - set(SETTINGS))
     if unknown:
         raise ValueError(f"unknown incast settings {unknown} (known: {', '.join(SETTINGS)})")
-    text, parsed, senders, receiver = incast_fabric(mode, n)
+    parsed, senders, receiver = incast_fabric(mode, n)
     buffer = {"size_bytes": buffer_bytes(parsed), "headroom_bytes": 96 * 1024}
     flows = [FlowSpec(i, src, receiver, size) for i, src in enumerate(senders)]
     runs: dict[str, Run] = {}
@@ -89,7 +90,7 @@ def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
     for setting in (s for s in SETTINGS if s in chosen):
         pfc, dcqcn, pacing = SETTINGS[setting]
         data = topology_data(
-            text,
+            parsed,
             seed,
             **settings(pfc, dcqcn, dcqcn),
             buffer=buffer,
