@@ -126,10 +126,11 @@ def test_factories_make_each_qps_rate_control_and_overrides_are_checked() -> Non
     dcqcn = DcqcnFactory(hpcc).create(G, 0.0)
     assert isinstance(dcqcn, Dcqcn) and dcqcn.params is hpcc
     assert isinstance(LineRateFactory().create(G, 0.0), LineRate)
-    paced = StaticRateFactory(25e9).create(G, 0.0)
-    assert isinstance(paced, StaticRate) and paced.rate == 25e9
-    with pytest.raises(ValueError, match="pacing rate 0 bit/s must be > 0"):
-        StaticRateFactory(0)
+    paced = StaticRateFactory(G / 4).create(G, 0.0)
+    assert isinstance(paced, StaticRate) and paced.rate == G / 4
+    assert StaticRateFactory(4 * G).create(G, 0.0).rate == G  # at most the line rate
+    with pytest.raises(ValueError, match=r"pacing rate 0\.0 bit/s must be > 0"):
+        StaticRateFactory(0.0)
     with pytest.raises(ValueError, match="unknown DCQCN parameters"):
         DcqcnParams().with_overrides(k=1)
 
