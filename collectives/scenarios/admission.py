@@ -34,7 +34,6 @@ from __future__ import annotations
 import statistics
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,7 +45,7 @@ from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
-from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology_file import parse
 
@@ -224,11 +223,9 @@ def verdicts(rows: list[dict[str, Any]], scale: Scale) -> list[str]:
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+@plotted
+def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """Per workload and setting: p50 / p99 completion and pause frames."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     names = [s for s, _, _ in SETTINGS]
     grouped_bars(axes[0], rows, "p50", "completion p50 (us)", names, 1e6)
@@ -240,7 +237,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         else ("8 hosts, 2 leaves, 2 spines (processes)")
     )
     fig.suptitle(f"admission: {hosts}; PFC, DCQCN, receiver-driven window")
-    return save(plt, fig, path)
+    return fig
 
 
 def register() -> None:

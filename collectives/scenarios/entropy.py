@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
-from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.topology_file import parse
@@ -199,11 +198,9 @@ def entropy(
     return rows, lines + check, ok
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+@plotted
+def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """Per workload: spine-link imbalance and busbw for each setting."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     names = [s for s, _, _ in SETTINGS]
     grouped_bars(axes[0], rows, "imbalance", "spine links: max / mean load", names)
@@ -211,7 +208,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     small = bool(rows) and len(rows[0]["spine_loads"]) < 32  # 2 x 2 x 2 leaf-spine links
     size = "8 hosts, 2 leaves, 2 spines (processes)" if small else "32 hosts, 4 leaves, 4 spines"
     fig.suptitle(f"ecmp-entropy: {size} (200G uplinks)")
-    return save(plt, fig, path)
+    return fig
 
 
 def register() -> None:

@@ -20,14 +20,13 @@ against racks is reported, not checked: which wins depends on the traffic's mix.
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 from typing import Any
 
 from collectives.bench import dlrm
 from collectives.jobs.launch import run_virtual_recorded
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
-from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.topogen import ai_zone
 from rocev2_emu.fabric.topology_file import parse
 
@@ -78,11 +77,9 @@ def recommendation(
     return rows, lines + check, ok
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+@plotted
+def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """Per setting, the step stacked: all-to-alls, all-reduce, compute (and what is left)."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, ax = plt.subplots(figsize=(8, 3.8))
     names = [r["setting"] for r in rows]
     bottom = [0.0] * len(rows)
@@ -101,7 +98,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_title(f"recommendation: {ranks} accelerators of an AI zone, the tax by phase")
     ax.set_ylim(0, 1.3 * max((r["step"] * 1e6 for r in rows), default=1.0))
     ax.legend(fontsize=8, loc="upper center", ncol=4)
-    return save(plt, fig, path)
+    return fig
 
 
 def register() -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import statistics
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ from collectives.jobs.registry import job
 from collectives.scenarios.common import job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
-from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.changes import change_links_at, change_links_in_run
 from rocev2_emu.fabric.control import set_links
 from rocev2_emu.fabric.topogen import leaf_spine
@@ -251,11 +250,9 @@ def spine_failure(
     return rows, lines + check, ok
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+@plotted
+def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """busbw of every all-reduce, per fabric, the failure marked."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for r in rows:
         ax.plot(range(1, ITERS + 1), r["busbw"], marker="o", label=r["fabric"])
@@ -266,7 +263,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     hosts = "4 hosts (processes)" if rows and rows[0]["quiet_after"] is None else "32 hosts"
     size = f"{rows[0]['bytes'] / 2**20:g} MiB" if rows else ""
     fig.suptitle(f"spine-failure: {hosts}, ring all-reduce of {size}, E-ECMP with 8 QPs")
-    return save(plt, fig, path)
+    return fig
 
 
 def register() -> None:

@@ -38,7 +38,7 @@ from collectives.jobs.launch import run_virtual_recorded
 from collectives.jobs.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
-from rocev2_emu.experiments.plots import pyplot, save
+from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.topogen import leaf_spine
 from rocev2_emu.fabric.topology import Topology
@@ -192,11 +192,9 @@ def straggler(
     return rows, lines + check, ok
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+@plotted
+def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """Iteration time against iteration end, per setting, burst periods shaded."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for row in rows:
         ends = np.cumsum(row["times"]) * 1e6
@@ -209,7 +207,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     ranks, size = rows[0]["ranks"], rows[0]["bytes"]
     ax.set_title(f"straggler: {ranks}-rank ring all-reduce, {size >> 10} KiB, beside micro-bursts")
     ax.legend(fontsize=8)
-    return save(plt, fig, path)
+    return fig
 
 
 def register() -> None:

@@ -3,6 +3,7 @@ port's queue, PFC pauses shaded, and a model's queue where a scenario has one.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,22 @@ def save(plt: Any, fig: Any, path: Path) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def plotted(
+    draw: Callable[[Any, list[dict[str, Any]]], Any],
+) -> Callable[[list[dict[str, Any]], Path], bool]:
+    """A scenario's plot from ``draw(plt, rows)``, which makes and returns the figure: saved to
+    the path, or False (nothing drawn) without matplotlib."""
+
+    def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+        plt = pyplot()
+        if plt is None:
+            return False
+        return save(plt, draw(plt, rows), path)
+
+    plot.__doc__ = draw.__doc__
+    return plot
 
 
 MANY_FLOWS = 16  # beyond this a run's flows are drawn together, not one line (and label) each

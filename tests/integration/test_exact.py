@@ -117,8 +117,20 @@ def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_a
 def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
     topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")
     flows = str(ROOT / "examples" / "flows" / "incast-4to1-long.toml")
+    with _up_until_ready([topo, "--clock", "exact", "--flows", flows], "h2") as proc:
+        victim = _pid_of("h2")
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
+        assert proc.returncode == 1
+        assert "h2" in err and ("died" in err or "went away" in err), err[-2000:]
+
+
+@contextmanager
+def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str]]:
+    """``rocev2-emu up ARGS`` once its table of ready nodes has reached ``node``; killed, with
+    every node, if still running when the block ends."""
     proc = subprocess.Popen(
-        [*EXE, "up", topo, "--clock", "exact", "--flows", flows],
+        [*EXE, "up", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -127,16 +139,12 @@ def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
     )
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:  # the table of ready nodes: h2 is up
-            if line.split()[:1] == ["h2"]:
+        for line in proc.stdout:
+            if line.split()[:1] == [node]:
                 break
         else:
             pytest.fail(f"no READY table: {proc.stderr.read() if proc.stderr else ''}")
-        victim = _pid_of("h2")
-        os.kill(victim, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
-        assert proc.returncode == 1
-        assert "h2" in err and ("died" in err or "went away" in err), err[-2000:]
+        yield proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -170,39 +178,20 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
     topo_path = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
     flows = str(ROOT / "examples" / "flows" / "leaf-spine-shift.toml")
     exact, virtual = tmp_path / "exact.json", tmp_path / "virtual.json"
-    run = [*EXE, "up", topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
-    with cpu_burners():
-        proc = subprocess.Popen(
-            [*run, "--json", str(exact)],
+    run = [topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
+    with cpu_burners(), _up_until_ready([*run, "--json", str(exact)], "h7") as proc:
+        asked = subprocess.run(
+            [sys.executable, "-c", ASK_CHANGE, topo_path, "leaf0", "spine0"],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
-            start_new_session=True,
+            timeout=60,
+            check=False,
         )
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:  # the table of ready nodes: the last host is up
-                if line.split()[:1] == ["h7"]:
-                    break
-            else:
-                pytest.fail(f"no READY table: {proc.stderr.read() if proc.stderr else ''}")
-            asked = subprocess.run(
-                [sys.executable, "-c", ASK_CHANGE, topo_path, "leaf0", "spine0"],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert asked.returncode == 0, asked.stderr
-            at = float(asked.stdout)
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-2000:]
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        assert asked.returncode == 0, asked.stderr
+        at = float(asked.stdout)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
     topo = load(topo_path)
     down = change_links_at(topo, at, [("leaf0", "spine0")], up=False)
     results, fabric = run_flows_virtual(topo, load_flows(flows, topo), beside=down)
