@@ -160,7 +160,13 @@ def _link_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology")
     p.add_argument("a", help="one end of the link")
     p.add_argument("b", help="the other end")
-    p.add_argument("state", nargs="?", choices=["down", "up"], help="take it down or up")
+    p.add_argument(
+        "state",
+        nargs="?",
+        choices=["down", "up"],
+        help="take it down or up (on an exact run at one emulated instant, which is printed; "
+        "link faults are not taken by an exact run)",
+    )
     p.add_argument("--loss", type=float, help="set the loss probability, both directions")
     p.add_argument("--corrupt", type=float, help="set the bit-corruption probability")
     p.add_argument("--duplicate", type=float, help="set the duplication probability")
