@@ -375,7 +375,8 @@ class ExactEngine(Engine):
             events.now = max(events.now, trio.current_time() - self.origin)
             events.woke = False
             if events.now < until:
-                self._apply_changes(events.now)
+                if self._changes:  # rare: no call per pass in a run without changes
+                    self._apply_changes(events.now)
                 if self._replies_due(events.now):
                     continue  # the waiting tasks run first, as a trio deadline's would
                 events.run_due()
