@@ -51,8 +51,8 @@ def gloo(n: int, nbytes: int, iters: int) -> float:
 def emulator(n: int, nbytes: int, iters: int) -> float:
     from collectives.bench.nccl import params
     from collectives.jobs.launch import run_local
-    from rocev2_emu.fabric.topogen import single_switch, to_toml
-    from rocev2_emu.fabric.topology_file import parse
+    from rocev2_emu.topology.file import parse
+    from rocev2_emu.topology.generate import single_switch, to_toml
 
     data = tomllib.loads(single_switch(n, rate_gbps=0.0, tdf=1.0))
     # unpaced senders overrun the kernel's socket buffers; a window per QP keeps go-back-N

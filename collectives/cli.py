@@ -27,9 +27,9 @@ from collectives.jobs.launch import run_attached, run_exact_job, run_local
 from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import NodeKind, Topology
-from rocev2_emu.fabric.topology_file import load, parse, resolve_names
+from rocev2_emu.topology.file import load, parse, resolve_names
+from rocev2_emu.topology.generate import leaf_spine
+from rocev2_emu.topology.model import NodeKind, Topology
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -45,9 +45,9 @@ from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_processes
-from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import NodeKind, Topology
-from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.generate import to_toml
+from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
 
 GRACE = 30.0  # wall seconds the other ranks get to exit after the first failure

@@ -7,7 +7,7 @@ nothing of topology files.  The control server answers ``stats`` (the switch's s
 fabric summary), ``ports`` (each port now: the live map's), ``set_link`` (a port down or up),
 ``set_faults`` (a port's link faults), ``set_routes`` (after links changed elsewhere) and
 ``stop``: one table (:func:`control_table`) of typed requests, each decoded and checked by
-:mod:`rocev2_emu.runtime.requests` (an error names the field).
+:mod:`rocev2_emu.control.requests` (an error names the field).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import connection_limit, serve_requests, stop_soon
+from rocev2_emu.control.requests import Table, serve_table
 from rocev2_emu.runtime.clock import DilatedClock, lateness_stats
-from rocev2_emu.runtime.control import connection_limit, serve_requests, stop_soon
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
-from rocev2_emu.runtime.requests import Table, serve_table
 from rocev2_emu.wire.qos import PRIORITIES
 from switch.config import SwitchConfig
 from switch.driver import EngineSwitch, SwitchDriver
@@ -88,7 +88,7 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-# -- the control requests (rocev2_emu.runtime.requests decodes and checks them) --------------
+# -- the control requests (rocev2_emu.control.requests decodes and checks them) --------------
 @dataclass(frozen=True, slots=True)
 class Stats:
     """The switch's totals: its share of the fabric summary."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
 
 
 @pytest.fixture

@@ -33,10 +33,10 @@ from collectives.jobs.job import run_virtual
 from collectives.jobs.registry import job
 from rocev2_emu import cores
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_flows_virtual
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree, leaf_spine
+from rocev2_emu.topology.model import Topology
 
 CASES: Final = {
     "a": "leaf-spine, 8 ranks, 4 MiB ring all-reduce",

@@ -12,8 +12,8 @@ Operations: ``set(key, value)``; ``get(key, timeout)`` waits until the key exist
 n)`` adds to a counter and returns it.  Every wait has a deadline; a passed deadline raises
 :class:`StoreTimeout` naming the key.
 
-In emulated time the store is a node of the emulation (:mod:`rocev2_emu.runtime.kvstore`): each
-operation takes :data:`~rocev2_emu.runtime.kvstore.STORE_LATENCY` to reach it and as long back,
+In emulated time the store is a node of the emulation (:mod:`rocev2_emu.control.kvstore`): each
+operation takes :data:`~rocev2_emu.control.kvstore.STORE_LATENCY` to reach it and as long back,
 and the store applies them in one order (:mod:`rocev2_emu.fabric.rendezvous`: a host's client
 of it, the virtual fabric's store, an exact run's), so a job's rendezvous is the same in both.
 """

@@ -37,7 +37,6 @@ from collectives.jobs.registry import JOBS, job_named
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
-from rocev2_emu.fabric.topology import NodeKind, Topology
 from rocev2_emu.fabric.virtual import (
     Watcher,
     fabric_quiet,
@@ -46,6 +45,7 @@ from rocev2_emu.fabric.virtual import (
     watching,
 )
 from rocev2_emu.server.fabric import ServerFabric, host_server_fabric, open_server_fabric
+from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import Context, RemoteVerbsError
 
 

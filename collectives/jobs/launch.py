@@ -34,9 +34,9 @@ from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.exact import Coordinator, quiet_stats
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import run_exact, run_processes
-from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import NodeKind, Topology
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import to_toml
+from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import OobChannel, fabric_secret
 
 

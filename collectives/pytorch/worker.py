@@ -35,8 +35,8 @@ from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.topology import NodeKind, Topology
-from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import Context
 
 ENV_TOPOLOGY = "ROCEV2_TOPOLOGY"

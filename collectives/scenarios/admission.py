@@ -46,8 +46,8 @@ from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
 
 SETTINGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (  # name, DCQCN on, job parameters
     ("PFC only", False, {}),

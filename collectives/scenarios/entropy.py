@@ -38,9 +38,9 @@ from collectives.scenarios.common import grouped_bars, job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import NodeKind, Topology
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
+from rocev2_emu.topology.model import NodeKind, Topology
 
 SETTINGS = (  # name, [fabric] ecmp, QPs per connection
     ("5-tuple, 1 QP", "5-tuple", 1),

@@ -27,8 +27,8 @@ from collectives.jobs.launch import run_virtual_recorded
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
-from rocev2_emu.fabric.topogen import ai_zone
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import ai_zone
 
 SETTINGS = (  # name, rails, the all-reduce's schedule
     ("rack leaves, ring", False, "ring"),

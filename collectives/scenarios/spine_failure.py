@@ -46,9 +46,9 @@ from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.changes import change_links_at, change_links_in_run
 from rocev2_emu.fabric.control import set_links
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import load, parse
+from rocev2_emu.topology.file import load, parse
+from rocev2_emu.topology.generate import leaf_spine
+from rocev2_emu.topology.model import Topology
 
 FABRICS = (("1 : 1.125 (9 spines)", 9), ("1 : 1 (8 spines)", 8))
 FAILED = ("spine0", "spine1")

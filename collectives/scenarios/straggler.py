@@ -40,10 +40,10 @@ from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.stats import percentile
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
+from rocev2_emu.topology.model import Topology
 
 
 @job("iterations")

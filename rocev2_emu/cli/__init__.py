@@ -19,8 +19,8 @@ import sys
 from rocev2_emu import __version__, cores
 from rocev2_emu.cli import bench, demo, extras, fabric, perftest, scenario
 from rocev2_emu.cli.commands import COMMANDS
+from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.services import load_plugins
-from rocev2_emu.runtime.control import ControlError
 from rocev2_emu.runtime.ports import BATCH_IO_ENV
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError

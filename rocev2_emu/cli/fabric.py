@@ -13,12 +13,14 @@ import trio
 
 from rocev2_emu.cli.args import positive_float, positive_int
 from rocev2_emu.cli.commands import Command, register
-from rocev2_emu.fabric import control, nodes, supervisor, topogen, topology_file
-from rocev2_emu.fabric.compose import generate
+from rocev2_emu.control import auth
+from rocev2_emu.fabric import control, nodes, supervisor
 from rocev2_emu.fabric.exact import run_exact_node
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.runtime import auth
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
+from rocev2_emu.testbed.compose import generate
+from rocev2_emu.topology import file as topology_file
+from rocev2_emu.topology import generate as topogen
+from rocev2_emu.topology.model import Topology
 
 
 def _load(path: str) -> Topology:

@@ -16,8 +16,8 @@ from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
 from rocev2_emu.experiments.harness import Recorder
-from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.virtual import Watcher
+from rocev2_emu.topology.model import Topology
 
 
 def _configure(p: argparse.ArgumentParser) -> None:

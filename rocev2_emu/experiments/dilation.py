@@ -15,7 +15,7 @@ from rocev2_emu.experiments.harness import (
 )
 from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.topology.generate import single_switch
 
 
 def dilation(seed: int, mode: Mode = Mode(virtual=False)) -> tuple[list[Run], list[str], bool]:

@@ -18,7 +18,7 @@ from rocev2_emu.experiments.harness import (
 )
 from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.topology.generate import single_switch
 
 _FAIR_RATE = 25.0  # Gbit/s: DCQCN's steps are absolute, so a slower link converges sooner
 # The ns-3 HPCC simulator's whole DCQCN setting at 25 Gbit/s: its profile, and its RED marking

@@ -18,7 +18,7 @@ from rocev2_emu.experiments.harness import (
 )
 from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.topology.generate import single_switch
 
 # The paper's DCQCN profile on a 10 Gbit/s bottleneck, with RED between 100 and 400 KB up to
 # 20 %: with 4 KB frames the fixed points of N = 2, 4, 8 then sit inside RED's ramp (the

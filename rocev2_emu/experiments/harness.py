@@ -34,9 +34,6 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.fabric.supervisor import run_flow_job
-from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import (
     Watcher,
     delivered,
@@ -46,6 +43,9 @@ from rocev2_emu.fabric.virtual import (
     virtual_fabric,
     watching,
 )
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import to_toml
+from rocev2_emu.topology.model import Topology
 
 G = 1e9
 START = 1e-6  # emulated seconds: when a scenario's flows start, in every mode

@@ -27,8 +27,8 @@ from rocev2_emu.experiments.harness import (
 )
 from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import single_switch
 from rocev2_emu.stats import percentile
+from rocev2_emu.topology.generate import single_switch
 
 SETTINGS: Final = {  # name: (PFC, DCQCN, NIC pacing: each sender at C/N)
     "lossy": (False, False, False),

@@ -1,3 +1,3 @@
-"""The fabric: topology files and generators, the node processes (host agents), the local
-supervisor and the virtual fabric, fault control, flow jobs and reports, the compose testbed and
-its dashboards."""
+"""The fabric of processes and its virtual twin: the node processes (host agents, host
+services), the local supervisor, the exact and the virtual runs, flow jobs and reports, the
+changes of links at emulated instants and fault control, the rendezvous store's node."""

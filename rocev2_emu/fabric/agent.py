@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.control.requests import Table, serve_table
 from rocev2_emu.runtime.clock import lateness_stats
 from rocev2_emu.runtime.link import faults_from_request
-from rocev2_emu.runtime.requests import Table, serve_table
 from rocev2_emu.runtime.sync import holding_clock
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.transport.memory import Access
@@ -272,7 +272,7 @@ class RemotePeer:
             await chan.aclose()
 
 
-# -- the control requests (rocev2_emu.runtime.requests decodes and checks them) --------------
+# -- the control requests (rocev2_emu.control.requests decodes and checks them) --------------
 @dataclass(frozen=True, slots=True)
 class AcceptFlow:
     """Be the destination of flow ``spec`` (FlowSpec's fields) from the QP ``qp`` (QPInfo's)."""

@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.runtime.exact import current_engine
+from rocev2_emu.topology.model import Topology, TopologyError
 from switch.pipeline import SwitchCore
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import CONTROL_PORT
-from rocev2_emu.fabric.topology import Link, NodeKind, Topology, TopologyError
-from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.link import faults_from_request
+from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.oob import OobChannel, OobError
 
 
@@ -77,7 +77,7 @@ class ControlPool:
 
 def attach(topo: Topology) -> None:
     """Steer (or run a job on) the running fabric of ``topo``: use its secret, found from the
-    topology file as its nodes found it (:func:`rocev2_emu.runtime.auth.load`)."""
+    topology file as its nodes found it (:func:`rocev2_emu.control.auth.load`)."""
     auth.use_fabric(topo.path)
 
 

@@ -32,24 +32,24 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import open_channel
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.changes import link_indices, switch_changes
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.services import HOST_SERVICES
-from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
-from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.control import open_channel
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.engine import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch

@@ -14,12 +14,12 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
-from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.oob import OobChannel
 
 FLOW_KEYS = frozenset({"src", "dst", "size", "start_us", "dscp"})

@@ -24,16 +24,16 @@ from typing import Any, Final
 import trio
 from prometheus_client import CollectorRegistry
 
+from rocev2_emu.control.channel import stop_soon
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent, host_map_state
 from rocev2_emu.fabric.services import HOST_SERVICES
-from rocev2_emu.fabric.topology import Link, NodeKind, Topology, dcqcn_params
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.control import stop_soon
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import DatagramPort, batch_mode
+from rocev2_emu.topology.model import Link, NodeKind, Topology, dcqcn_params
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import SwitchDriver

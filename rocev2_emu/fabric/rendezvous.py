@@ -1,8 +1,8 @@
 """The rendezvous store of emulated time: a host's client of the store that is a node of the
-emulation (:mod:`rocev2_emu.runtime.kvstore`), the store run inside the virtual fabric's
+emulation (:mod:`rocev2_emu.control.kvstore`), the store run inside the virtual fabric's
 process, and an exact run's, kept by the coordinator.
 
-Each operation takes :data:`~rocev2_emu.runtime.kvstore.STORE_LATENCY` to reach the store and as
+Each operation takes :data:`~rocev2_emu.control.kvstore.STORE_LATENCY` to reach the store and as
 long back, and the store applies them in one order, so a job's rendezvous (the collectives'
 bootstrap, their barriers) takes the same emulated time and order in one process and over many.
 The collectives' :mod:`collectives.comm.store` offers these beside its TCP store of the wall clock.
@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.exact import StoreWaiter, current_engine
-from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.verbs import RemoteVerbsError
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
-from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.runtime.clock import BEHIND_MARKS, beyond_key
 from rocev2_emu.stats import percentile
+from rocev2_emu.topology.model import Topology
 from switch.driver import EngineSwitch
 from switch.node import switch_stats
 

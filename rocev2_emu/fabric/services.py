@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from rocev2_emu.fabric.topology import Topology
+    from rocev2_emu.topology.model import Topology
     from rocev2_emu.verbs.api import Context
 
 PLUGIN_GROUP = "rocev2_emu.plugins"

@@ -25,14 +25,14 @@ from typing import Any, Protocol
 import trio
 import trio.abc
 
+from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
 from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob, lookahead
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report, write_json
-from rocev2_emu.fabric.topology import Topology, TopologyError
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
-from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.sync import Coordinator, SyncError
+from rocev2_emu.topology.model import Topology, TopologyError
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 READY_TIMEOUT = 60.0

@@ -20,12 +20,12 @@ from rocev2_emu.fabric.agent import FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import fabric_stats, report, write_json
-from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.progress import ProgressLine
+from rocev2_emu.topology.model import Topology
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch

@@ -22,10 +22,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from rocev2_emu.runtime.control import MessageChannel, connection_limit, serve_requests
+from rocev2_emu.control.channel import MessageChannel, connection_limit, serve_requests
+from rocev2_emu.control.kvstore import StoreOp, StoreReply
 from rocev2_emu.runtime.engine import Engine, EngineError
 from rocev2_emu.runtime.events import Core, Node, Wire
-from rocev2_emu.runtime.kvstore import StoreOp, StoreReply
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
@@ -69,7 +69,7 @@ class RemoteLink:
 
 
 class StoreWaiter:
-    """Where the reply to one store operation lands (:mod:`rocev2_emu.runtime.kvstore`)."""
+    """Where the reply to one store operation lands (:mod:`rocev2_emu.control.kvstore`)."""
 
     __slots__ = ("event", "reply")
 
@@ -139,7 +139,7 @@ class ExactEngine(Engine):
         self.sent.setdefault(link.peer_name, 0)
         return link
 
-    # -- the rendezvous store (rocev2_emu.runtime.kvstore; the coordinator keeps it) ----------
+    # -- the rendezvous store (rocev2_emu.control.kvstore; the coordinator keeps it) ----------
     def store_call(self, op: StoreOp) -> StoreWaiter:
         """Send ``op`` to the store (with the next report); its reply lands in the waiter at
         the emulated time it arrives."""

@@ -16,8 +16,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from rocev2_emu.control.channel import DROPPED, REJECTED
 from rocev2_emu.runtime.clock import DilatedClock, Late
-from rocev2_emu.runtime.control import DROPPED, REJECTED
 from rocev2_emu.runtime.ports import PortInfo, batch_mode
 
 

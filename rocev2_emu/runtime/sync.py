@@ -56,14 +56,14 @@ from typing import Any, Final, Protocol, TextIO
 import msgpack
 import trio
 
-from rocev2_emu.runtime.control import _LEN as LENGTH
-from rocev2_emu.runtime.control import (
+from rocev2_emu.control.channel import _LEN as LENGTH
+from rocev2_emu.control.channel import (
     MAX_MESSAGE,
     ControlError,
     MessageChannel,
     _authenticate,
 )
-from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
+from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 
 TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's sequence number
 
@@ -233,7 +233,7 @@ STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run 
 
 class Coordinator:
     """The windows of a synchronised run, for ``names`` (every process of the fabric), on the
-    real clock.  Nodes connect (:func:`~rocev2_emu.runtime.control.open_channel`, proving the
+    real clock.  Nodes connect (:func:`~rocev2_emu.control.channel.open_channel`, proving the
     fabric's secret), say ``{"hello": name}``, then report and wait for each window.  While
     :attr:`held` (a job setting up, or reading counters) no window is granted."""
 
@@ -533,7 +533,7 @@ class Coordinator:
 
 class SyncLink:
     """A sync connection once its handshake is done: the same length-prefixed msgpack as
-    :class:`~rocev2_emu.runtime.control.MessageChannel`, on the connection's socket directly.
+    :class:`~rocev2_emu.control.channel.MessageChannel`, on the connection's socket directly.
     A window costs every process one report and one grant, and trio's scheduling passes
     around each were most of an exact run's time: a send here never yields (a report or a grant
     fits the socket buffer; a full one waits), a receive yields only when nothing is there."""

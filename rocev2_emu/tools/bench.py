@@ -239,7 +239,7 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
     """Frames/s through a plain blocking Python forwarder and through one emulated switch."""
     import tempfile
 
-    from rocev2_emu.fabric.topogen import single_switch
+    from rocev2_emu.topology.generate import single_switch
 
     ctx = mp.get_context("spawn")
     fwd_in, sink = ("127.0.0.60", LINK_UDP_PORT), ("127.0.0.61", LINK_UDP_PORT)

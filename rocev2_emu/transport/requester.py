@@ -24,7 +24,7 @@ from collections import deque
 from typing import Final
 
 from rocev2_emu.transport.endpoint import OutPacket, QPEndpoint
-from rocev2_emu.transport.timers import RNR_RETRY_INFINITE, local_ack_timeout, rnr_delay
+from rocev2_emu.transport.qp_state import RNR_RETRY_INFINITE, local_ack_timeout, rnr_delay
 from rocev2_emu.transport.work import (
     WC_OPCODE_OF,
     SendFlags,

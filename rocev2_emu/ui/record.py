@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import host_map_state
 from rocev2_emu.fabric.nodes import rank_progress
-from rocev2_emu.fabric.topology import Topology
 from rocev2_emu.fabric.virtual import Watcher
+from rocev2_emu.topology.model import Topology
 from rocev2_emu.ui.sampler import Sampler, layout
 from switch.node import port_states
 

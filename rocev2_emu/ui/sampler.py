@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.topology import NodeKind, Topology
+from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import VerbsError
 
 Ask = Callable[[str, dict[str, Any]], Awaitable[Any]]

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import trio
 
 from rocev2_emu.fabric.control import ControlPool, control, set_link_faults, set_links
-from rocev2_emu.fabric.topology import NodeKind, Topology, TopologyError
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.ui.sampler import Sampler, layout
 
 PERIOD = 0.5  # wall seconds between samples

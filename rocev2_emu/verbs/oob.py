@@ -2,12 +2,12 @@
 
 Before two RC QPs can talk, each side must learn the other's QPN, starting PSN, GID (the
 emulated IPv4), the UDP address of its NIC, and - for RDMA - an rkey, address and length.  An
-:class:`OobChannel` carries :mod:`rocev2_emu.runtime.control`'s length-prefixed msgpack maps
+:class:`OobChannel` carries :mod:`rocev2_emu.control.channel`'s length-prefixed msgpack maps
 over one TCP connection and raises :class:`OobError`, a :class:`RemoteVerbsError`.
 :meth:`OobChannel.exchange` swaps two :class:`QPInfo` lists; :func:`connect_qp` does that for one
 QP and brings it to RTS; :func:`serve_requests` answers requests on such a connection, and
 :func:`fabric_secret` is the secret a fabric's control servers demand
-(:mod:`rocev2_emu.runtime.auth`).
+(:mod:`rocev2_emu.control.auth`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any, Final
 
 import trio
 
-from rocev2_emu.runtime.auth import ENV as FABRIC_SECRET_ENV
-from rocev2_emu.runtime.auth import current as fabric_secret
-from rocev2_emu.runtime.control import (
+from rocev2_emu.control.auth import ENV as FABRIC_SECRET_ENV
+from rocev2_emu.control.auth import current as fabric_secret
+from rocev2_emu.control.channel import (
     ControlError,
     MessageChannel,
     connection_limit,

@@ -23,9 +23,9 @@ from collectives.jobs.job import run_virtual
 from rocev2_emu import cores
 from rocev2_emu.experiments import catalog, harness
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_flows_virtual
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree, leaf_spine
 
 
 def _incast(loss: float) -> dict[str, Any]:

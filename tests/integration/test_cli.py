@@ -15,7 +15,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
 from rocev2_emu.tools.perftest import wait_until_listening
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from collectives.jobs.launch import run_local
-from rocev2_emu.fabric.topogen import leaf_spine, to_toml
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine, to_toml
+from rocev2_emu.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]

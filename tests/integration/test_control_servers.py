@@ -1,7 +1,7 @@
 """Every control server survives what a careless or hostile client sends: resets, garbage,
 wrong types, out-of-range values (issue: hardening), and serves only clients that prove the
 fabric secret.  Each server runs for real on loopback in a thread of its own; the client is a
-plain socket that answers the challenge itself (HMAC-SHA256, as :mod:`rocev2_emu.runtime.auth`
+plain socket that answers the challenge itself (HMAC-SHA256, as :mod:`rocev2_emu.control.auth`
 documents).  After every bad request a good probe must still be answered."""
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectives.comm.store import StoreServer
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import DROPPED
 from rocev2_emu.fabric.agent import AgentServer, HostAgent
 from rocev2_emu.fabric.nodes import switch_driver
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.runtime import auth
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.control import DROPPED
 from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from switch.node import serve_control
 

@@ -154,7 +154,7 @@ def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str
 ASK_CHANGE = """
 import sys, trio
 from rocev2_emu.fabric.control import attach, change_links_exact
-from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.topology.file import load
 topo = load(sys.argv[1])
 attach(topo)
 print(repr(trio.run(change_links_exact, topo, [(sys.argv[2], sys.argv[3])], False)))
@@ -172,8 +172,8 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
     from rocev2_emu.fabric.changes import change_links_at
     from rocev2_emu.fabric.flows import load_flows
     from rocev2_emu.fabric.report import write_json
-    from rocev2_emu.fabric.topology_file import load
     from rocev2_emu.fabric.virtual import run_flows_virtual
+    from rocev2_emu.topology.file import load
 
     topo_path = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
     flows = str(ROOT / "examples" / "flows" / "leaf-spine-shift.toml")
@@ -242,7 +242,7 @@ def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_vir
     from collectives.jobs.launch import run_topology_data
     from collectives.scenarios import entropy
     from rocev2_emu.experiments.harness import Mode
-    from rocev2_emu.fabric.topology_file import parse
+    from rocev2_emu.topology.file import parse
 
     data = entropy.entropy_data(1, "5-tuple", small=True, tdf=1.0)
     params = {
@@ -276,7 +276,7 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     from collectives.scenarios import spine_failure as sf
     from rocev2_emu.experiments.harness import Mode
     from rocev2_emu.fabric.changes import change_links_at
-    from rocev2_emu.fabric.topology_file import parse
+    from rocev2_emu.topology.file import parse
 
     size = 256 << 10
     with cpu_burners():

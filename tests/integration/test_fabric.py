@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import trio
 
+from rocev2_emu.control import auth
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.topogen import leaf_spine, single_switch
-from rocev2_emu.fabric.topology_file import load
-from rocev2_emu.runtime import auth
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.generate import leaf_spine, single_switch
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "rocev2_emu"]

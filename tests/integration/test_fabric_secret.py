@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
 from tests.integration.test_new_user import CLI, alive, children, fabric
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ import pytest
 
 from collectives.launcher import per_host
 from rocev2_emu.cli import main
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import load
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs import FABRIC_SECRET_ENV
 
 pytestmark = pytest.mark.integration

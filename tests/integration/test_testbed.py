@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric import dashboards
-from rocev2_emu.fabric.compose import TRAIN_STEPS
-from rocev2_emu.fabric.topology_file import load
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.testbed import dashboards
+from rocev2_emu.testbed.compose import TRAIN_STEPS
+from rocev2_emu.topology.file import load
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.topogen import leaf_spine
+from rocev2_emu.topology.generate import leaf_spine
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.topology.generate import single_switch
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration

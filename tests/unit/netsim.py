@@ -9,11 +9,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from rocev2_emu.fabric.topology import Link, Topology
 from rocev2_emu.nic.core import NicConfig, NicCore
 from rocev2_emu.nic.driver import nic_node
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.runtime.engine import Node
+from rocev2_emu.topology.model import Link, Topology
 from rocev2_emu.wire.ethernet import ip_to_int
 from switch.driver import switch_node
 from switch.pipeline import SwitchCore

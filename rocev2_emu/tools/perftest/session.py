@@ -24,7 +24,7 @@ from rocev2_emu.tools.perftest.report import (
     waiting_for_client,
 )
 from rocev2_emu.transport.memory import Access
-from rocev2_emu.transport.timers import local_ack_timeout
+from rocev2_emu.transport.qp_state import local_ack_timeout
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig
 from rocev2_emu.verbs.oob import OobChannel, QPInfo
 

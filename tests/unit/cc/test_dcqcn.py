@@ -16,8 +16,8 @@ from rocev2_emu.cc import (
     StaticRate,
     StaticRateFactory,
 )
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import single_switch
 from tests.unit.netsim import NetSim
 from tests.unit.switch.test_switch import connect, finish, start
 

@@ -24,10 +24,10 @@ from collectives.comm.session import CollectiveError
 from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from collectives.jobs.job import comm_options, places_for, run_virtual
 from collectives.jobs.registry import job
-from rocev2_emu.fabric.topogen import fat_tree, leaf_spine
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree, leaf_spine
+from rocev2_emu.topology.model import Topology
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.wire.roce import rxe_udp_sport
 from tests.conftest import assert_png

@@ -10,8 +10,8 @@ import pytest
 from collectives.comm.cost import choose, hierarchy_ratio
 from collectives.comm.placement import Hierarchy, hierarchy
 from collectives.jobs.job import places_for
-from rocev2_emu.fabric.topogen import Servers, fat_tree, leaf_spine, single_switch
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 
 SLOT = 256 << 10
 

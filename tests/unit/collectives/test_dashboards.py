@@ -12,11 +12,11 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
-from rocev2_emu.fabric import dashboards
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import virtual_fabric
 from rocev2_emu.nic.metrics import nic_registry
+from rocev2_emu.testbed import dashboards
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
 from switch.metrics import SwitchCollector
 
 NAME = re.compile(r"\b(rocev2_[a-z_]+)")

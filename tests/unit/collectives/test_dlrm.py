@@ -12,8 +12,8 @@ import pytest
 
 from collectives.bench import dlrm
 from collectives.jobs.job import run_virtual
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import single_switch
 from tests.conftest import assert_png
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from collectives.jobs.job import run_host_ranks
 from rocev2_emu.cli import main
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs import RemoteVerbsError
 
 

@@ -17,10 +17,10 @@ from collectives.bench.nccl import params
 from collectives.comm.links import LocalTx
 from collectives.comm.placement import HostGroup
 from collectives.jobs.job import run_virtual
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.server.crossbar import IntraServerConfig
 from rocev2_emu.server.fabric import open_server_fabric
+from rocev2_emu.topology.file import parse
 
 GBPS = 100.0  # a slow fabric, so that the times are easy to read: 12.5 GB/s
 LAT = 2e-6
@@ -112,7 +112,7 @@ def test_a_job_on_servers_of_four_accelerators_pays_for_its_server_fabric() -> N
 
 
 def test_the_server_section_is_checked() -> None:
-    from rocev2_emu.fabric.topology import TopologyError
+    from rocev2_emu.topology.model import TopologyError
 
     good = parse(tomllib.loads(TOPOLOGY.format(fabric="pcie")))
     assert good.server.kind == "pcie" and good.server.bandwidth_bps == 504e9

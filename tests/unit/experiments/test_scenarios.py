@@ -16,7 +16,7 @@ from rocev2_emu.experiments import (
     victim_flow,
 )
 from rocev2_emu.experiments.plots import plot_runs
-from rocev2_emu.fabric.topogen import fat_tree
+from rocev2_emu.topology.generate import fat_tree
 from tests.conftest import assert_png
 
 

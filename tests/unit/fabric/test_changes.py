@@ -11,9 +11,9 @@ import pytest
 
 from rocev2_emu.fabric.changes import link_indices, switch_changes
 from rocev2_emu.fabric.exact import change_links_handler
-from rocev2_emu.fabric.topogen import leaf_spine
-from rocev2_emu.fabric.topology import TopologyError
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
+from rocev2_emu.topology.model import TopologyError
 from switch.pipeline import SwitchCore
 
 

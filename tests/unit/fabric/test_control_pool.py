@@ -7,10 +7,10 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import serve_requests
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.fabric.control import ControlPool
-from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.control import serve_requests
 
 ADDRESS = "127.201.13.1"  # a loopback address no other test uses
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rocev2_emu.fabric.flows import load_flows
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology import TopologyError
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import single_switch
+from rocev2_emu.topology.model import TopologyError
 
 TOPO = parse(tomllib.loads(single_switch(3)), "three.toml")
 

@@ -9,8 +9,8 @@ import pytest
 
 from rocev2_emu.cli import main
 from rocev2_emu.fabric.supervisor import FabricBusy, refuse_taken
-from rocev2_emu.fabric.topogen import single_switch
-from rocev2_emu.fabric.topology_file import load
+from rocev2_emu.topology.file import load
+from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 

@@ -11,11 +11,11 @@ import trio
 import trio.testing
 
 from rocev2_emu.fabric.agent import FlowSpec
-from rocev2_emu.fabric.topogen import fat_tree
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.fabric.virtual import run_flows_virtual
 from rocev2_emu.runtime.engine import Core, Engine, EngineError, Node
 from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree
 
 
 class Echo(Core):

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rocev2_emu.fabric.topogen import leaf_spine, single_switch
-from rocev2_emu.fabric.topology import Topology
-from rocev2_emu.fabric.topology_file import parse
 from rocev2_emu.nic.core import NicCore
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine, single_switch
+from rocev2_emu.topology.model import Topology
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState

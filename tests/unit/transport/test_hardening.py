@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rocev2_emu.fabric.topogen import single_switch
+from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.transport.work import SendWR, Sge, WcStatus, WorkCompletion, WrOpcode
 from rocev2_emu.wire.bth import Opcode
 from rocev2_emu.wire.ethernet import encode_vxlan

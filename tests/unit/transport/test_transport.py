@@ -10,8 +10,7 @@ import pytest
 
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access
-from rocev2_emu.transport.qp_state import QPAttr, QPState
-from rocev2_emu.transport.timers import local_ack_timeout, rnr_delay
+from rocev2_emu.transport.qp_state import QPAttr, QPState, local_ack_timeout, rnr_delay
 from rocev2_emu.transport.work import RecvWR, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
 from rocev2_emu.wire.bth import Opcode, psn_add
 from rocev2_emu.wire.roce import RoceFrame, pack_reth

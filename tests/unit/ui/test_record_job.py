@@ -13,8 +13,8 @@ from typing import Any
 from collectives.jobs.launch import run_virtual_recorded
 from collectives.scenarios.straggler import bursts, straggler_topology
 from rocev2_emu.experiments.harness import Mode
-from rocev2_emu.fabric.topogen import fat_tree, single_switch
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree, single_switch
 from rocev2_emu.ui.record import PERIOD, period_for, recorder
 
 ITERS = 3

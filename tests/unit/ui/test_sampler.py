@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from collectives.comm.metrics import HostCollectiveMetrics
 from rocev2_emu.fabric.nodes import rank_progress
-from rocev2_emu.fabric.topogen import fat_tree, single_switch
-from rocev2_emu.fabric.topology_file import parse
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import fat_tree, single_switch
 from rocev2_emu.ui.sampler import Sampler, layout
 
 LEAF_SPINE = Path(__file__).parents[3] / "examples" / "topologies" / "leaf-spine.toml"

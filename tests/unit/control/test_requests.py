@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from rocev2_emu.control.requests import RequestError, Table, decode, describe, serve_table
 from rocev2_emu.fabric.agent import AgentServer
-from rocev2_emu.runtime.requests import RequestError, Table, decode, describe, serve_table
 from switch.node import SetRoutes, control_table
 
 ROOT = Path(__file__).resolve().parents[3]

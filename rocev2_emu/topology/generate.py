@@ -1,7 +1,7 @@
 """Generate topology files: N hosts on one switch, leaf-spine of any size, k-ary fat-trees, and
 Meta's AI Zone (a two-stage Clos per zone, an aggregation layer across zones).
 
-The output is the TOML that :mod:`rocev2_emu.fabric.topology` reads, so a generated file can be
+The output is the TOML that :mod:`rocev2_emu.topology.model` reads, so a generated file can be
 edited by hand afterwards; the shipped examples under ``examples/topologies`` are its output.
 
 Default TDFs are what the 2-vCPU reference machine needs for every host to send at line rate

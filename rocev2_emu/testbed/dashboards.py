@@ -6,7 +6,7 @@ frames sent and received per priority, watchdog storms, drops by reason), **Tran
 CNPs sent and handled, DCQCN rate, target and alpha per QP, retransmissions, sequence errors,
 timeouts) and **Collectives** (ranks: operation latency p50 / p99, bus bandwidth, errors).
 The datasource is provisioned with the fixed uid ``rocev2-prometheus`` and every panel names
-it, so no ``${DS_...}`` placeholder is left for an import dialog.  :mod:`rocev2_emu.fabric.compose`
+it, so no ``${DS_...}`` placeholder is left for an import dialog.  :mod:`rocev2_emu.testbed.compose`
 writes them under ``deploy/grafana``; the test against a real Prometheus runs every ``expr``.
 """
 

@@ -15,7 +15,7 @@ it; and a client that starts a message must finish it within :data:`MESSAGE_DEAD
 ``rocev2_control_connections_dropped_total`` by ``reason`` (``connection_limit``,
 ``unproven_limit``, ``slow_sender``, ``auth_failed``).
 
-A server given the fabric secret (:mod:`rocev2_emu.runtime.auth`) opens every connection with
+A server given the fabric secret (:mod:`rocev2_emu.control.auth`) opens every connection with
 a challenge and serves nothing until the client proves it holds the secret; a client given the
 secret answers before its first request.  A failed or late proof is answered with an error,
 counted (``auth_failed``) and the connection closed.
@@ -38,7 +38,7 @@ import msgpack
 import trio
 from prometheus_client import Counter
 
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
 
 log = logging.getLogger(__name__)
 

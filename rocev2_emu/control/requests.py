@@ -1,7 +1,7 @@
 """Control requests as types: each command a small frozen dataclass, decoded and checked in one
 place, and each server one table from command to (request type, handler).
 
-A control message (:mod:`rocev2_emu.runtime.control` carries them, msgpack maps) is
+A control message (:mod:`rocev2_emu.control.channel` carries them, msgpack maps) is
 ``{"cmd": NAME, field: value, ...}``.  :func:`decode` builds the command's dataclass from it:
 every field present (or defaulted) and of its annotated type - ``int`` (not a bool), ``float``
 (an int is taken), ``bool``, ``str``, ``list``, ``dict`` or ``Any``, each maybe ``| None`` -

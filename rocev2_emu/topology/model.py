@@ -1,6 +1,6 @@
 """The fabric a topology file describes: nodes, links, addresses and shortest-path ECMP routes.
 
-:class:`Topology` is what :mod:`rocev2_emu.fabric.topology_file` parses a TOML file into; from
+:class:`Topology` is what :mod:`rocev2_emu.topology.file` parses a TOML file into; from
 it :meth:`Topology.switch_config` builds what the switch pipeline needs and
 :mod:`rocev2_emu.fabric.nodes` what the NICs need.  Node i (switches first, then hosts, in file
 order) listens on 127.10.(i // 200).(i % 200 + 10) in local mode; host h's emulated address is

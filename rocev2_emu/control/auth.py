@@ -15,7 +15,7 @@ A secret file is one line, ``ROCEV2_EMU_SECRET=<64 hex digits>``: the format of 
 ``env_file``, so the same file feeds the containers.
 
 The handshake (:func:`challenge_message` and :func:`check_answer` on the server,
-:func:`answer_message` on the client; :mod:`rocev2_emu.runtime.control` runs it) opens every
+:func:`answer_message` on the client; :mod:`rocev2_emu.control.channel` runs it) opens every
 control connection: the server sends 32 fresh random bytes, the client answers with their
 HMAC-SHA256 under the secret (RFC 2104, with a label naming the protocol), the server compares
 in constant time (:func:`hmac.compare_digest`) and says ``ok`` or closes.  Nothing secret

@@ -1,4 +1,4 @@
-"""The rendezvous store as a node of the emulation (rocev2_emu/runtime/kvstore.py) and its
+"""The rendezvous store as a node of the emulation (rocev2_emu/control/kvstore.py) and its
 clients in virtual time (rocev2_emu/fabric/rendezvous.py): operations take the store's latency
 each way, apply in (arrival, host, sequence) order whatever order they were handed over in, and
 a barrier's arrivals all leave at once."""
@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
+from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.fabric.rendezvous import StoreTimeout, VirtualStore
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.kvstore import STORE_LATENCY, StoreCore, StoreOp
 
 D = STORE_LATENCY
 

@@ -2,7 +2,7 @@
 
 Parsed with the standard library's ``tomllib``; every error names the file, the key and the bad
 value.  :func:`load` returns a :class:`Topology` with addresses assigned and shortest-path ECMP
-routes computed (:mod:`rocev2_emu.fabric.topology`), from which the switch pipeline's and the NICs'
+routes computed (:mod:`rocev2_emu.topology.model`), from which the switch pipeline's and the NICs'
 configurations are built.  Layout of the file::
 
     [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y),
@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from rocev2_emu.cc import PROFILES, DcqcnParams
-from rocev2_emu.fabric.topology import (
+from rocev2_emu.server.crossbar import DEFAULT_PRESET, IntraServerConfig
+from rocev2_emu.server.crossbar import PRESETS as SERVER_FABRICS
+from rocev2_emu.topology.model import (
     Link,
     Node,
     NodeKind,
@@ -51,8 +53,6 @@ from rocev2_emu.fabric.topology import (
     dcqcn_overrides,
     shortest_path_routes,
 )
-from rocev2_emu.server.crossbar import DEFAULT_PRESET, IntraServerConfig
-from rocev2_emu.server.crossbar import PRESETS as SERVER_FABRICS
 from switch.config import ECMP_MODES
 from switch.mmu import BUFFER_MODES, MmuConfig
 

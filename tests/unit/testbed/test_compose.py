@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rocev2_emu.fabric import dashboards
-from rocev2_emu.fabric.compose import generate
-from rocev2_emu.fabric.topology import TopologyError
-from rocev2_emu.fabric.topology_file import load, parse
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.testbed import dashboards
+from rocev2_emu.testbed.compose import generate
+from rocev2_emu.topology.file import load, parse
+from rocev2_emu.topology.model import TopologyError
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "examples/topologies/leaf-spine.toml"

@@ -11,8 +11,8 @@ import msgpack
 import trio
 import trio.testing
 
-from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.control import (
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import (
     DROPPED,
     MessageChannel,
     connection_limit,

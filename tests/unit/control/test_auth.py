@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from rocev2_emu.runtime import auth
-from rocev2_emu.runtime.control import (
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import (
     AUTH_DEADLINE,
     DROPPED,
     ControlError,

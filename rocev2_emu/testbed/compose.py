@@ -24,8 +24,8 @@ Writes, under ``--out`` (default ``.``):
 * ``deploy/prometheus/prometheus.yml`` - a scrape config listing every node (label ``role``;
   the metrics carry ``node`` themselves).
 * ``deploy/grafana/`` - the datasource (fixed uid) and the three dashboards of
-  :mod:`rocev2_emu.fabric.dashboards`, the same for every topology.
-* ``deploy/fabric.secret`` - the fabric's control-plane secret (:mod:`rocev2_emu.runtime.auth`,
+  :mod:`rocev2_emu.testbed.dashboards`, the same for every topology.
+* ``deploy/fabric.secret`` - the fabric's control-plane secret (:mod:`rocev2_emu.control.auth`,
   mode 0600, never checked in), made once and kept when the files are written again.  The
   containers never read it themselves: a one-shot ``secret`` service (``rocev2-emu secret``,
   run as root with ``deploy/`` mounted) makes it when the checkout has none - a fresh clone
@@ -46,11 +46,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rocev2_emu.fabric import dashboards
-from rocev2_emu.fabric.topogen import to_toml
-from rocev2_emu.fabric.topology import Node, NodeKind, Topology
-from rocev2_emu.fabric.topology_file import parse
-from rocev2_emu.runtime import auth
+from rocev2_emu.control import auth
+from rocev2_emu.testbed import dashboards
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import to_toml
+from rocev2_emu.topology.model import Node, NodeKind, Topology
 
 DEFAULT_SUBNET = "172.30.0.0/24"
 IMAGE = "rocev2-emu:latest"

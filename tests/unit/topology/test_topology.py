@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.topogen import ai_zone, fat_tree, leaf_spine, single_switch
-from rocev2_emu.fabric.topology import TopologyError
-from rocev2_emu.fabric.topology_file import load, parse
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
+from rocev2_emu.topology.file import load, parse
+from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine, single_switch
+from rocev2_emu.topology.model import TopologyError
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -196,7 +196,7 @@ def test_rails_wire_accelerator_i_of_every_server_to_rail_leaf_i() -> None:
 
 
 def test_generators_write_servers_of_several_accelerators() -> None:
-    from rocev2_emu.fabric.topogen import Servers
+    from rocev2_emu.topology.generate import Servers
 
     for text in (
         single_switch(2, servers=Servers(4, "pcie")),
