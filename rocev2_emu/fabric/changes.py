@@ -17,21 +17,14 @@ from typing import Any
 import trio
 
 from rocev2_emu.runtime.exact import current_engine
-from rocev2_emu.topology.model import Topology, TopologyError
+from rocev2_emu.topology.model import Topology
 from switch.pipeline import SwitchCore
 
 
 def link_indices(topo: Topology, pairs: Iterable[tuple[str, str]]) -> set[int]:
     """The indices of the links between each pair of nodes (a TopologyError names one that is
     no link)."""
-    by_pair = {frozenset((lk.a, lk.b)): lk.index for lk in topo.links}
-    indices = set()
-    for a, b in pairs:
-        index = by_pair.get(frozenset((a, b)))
-        if index is None:
-            raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
-        indices.add(index)
-    return indices
+    return {topo.link_between(a, b).index for a, b in pairs}
 
 
 def switch_changes(

@@ -81,13 +81,6 @@ def attach(topo: Topology) -> None:
     auth.use_fabric(topo.path)
 
 
-def _link(topo: Topology, a: str, b: str) -> Link:
-    link = next((lk for lk in topo.links if {lk.a, lk.b} == {a, b}), None)
-    if link is None:
-        raise TopologyError(f"{topo.path}: no link between {a!r} and {b!r}")
-    return link
-
-
 def _port_of(topo: Topology, switch: str, link: Link) -> int:
     return next(i for i, (lk, _) in enumerate(topo.nodes[switch].ports) if lk is link)
 
@@ -97,7 +90,7 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
     switch around what is down in the fabric, as a routing protocol would converge.  On an
     exact run (``--clock exact``) one ``change_links`` request does it all at one emulated
     instant, which the answer names; on the wall clock each switch is told in turn."""
-    links = [_link(topo, a, b) for a, b in pairs]
+    links = [topo.link_between(a, b) for a, b in pairs]
     state = "up" if up else "down"
     named = ", ".join(f"{lk.a} <-> {lk.b} (VNI {lk.vni})" for lk in links)
     at = await change_links_exact(topo, pairs, up)
@@ -145,7 +138,7 @@ def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
 
 async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
     """Change link a-b's faults (loss, delay, ...) at both ends of a running fabric."""
-    link = _link(topo, a, b)
+    link = topo.link_between(a, b)
     settings: dict[str, Any] = {
         "loss": link.loss,
         "delay": link.delay,

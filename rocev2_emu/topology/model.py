@@ -169,6 +169,14 @@ class Topology:
         """The seed of ``link``'s fault injection: distinct per link, fixed by the topology."""
         return self.seed * 1000 + link.index
 
+    def link_between(self, a: str, b: str) -> Link:
+        """The link between nodes ``a`` and ``b`` (the first, if several); a TopologyError
+        names a pair that is no link."""
+        link = next((lk for lk in self.links if {lk.a, lk.b} == {a, b}), None)
+        if link is None:
+            raise TopologyError(f"{self.path}: no link between {a!r} and {b!r}")
+        return link
+
     def host_link(self, name: str) -> tuple[Link, Node]:
         """A host's one link and the switch (or host) at its other end."""
         node = self.nodes[name]
