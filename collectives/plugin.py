@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collectives import cli, launcher
 from collectives.bench import checks, dlrm  # noqa: F401  (register their jobs)
-from collectives.jobs.job import collective_handler
+from collectives.jobs.job import CollectiveRequest, collective_handler
 from collectives.scenarios import admission, entropy, recommendation, spine_failure, straggler
 from rocev2_emu.fabric.services import host_service
 
 
 def register() -> None:
-    host_service("collective")(collective_handler)
+    host_service("collective", CollectiveRequest)(collective_handler)
     cli.register()
     straggler.register()
     entropy.register()

@@ -85,9 +85,6 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
     }
 
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
 # -- the control requests (rocev2_emu.control.requests decodes and checks them) --------------
 @dataclass(frozen=True, slots=True)
 class Stats:
@@ -190,17 +187,13 @@ def control_table(driver: SwitchDriver | EngineSwitch) -> Table:
 
 
 def control_replies(
-    driver: SwitchDriver | EngineSwitch, more: dict[str, Handler] | None = None
+    driver: SwitchDriver | EngineSwitch, more: Table | None = None
 ) -> Callable[[Any], Awaitable[Any]]:
-    """The switch's answer to each control request (``more``: further commands taking the raw
-    message, which take precedence: the exact mode's ``engine`` and its refusals)."""
-    extra = more or {}
-    table = control_table(driver)
+    """The switch's answer to each control request (``more``: further rows, which take
+    precedence: the exact mode's ``engine``, ``change_links`` and its refusals)."""
+    table = {**control_table(driver), **(more or {})}
 
     async def reply(msg: Any) -> Any:
-        cmd = msg.get("cmd") if isinstance(msg, dict) else None
-        if cmd in extra:
-            return await extra[cmd](msg)
         return await serve_table(table, msg)
 
     return reply

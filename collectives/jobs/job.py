@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -180,9 +181,39 @@ async def run_host_ranks(
     return results
 
 
+@dataclass(frozen=True, slots=True)
+class CollectiveRequest:
+    """The host agent's ``collective`` command: run this host's ranks of job ``name`` with
+    ``params``, meeting at the rendezvous store ``store`` (``[address, port]``), or, with
+    ``store: "exact"``, start them in the background of an exact run; ``results: true`` waits
+    for those."""
+
+    name: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    store: Any = None
+    results: bool = False
+
+    def __post_init__(self) -> None:
+        if self.results:
+            return
+        if self.name not in JOBS:
+            raise ValueError(f"unknown collective job {self.name!r}; known: {sorted(JOBS)}")
+        store = self.store
+        exact = store == "exact"
+        where = (
+            isinstance(store, list | tuple)
+            and len(store) == 2
+            and isinstance(store[0], str)
+            and isinstance(store[1], int)
+            and not isinstance(store[1], bool)
+        )
+        if not (exact or where):
+            raise ValueError(f'store: {store!r:.60} is not [address, port] or "exact"')
+
+
 def collective_handler(
     topo: Topology, ctx: Context, host: str, registry: CollectorRegistry
-) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+) -> Callable[[CollectiveRequest], Awaitable[dict[str, Any]]]:
     """The host agent's ``collective`` command (a host service, registered by
     :mod:`collectives.plugin`): run this host's ranks of a job.  Its metric families are
     registered on the host's ``registry`` at once, so they are scraped as zeros before a job.
@@ -215,26 +246,22 @@ def collective_handler(
             finished.append(results)
             done.set()
 
-    async def handle(msg: dict[str, Any]) -> dict[str, Any]:
-        if msg.get("results"):
+    async def handle(req: CollectiveRequest) -> dict[str, Any]:
+        if req.results:
             if not started:
-                return {"error": "no exact collective job was started on this host"}
+                raise ValueError("no exact collective job was started on this host")
             await done.wait()
             return {"results": {str(k): v for k, v in finished[-1].items()}}
-        name = str(msg["name"])
-        if name not in JOBS:
-            return {"error": f"unknown collective job {name!r}; known: {sorted(JOBS)}"}
-        if msg["store"] == "exact":
+        if req.store == "exact":
             if started:
-                return {"error": "an exact job already ran on this host"}
-            started.append(name)
+                raise ValueError("an exact job already ran on this host")
+            started.append(req.name)
             fab = fabric()
-            trio.lowlevel.spawn_system_task(in_background, name, dict(msg["params"]), fab)
+            trio.lowlevel.spawn_system_task(in_background, req.name, dict(req.params), fab)
             return {"started": True}
-        host_, port = msg["store"]
-        where = (str(host_), int(port))
-        params = dict(msg["params"])
-        results = await run_host_ranks(ctx, topo, host, where, name, params, metrics, fabric())
+        where = (str(req.store[0]), int(req.store[1]))
+        params = dict(req.params)
+        results = await run_host_ranks(ctx, topo, host, where, req.name, params, metrics, fabric())
         return {"results": {str(k): v for k, v in results.items()}}
 
     return handle

@@ -37,6 +37,11 @@ _CHECKS: dict[Any, Callable[[Any], bool]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NoFields:
+    """The request of a command that takes no field (``stop``, ``map``, ``engine``)."""
+
+
 class RequestError(ValueError):
     """A control request that cannot be served as sent; the message names the field."""
 

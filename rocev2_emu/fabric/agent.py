@@ -14,7 +14,6 @@ with msgpack between processes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -355,11 +354,11 @@ class AgentServer:
     def __init__(
         self,
         agent: HostAgent,
-        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+        handlers: Table | None = None,
         secret: bytes | None = None,
     ) -> None:
         self.agent = agent
-        self.handlers = handlers or {}  # more commands (the node adds "collective")
+        self.handlers = handlers or {}  # more rows (the host services, a node's stop and map)
         self.secret = secret  # what clients must prove (None: this process's fabric secret)
         self._jobs: trio.Nursery | None = None  # where started flows run
         self._results: list[FlowResult] | None = None
@@ -401,15 +400,9 @@ class AgentServer:
             self._done.set()
 
     async def dispatch(self, msg: Any) -> dict[str, Any]:
-        """The answer to one request (handlers given to the server, taking the raw message,
-        take precedence over the agent's own table)."""
-        cmd = msg.get("cmd") if isinstance(msg, dict) else None
-        try:
-            if cmd in self.handlers:
-                return await self.handlers[cmd](msg)
-        except (KeyError, TypeError, ValueError) as exc:
-            return {"error": f"{cmd}: {exc!r}"}
-        return await serve_table(self.table, msg)
+        """The answer to one request (the rows given to the server take precedence over the
+        agent's own table)."""
+        return await serve_table({**self.table, **self.handlers}, msg)
 
     @property
     def table(self) -> Table:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import trio
@@ -34,12 +34,13 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import open_channel
+from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.changes import link_indices, switch_changes
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.services import HOST_SERVICES
+from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
@@ -54,7 +55,7 @@ from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
 from switch.metrics import SwitchCollector
-from switch.node import Handler, control_replies
+from switch.node import control_replies, control_table
 from switch.pipeline import SwitchCore
 
 __all__ = [
@@ -94,35 +95,36 @@ def run_exact_node(
             raise
 
 
-async def _refuse(msg: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "error": f"{msg.get('cmd')}: an exact run changes its fabric only at emulated instants, "
-        "everywhere at once: take links down or up with change_links (rocev2-emu link, the "
-        "map); link faults and routes from outside are not taken (use --clock wall)"
-    }
+@dataclass(frozen=True, slots=True)
+class ChangeLinks:
+    """The links between each pair of nodes (``[[a, b], ...]``) down or ``up``, at the first
+    emulated instant the run can take it; the reply ``{"at": seconds}``."""
+
+    pairs: list[Any]
+    up: bool
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.pairs) <= MAX_CHANGE_LINKS:
+            raise ValueError(f"pairs: 1 to {MAX_CHANGE_LINKS} links at once")
+        for i, pair in enumerate(self.pairs):
+            if not (
+                isinstance(pair, list | tuple)
+                and len(pair) == 2
+                and all(isinstance(n, str) for n in pair)
+            ):
+                raise ValueError(f"pairs[{i}]: {pair!r:.60} is not [a, b] node names")
 
 
 def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
-    """``change_links {pairs: [[a, b], ...], up: bool}``: the links between those nodes down or
-    up at the first emulated instant the run can take it; the reply ``{"at": seconds}``."""
+    """``change_links``: see :class:`ChangeLinks`."""
 
-    async def change_links(msg: dict[str, Any]) -> dict[str, Any]:
-        pairs, up = msg.get("pairs"), msg.get("up")
-        if not isinstance(up, bool) or not isinstance(pairs, list) or not pairs:
-            return {"error": "change_links takes pairs: [[a, b], ...] and up: true or false"}
-        if len(pairs) > MAX_CHANGE_LINKS:
-            return {"error": f"change_links: at most {MAX_CHANGE_LINKS} links at once"}
-        ok = all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
-            for pair in pairs
-        )
-        if not ok:
-            return {"error": "change_links: pairs are [a, b] node names"}
+    async def change_links(req: ChangeLinks) -> dict[str, Any]:
+        pairs = [(str(a), str(b)) for a, b in req.pairs]
         try:
             link_indices(topo, pairs)
         except TopologyError as exc:
-            return {"error": f"change_links: {exc}"}
-        waiter = engine.change_links(None, [(a, b) for a, b in pairs], up=up)
+            raise ValueError(str(exc)) from None
+        waiter = engine.change_links(None, pairs, up=req.up)
         # no deadline here (it would be an emulated one): the client's, on the wall clock
         await waiter.event.wait()
         return {"at": waiter.at}
@@ -131,6 +133,21 @@ def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
 
 
 REFUSED: Final = ("set_link", "set_faults", "set_routes")
+
+
+async def _refuse(_: Any) -> dict[str, Any]:
+    raise ValueError(
+        "an exact run changes its fabric only at emulated instants, everywhere at once: take "
+        "links down or up with change_links (rocev2-emu link, the map); link faults and routes "
+        "from outside are not taken (use --clock wall)"
+    )
+
+
+def refusals(table: Table) -> Table:
+    """The per-port commands of ``table`` (their requests still checked), each answered that an
+    exact run changes its fabric only at emulated instants, everywhere at once."""
+
+    return {cmd: (table[cmd][0], _refuse) for cmd in REFUSED if cmd in table}
 
 
 async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics: bool) -> None:
@@ -145,7 +162,7 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
     engine = ExactEngine(name, udp, chan)
     address = node.address
 
-    async def engine_state(msg: dict[str, Any]) -> dict[str, Any]:
+    async def engine_state(_: NoFields) -> dict[str, Any]:
         """The engine's state, for the run's summary and for a run that is stuck."""
         stats = trio.lowlevel.current_statistics()
         return {
@@ -160,10 +177,9 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
             "next_deadline": stats.seconds_to_next_deadline,
         }
 
-    more: dict[str, Handler] = {
-        "engine": engine_state,
-        "change_links": change_links_handler(topo, engine),
-        **dict.fromkeys(REFUSED, _refuse),
+    more: Table = {
+        "engine": (NoFields, engine_state),
+        "change_links": (ChangeLinks, change_links_handler(topo, engine)),
     }
     async with trio.open_nursery() as nursery:
         local: Node
@@ -173,7 +189,7 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
             engine.on_change = link_changes(topo, name, core)
             switch = EngineSwitch(core, engine, clock, (address, LINK_UDP_PORT))
             local = switch.node
-            reply = control_replies(switch, more)
+            reply = control_replies(switch, {**more, **refusals(control_table(switch))})
             registry = CollectorRegistry()
             registry.register(SwitchCollector(switch))
         else:
@@ -183,8 +199,10 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
             local = ctx.driver.node
             clock = ctx.clock
             registry = nic_registry(ctx.driver, name)
-            services = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
-            server = AgentServer(host_agent(topo, ctx, name), {**services, **more}, secret)
+            services = host_services(topo, ctx, name, registry)
+            agent = host_agent(topo, ctx, name)
+            refused = refusals(AgentServer(agent).table)
+            server = AgentServer(agent, {**services, **more, **refused}, secret)
             await nursery.start(server.keep_jobs)
             reply = server.dispatch
         for index, (link, peer) in enumerate(node.ports):

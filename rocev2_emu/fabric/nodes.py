@@ -16,7 +16,7 @@ This module also turns the topology into what the cores and drivers take (:func:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -25,8 +25,9 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.control.channel import stop_soon
+from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent, host_map_state
-from rocev2_emu.fabric.services import HOST_SERVICES
+from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
@@ -142,12 +143,10 @@ def rank_progress(
     return ranks
 
 
-def _map_handler(
-    ctx: Context, registry: CollectorRegistry
-) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+def _map_handler(ctx: Context, registry: CollectorRegistry) -> Handler:
     """The host's ``map`` command: what the live map shows of it (:mod:`rocev2_emu.ui`)."""
 
-    async def handle(msg: dict[str, Any]) -> dict[str, Any]:
+    async def handle(_: NoFields) -> dict[str, Any]:
         return {**host_map_state(ctx), "ranks": rank_progress(registry)}
 
     return handle
@@ -192,7 +191,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
             ready=f"{ready} ecmp={topo.ecmp}",
         )
         return
-    async with host_node(topo, name, opts, {"stop": stop_soon}) as (ctx, _):
+    async with host_node(topo, name, opts, {"stop": (NoFields, stop_soon)}) as (ctx, _):
         print(ready.format(batch_io=batch_mode(ctx.port)), flush=True)
         await trio.sleep_forever()
 
@@ -202,7 +201,7 @@ async def host_node(
     topo: Topology,
     name: str,
     opts: NodeOptions,
-    extra: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None,
+    extra: Table | None = None,
 ) -> AsyncIterator[tuple[Context, CollectorRegistry]]:
     """Host ``name`` of the fabric in this process, for as long as the block runs: its NIC on
     the host's address, its ``/metrics`` (``opts.metrics``) and its agent on the control port
@@ -210,8 +209,8 @@ async def host_node(
     does a PyTorch rank (:mod:`collectives.pytorch`), whose process is its host."""
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
         registry = nic_registry(ctx.driver, name)
-        handlers = {cmd: make(topo, ctx, name, registry) for cmd, make in HOST_SERVICES.items()}
-        handlers["map"] = _map_handler(ctx, registry)
+        handlers = host_services(topo, ctx, name, registry)
+        handlers["map"] = (NoFields, _map_handler(ctx, registry))
         handlers.update(extra or {})
         if opts.metrics:
             serve(registry, METRICS_PORT, addr=opts.metrics_addr or topo.nodes[name].address)

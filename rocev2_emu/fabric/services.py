@@ -1,8 +1,10 @@
 """Host services by name: what layers above the fabric add to every host process.
 
 The fabric never imports the packages that build on it.  Instead they register here: a
-service is a factory that, given the topology, the host's verbs context, its name and its
-Prometheus registry, returns a handler for one more command of the host agent.  The
+service is one more command of the host agent, with its request type (a frozen dataclass,
+decoded and checked by :mod:`rocev2_emu.control.requests`) and a factory that, given the
+topology, the host's verbs context, its name and its Prometheus registry, returns the handler
+of that typed request.  The
 collectives register ``collective`` this way (:mod:`collectives.plugin`); the CLI loads every
 installed plugin (the ``rocev2_emu.plugins`` entry point group) before it runs a command, so a
 host started by ``rocev2-emu node`` serves them too.
@@ -10,9 +12,11 @@ host started by ``rocev2-emu node`` serves them too.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
+
+from rocev2_emu.control.requests import Handler, Table
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -22,20 +26,27 @@ if TYPE_CHECKING:
 
 PLUGIN_GROUP = "rocev2_emu.plugins"
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 ServiceFactory = Callable[["Topology", "Context", str, "CollectorRegistry"], Handler]
 
-HOST_SERVICES: dict[str, ServiceFactory] = {}
+HOST_SERVICES: dict[str, tuple[type[Any], ServiceFactory]] = {}
 
 
-def host_service(command: str) -> Callable[[ServiceFactory], ServiceFactory]:
-    """Register a factory for the host agent's ``command``."""
+def host_service(command: str, request: type[Any]) -> Callable[[ServiceFactory], ServiceFactory]:
+    """Register the host agent's ``command``: its ``request`` type and the handler's factory."""
 
     def register(factory: ServiceFactory) -> ServiceFactory:
-        HOST_SERVICES[command] = factory
+        HOST_SERVICES[command] = (request, factory)
         return factory
 
     return register
+
+
+def host_services(topo: Topology, ctx: Context, name: str, registry: CollectorRegistry) -> Table:
+    """The registered services of host ``name``, as rows of its agent's table."""
+    return {
+        cmd: (request, make(topo, ctx, name, registry))
+        for cmd, (request, make) in HOST_SERVICES.items()
+    }
 
 
 def load_plugins() -> list[str]:

@@ -4,6 +4,7 @@ burn the CPUs beside it; a node that dies stops the run, named."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,12 +153,18 @@ def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str
 
 
 ASK_CHANGE = """
-import sys, trio
-from rocev2_emu.fabric.control import attach, change_links_exact
+import json, sys, trio
+from rocev2_emu.fabric.control import attach, change_links_exact, control
 from rocev2_emu.topology.file import load
 topo = load(sys.argv[1])
 attach(topo)
 print(repr(trio.run(change_links_exact, topo, [(sys.argv[2], sys.argv[3])], False)))
+asks = [  # then what an exact run refuses
+    ("leaf0", {"cmd": "set_link", "port": 0, "up": False}),
+    ("h0", {"cmd": "set_faults", "faults": {"loss": 0.5}}),
+    ("leaf0", {"cmd": "change_links", "pairs": [["leaf0"]], "up": False}),
+]
+print(json.dumps([trio.run(control, topo.nodes[n].address, m) for n, m in asks]))
 """
 
 
@@ -168,7 +175,8 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
     """``change_links`` (what ``rocev2-emu link`` and the map's clicks send) against a paced
     exact run of the leaf-spine's flows, while two processes burn the CPUs: the run gives the
     change the first emulated instant it can take, every switch applies it then, and the run's
-    JSON is the virtual run's with leaf0 <-> spine0 failed at that instant, byte for byte."""
+    JSON is the virtual run's with leaf0 <-> spine0 failed at that instant, byte for byte.  The
+    per-port commands are refused meanwhile (typed: a malformed change names its field)."""
     from rocev2_emu.fabric.changes import change_links_at
     from rocev2_emu.fabric.flows import load_flows
     from rocev2_emu.fabric.report import write_json
@@ -189,7 +197,12 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
             check=False,
         )
         assert asked.returncode == 0, asked.stderr
-        at = float(asked.stdout)
+        at_line, refused = asked.stdout.splitlines()
+        at = float(at_line)
+        link, faults, malformed = (r["error"] for r in json.loads(refused))
+        assert link.startswith("set_link: an exact run changes its fabric only at emulated")
+        assert faults.startswith("set_faults: an exact run changes its fabric only at emulated")
+        assert malformed == "change_links: pairs[0]: ['leaf0'] is not [a, b] node names"
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     topo = load(topo_path)

@@ -10,8 +10,18 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.control.requests import RequestError, Table, decode, describe, serve_table
+import collectives.plugin  # noqa: F401  (its modules register the jobs)
+from collectives.jobs.job import CollectiveRequest
+from rocev2_emu.control.requests import (
+    NoFields,
+    RequestError,
+    Table,
+    decode,
+    describe,
+    serve_table,
+)
 from rocev2_emu.fabric.agent import AgentServer
+from rocev2_emu.fabric.exact import ChangeLinks
 from switch.node import SetRoutes, control_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,3 +101,33 @@ def test_the_architecture_doc_lists_every_command_as_the_tables_have_it() -> Non
     agent = describe(AgentServer.__new__(AgentServer).table)
     assert "```\n" + "\n".join(switch) + "\n```" in doc
     assert "```\n" + "\n".join(agent) + "\n```" in doc
+
+
+def test_the_architecture_doc_lists_the_rows_nodes_and_plugins_add() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    added: Table = {
+        "stop": (NoFields, _never),
+        "map": (NoFields, _never),
+        "engine": (NoFields, _never),
+        "change_links": (ChangeLinks, _never),
+        "collective": (CollectiveRequest, _never),
+    }
+    assert "```\n" + "\n".join(describe(added)) + "\n```" in doc
+
+
+async def _never(_: Any) -> dict[str, Any]:
+    raise AssertionError("not called")
+
+
+def test_typed_rows_of_nodes_and_plugins_refuse_what_is_not_their_shape() -> None:
+    with pytest.raises(RequestError, match=r"change_links\.up: 'yes' is not bool"):
+        decode(ChangeLinks, "change_links", {"pairs": [["a", "b"]], "up": "yes"})
+    with pytest.raises(RequestError, match=r"pairs\[1\]: \['b'\] is not \[a, b\] node names"):
+        decode(ChangeLinks, "change_links", {"pairs": [["a", "b"], ["b"]], "up": True})
+    with pytest.raises(RequestError, match=r"pairs: 1 to \d+ links at once"):
+        decode(ChangeLinks, "change_links", {"pairs": [], "up": True})
+    with pytest.raises(RequestError, match=r"store: \['h', '1'\] is not \[address, port\]"):
+        decode(CollectiveRequest, "collective", {"name": "bench", "store": ["h", "1"]})
+    with pytest.raises(RequestError, match=r"unknown collective job 'nope'"):
+        decode(CollectiveRequest, "collective", {"name": "nope", "store": "exact"})
+    assert decode(CollectiveRequest, "collective", {"results": True}).results

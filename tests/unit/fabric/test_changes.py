@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from rocev2_emu.control.requests import serve_table
 from rocev2_emu.fabric.changes import link_indices, switch_changes
-from rocev2_emu.fabric.exact import change_links_handler
+from rocev2_emu.fabric.exact import ChangeLinks, change_links_handler
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import TopologyError
@@ -43,16 +44,18 @@ def test_a_switch_takes_its_ports_down_and_routes_around_every_link_down_so_far(
 @pytest.mark.parametrize(
     ("msg", "match"),
     [
-        ({"pairs": [["leaf0", "spine0"]]}, "takes pairs"),
-        ({"pairs": [], "up": False}, "takes pairs"),
-        ({"pairs": ["leaf0"], "up": False}, "node names"),
-        ({"pairs": [["leaf0", "leaf1"]], "up": False}, "no link between"),
-        ({"pairs": [["leaf0", "spine0"]] * 5000, "up": False}, "at most"),
+        ({"pairs": [["leaf0", "spine0"]]}, "change_links.up: missing"),
+        ({"pairs": [], "up": False}, "change_links: pairs: 1 to 4096 links at once"),
+        ({"pairs": ["leaf0"], "up": False}, "pairs[0]: 'leaf0' is not [a, b] node names"),
+        ({"pairs": [["leaf0", "leaf1"]], "up": False}, "no link between 'leaf0' and 'leaf1'"),
+        ({"pairs": [["leaf0", "spine0"]] * 5000, "up": False}, "pairs: 1 to 4096 links at"),
     ],
 )
 async def test_a_bad_change_links_request_is_answered_and_nothing_is_asked(
     msg: dict[str, Any], match: str
 ) -> None:
     handler = change_links_handler(_topo(), None)  # type: ignore[arg-type]  # never reached
-    reply = await handler({"cmd": "change_links", **msg})
+    reply = await serve_table(
+        {"change_links": (ChangeLinks, handler)}, {"cmd": "change_links", **msg}
+    )
     assert match in reply["error"]
