@@ -115,6 +115,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "run that cannot keep up goes slower, never differently), to follow the map live",
     )
     g.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
+        "hosts), instead of one per node - the same figures, fewer processes to wake",
+    )
+    g.add_argument(
         "--ui",
         nargs="?",
         const="127.0.0.1:8080",
@@ -163,6 +170,7 @@ class BenchOptions:
     clock: str = "wall"
     tdf: float | None = None
     pace: float | None = None  # --clock exact: wall seconds per emulated second, at least
+    workers: int | None = None  # --clock exact: processes hosting the nodes (None: one each)
     show_nodes: bool = False  # list the node processes and their metrics first
     ui: str | None = None  # serve the live map here while it runs (processes)
 
@@ -171,9 +179,15 @@ class BenchOptions:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def demo(clock: str, tdf: float | None, ui: str | None = None, pace: float | None = None) -> int:
+def demo(
+    clock: str,
+    tdf: float | None,
+    ui: str | None = None,
+    pace: float | None = None,
+    workers: int | None = None,
+) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node
-    (``ui``: with the fabric's live map)."""
+    (``workers``: that many processes hosting them; ``ui``: with the fabric's live map)."""
     opts = BenchOptions(
         minbytes=1 << 10,
         maxbytes=4 << 20,
@@ -182,6 +196,7 @@ def demo(clock: str, tdf: float | None, ui: str | None = None, pace: float | Non
         clock=clock,
         tdf=tdf,
         pace=pace,
+        workers=workers,
         show_nodes=True,
         ui=ui,
     )
@@ -223,12 +238,15 @@ def main(which: str, args: BenchOptions) -> int:
     exact = args.clock == "exact" and not args.virtual
     if args.pace is not None and not exact:
         raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
+    if args.workers is not None and not exact:
+        raise ValueError("--workers groups the processes of an exact run: give --clock exact too")
     if exact and args.attach:
         raise ValueError("--clock exact starts its own fabric: not with --attach")
     tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
     if exact:
-        mode = "one process per node, clock: exact" + (
+        where = "one process per node" if args.workers is None else f"{args.workers} workers"
+        mode = f"{where}, clock: exact" + (
             f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
         )
     if args.attach:
@@ -257,6 +275,7 @@ def main(which: str, args: BenchOptions) -> int:
             quiet=not args.show_nodes,
             beside=map_task(topo, args.ui),
             pace=args.pace,
+            workers=args.workers,
         )
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)

@@ -167,9 +167,10 @@ def run_exact_job(
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
     pace: float | None = None,
+    workers: int | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any], str]:
-    """Job ``name`` on one process per node on the exact clock: (results by rank, fabric
-    counters, how the run was synchronised)."""
+    """Job ``name`` on one process per node (``workers``: that many processes hosting them) on
+    the exact clock: (results by rank, fabric counters, how the run was synchronised)."""
     outcome, synced = run_exact(
         topo,
         path,
@@ -177,6 +178,7 @@ def run_exact_job(
         quiet=quiet,
         beside=beside,
         pace=pace,
+        workers=workers,
     )
     results, fabric = outcome
     return results, fabric, synced

@@ -12,12 +12,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from rocev2_emu.cli.args import positive_float
+from rocev2_emu.cli.args import positive_float, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.tools.perftest import wait_until_listening
 
-# the clock ("exact" or "wall"), the TDF of the wall clock (None: the topology's), --ui
-Demo = Callable[[str, float | None, str | None, float | None], int]
+# the clock ("exact" or "wall"), the TDF of the wall clock (None: the topology's), --ui,
+# --pace, --workers
+Demo = Callable[[str, float | None, str | None, float | None, int | None], int]
 _DEMO: list[Demo] = []
 
 
@@ -46,6 +47,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="with --clock exact: at least N wall seconds per emulated second (still exact), to "
         "follow the map live",
     )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
+        "hosts), instead of one per node - the same figures, fewer processes to wake",
+    )
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     p.add_argument(
         "--ui",
@@ -64,7 +72,11 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--tdf dilates the wall clock: give --clock wall too")
         if args.pace is not None and args.clock != "exact":
             raise ValueError("--pace slows an exact run to the wall clock: not with --clock wall")
-        return _DEMO[0](args.clock, args.tdf, args.ui, args.pace)
+        if args.workers is not None and args.clock != "exact":
+            raise ValueError(
+                "--workers groups the processes of an exact run: not with --clock wall"
+            )
+        return _DEMO[0](args.clock, args.tdf, args.ui, args.pace, args.workers)
     return perftest_demo(args.tdf or 200.0, args.loss)
 
 

@@ -51,6 +51,13 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         help="with --clock exact: at least N wall seconds per emulated second (still exact; a "
         "run that cannot keep up goes slower, never differently), to follow the map live",
     )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
+        "hosts), instead of one per node; frames between groups still cross as datagrams",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results and counters as JSON")
     p.add_argument(
         "--ui",
@@ -95,6 +102,7 @@ def _up(args: argparse.Namespace) -> int:
         exact=args.clock == "exact",
         json_out=args.json,
         pace=_pace(args),
+        workers=_workers(args),
     )
 
 
@@ -103,6 +111,13 @@ def _pace(args: argparse.Namespace) -> float | None:
         raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
     pace: float | None = args.pace
     return pace
+
+
+def _workers(args: argparse.Namespace) -> int | None:
+    if args.workers is not None and (args.clock != "exact" or args.virtual):
+        raise ValueError("--workers groups the processes of an exact run: give --clock exact too")
+    workers: int | None = args.workers
+    return workers
 
 
 def _view_args(p: argparse.ArgumentParser) -> None:
@@ -123,7 +138,7 @@ def _view(args: argparse.Namespace) -> int:
 
 def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology")
-    p.add_argument("name")
+    p.add_argument("name", help="the node (with --clock exact and --workers: NAME,NAME,...)")
     p.add_argument("--tdf", type=float, help="override the topology's TDF")
     p.add_argument(
         "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
@@ -140,6 +155,12 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sync", metavar="HOST:PORT", help="the coordinator of an exact run (--clock exact)"
     )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="with --clock exact: the run's nodes are in N processes; NAME lists this one's",
+    )
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -152,7 +173,9 @@ def _node(args: argparse.Namespace) -> int:
         if not args.sync:
             raise ValueError("--clock exact needs --sync HOST:PORT (rocev2-emu up starts it)")
         host, _, port = args.sync.rpartition(":")
-        run_exact_node(topo, args.name, (host, int(port)), metrics=not args.no_metrics)
+        names = args.name.split(",")
+        metrics = not args.no_metrics
+        run_exact_node(topo, names, (host, int(port)), metrics=metrics, workers=args.workers)
         return 0
     trio.run(nodes.run_node, topo, args.name, opts)
     return 0

@@ -77,7 +77,7 @@ class StoreReply:
     error: str | None = None
 
     def wire(self) -> list[Any]:
-        return [self.at, self.seq, self.value, self.error]
+        return [self.at, self.origin, self.seq, self.value, self.error]
 
 
 class StoreCore:

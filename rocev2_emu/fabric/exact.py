@@ -24,7 +24,7 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -45,12 +45,12 @@ from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
-from rocev2_emu.runtime.engine import Node
+from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
-from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
+from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -82,14 +82,57 @@ def lookahead(topo: Topology) -> float:
     return delay
 
 
+def process_groups(topo: Topology, workers: int | None = None) -> list[list[str]]:
+    """The nodes each process of an exact run hosts: one node each (``workers`` None), or at
+    most ``workers`` processes, each a set of whole edge groups - a switch with the hosts
+    linked to it; a switch without hosts alone - the largest group first into the process
+    with the fewest nodes (a balance of the work, and few frames between processes).  Every
+    process computes the same groups from the topology, so each knows where the others are."""
+    if workers is None:
+        return [[name] for name in topo.nodes]
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: at least one process")
+    groups: dict[str, list[str]] = {}
+    for node in topo.nodes.values():
+        key = node.name
+        if node.kind is NodeKind.HOST and node.ports:
+            _, peer = topo.host_link(node.name)
+            if peer.kind is NodeKind.SWITCH:
+                key = peer.name
+        groups.setdefault(key, []).append(node.name)
+    bins: list[list[str]] = [[] for _ in range(min(workers, len(groups)))]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(bins, key=len).extend(group)
+    order = {name: i for i, name in enumerate(topo.nodes)}
+    return [sorted(b, key=order.__getitem__) for b in bins if b]
+
+
+def process_name(group: list[str]) -> str:
+    """How the run names a process: its nodes, comma-separated."""
+    return ",".join(group)
+
+
 def run_exact_node(
-    topo: Topology, name: str, sync: tuple[str, int], *, metrics: bool = True
+    topo: Topology,
+    names: list[str],
+    sync: tuple[str, int],
+    *,
+    metrics: bool = True,
+    workers: int | None = None,
 ) -> None:
-    """``rocev2-emu node ... --clock exact``: this node until the coordinator ends the run
-    (``metrics``: serving /metrics, in emulated time)."""
+    """``rocev2-emu node TOPOLOGY NAME[,NAME...] --clock exact``: these nodes (one process of
+    :func:`process_groups` with ``workers``) until the coordinator ends the run (``metrics``:
+    serving /metrics, in emulated time)."""
+    unknown = [n for n in names if n not in topo.nodes]
+    if unknown:
+        raise ValueError(f"{topo.path}: no node named {unknown[0]!r}")
+    groups = process_groups(topo, workers)
+    if sorted(names) not in (sorted(g) for g in groups):
+        hint = "one node" if workers is None else f"one of {[process_name(g) for g in groups]}"
+        raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
     canonical_trio_scheduler()
     try:
-        trio.run(_exact_node, topo, name, sync, metrics, clock=trio.testing.MockClock())
+        trio.run(_exact_process, topo, groups, names, sync, metrics, clock=trio.testing.MockClock())
     except BaseExceptionGroup as group:
         if group.subgroup(RunOver) is None or group.subgroup(lambda e: not isinstance(e, RunOver)):
             raise
@@ -150,22 +193,33 @@ def refusals(table: Table) -> Table:
     return {cmd: (table[cmd][0], _refuse) for cmd in REFUSED if cmd in table}
 
 
-async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics: bool) -> None:
-    node = topo.nodes.get(name)
-    if node is None:
-        raise ValueError(f"{topo.path}: no node named {name!r}")
+async def _exact_process(
+    topo: Topology,
+    groups: list[list[str]],
+    names: list[str],
+    sync: tuple[str, int],
+    metrics: bool,
+) -> None:
+    """One process of an exact run: the nodes ``names`` on one engine, wired to each other on
+    its heap and to the other processes' nodes by UDP, from the socket of its first node's
+    address (where the others send)."""
+    home = {n: process_name(g) for g in groups for n in g}
+    socket_of = {process_name(g): topo.nodes[g[0]].address for g in groups}
+    me = home[names[0]]
+    mine = [topo.nodes[n] for n in topo.nodes if n in names]  # the topology's order
     secret = auth.current()
     chan = await open_channel(sync[0], sync[1], timeout=30, wait_for_listener=False, secret=secret)
     chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
-    await chan.send({"hello": name, "origin": node.index})
-    udp = UdpPort((node.address, LINK_UDP_PORT), None, batch=False)
-    engine = ExactEngine(name, udp, chan)
-    address = node.address
+    hosts = [n.index for n in mine if n.kind is NodeKind.HOST]
+    await chan.send({"hello": me, "origin": hosts})
+    udp = UdpPort((socket_of[me], LINK_UDP_PORT), None, batch=False)
+    engine = ExactEngine(me, udp, chan)
 
     async def engine_state(_: NoFields) -> dict[str, Any]:
         """The engine's state, for the run's summary and for a run that is stuck."""
         stats = trio.lowlevel.current_statistics()
         return {
+            "process": me,
             "frame_hops": engine.hops,
             "rounds": engine.rounds,
             "now": engine.now,
@@ -181,46 +235,80 @@ async def _exact_node(topo: Topology, name: str, sync: tuple[str, int], metrics:
         "engine": (NoFields, engine_state),
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
     }
+    changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
+
+    def on_change(change: LinkChange, now: float) -> None:
+        for apply in changes:
+            apply(change, now)
+
+    engine.on_change = on_change
+    locals_: dict[str, Node] = {}
+    servers: list[WallServer] = []
     async with trio.open_nursery() as nursery:
-        local: Node
-        clock = DilatedClock(1.0)
-        if node.kind is NodeKind.SWITCH:
+        for switch_node in (n for n in mine if n.kind is NodeKind.SWITCH):  # as the virtual
+            name, address = switch_node.name, switch_node.address  # fabric adds them
             core = SwitchCore(topo.switch_config(name))
-            engine.on_change = link_changes(topo, name, core)
-            switch = EngineSwitch(core, engine, clock, (address, LINK_UDP_PORT))
-            local = switch.node
+            changes.append(link_changes(topo, name, core))
+            switch = EngineSwitch(core, engine, DilatedClock(1.0), (address, LINK_UDP_PORT))
+            locals_[name] = switch.node
             reply = control_replies(switch, {**more, **refusals(control_table(switch))})
             registry = CollectorRegistry()
             registry.register(SwitchCollector(switch))
-        else:
+            servers.append(_node_server(switch.clock, engine, registry, address, reply, metrics))
+        for host_node in (n for n in mine if n.kind is NodeKind.HOST):
+            name, address = host_node.name, host_node.address
             cfg = host_config(topo, name, 1.0, None, seeded=True)
             ctx = await nursery.start(_host_context, cfg, engine)
             assert isinstance(ctx.driver, EngineNic)
-            local = ctx.driver.node
-            clock = ctx.clock
+            locals_[name] = ctx.driver.node
             registry = nic_registry(ctx.driver, name)
             services = host_services(topo, ctx, name, registry)
             agent = host_agent(topo, ctx, name)
             refused = refusals(AgentServer(agent).table)
-            server = AgentServer(agent, {**services, **more, **refused}, secret)
-            await nursery.start(server.keep_jobs)
-            reply = server.dispatch
-        for index, (link, peer) in enumerate(node.ports):
-            far = topo.nodes[peer]
-            faults = link_faults(topo, link)
-            engine.link(
-                RemoteLink(local, index, link.vni, peer, (far.address, LINK_UDP_PORT), faults)
+            agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
+            await nursery.start(agent_server.keep_jobs)
+            servers.append(
+                _node_server(ctx.clock, engine, registry, address, agent_server.dispatch, metrics)
             )
-        clock.threadsafe = lambda: engine.events.now  # the metrics thread reads emulated time
-        if metrics:
-            serve(registry, METRICS_PORT, addr=address)
-        await WallServer((address, CONTROL_PORT), reply, secret).start()
+        for link in topo.links:
+            ends = [(end, _port(topo, end, link)) for end in (link.a, link.b)]
+            faults = link_faults(topo, link)
+            if all(end in locals_ for end, _ in ends):
+                (a, a_port), (b, b_port) = ends
+                engine.connect(locals_[a], a_port, locals_[b], b_port, (faults, faults))
+                continue
+            for (end, port), (peer, _) in ((ends[0], ends[1]), (ends[1], ends[0])):
+                if end in locals_:
+                    far = (socket_of[home[peer]], LINK_UDP_PORT)
+                    engine.link(RemoteLink(locals_[end], port, link.vni, home[peer], far, faults))
+        for wall in servers:
+            await wall.start()
         await nursery.start(engine.run)
-        print(
-            f"READY {name} metrics=http://{address}:{METRICS_PORT}/metrics "
-            f"control={address}:{CONTROL_PORT} clock=exact",
-            flush=True,
-        )
+        for node in mine:
+            print(
+                f"READY {node.name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+                f"control={node.address}:{CONTROL_PORT} clock=exact",
+                flush=True,
+            )
+
+
+def _port(topo: Topology, name: str, link: Link) -> int:
+    return next(i for i, (lk, _) in enumerate(topo.nodes[name].ports) if lk is link)
+
+
+def _node_server(
+    clock: DilatedClock,
+    engine: ExactEngine,
+    registry: CollectorRegistry,
+    address: str,
+    reply: Callable[[Any], Awaitable[Any]],
+    metrics: bool,
+) -> WallServer:
+    """A node's control port (and /metrics, reading emulated time from its thread)."""
+    clock.threadsafe = lambda: engine.events.now
+    if metrics:
+        serve(registry, METRICS_PORT, addr=address)
+    return WallServer((address, CONTROL_PORT), reply, auth.current())
 
 
 def link_changes(
@@ -281,8 +369,11 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     coordinator.hold()
     stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
     fabric = merge_stats(stats)
-    hops = [await control(n.address, {"cmd": "engine"}) for n in topo.nodes.values()]
-    fabric["frame_hops"] = sum(int(h["frame_hops"]) for h in hops)
+    hops: dict[str, int] = {}  # by process: the nodes of one share its engine
+    for node in topo.nodes.values():
+        state = await control(node.address, {"cmd": "engine"})
+        hops[str(state.get("process", node.name))] = int(state["frame_hops"])
+    fabric["frame_hops"] = sum(hops.values())
     await coordinator.finish()
     return fabric
 

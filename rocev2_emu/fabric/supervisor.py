@@ -27,7 +27,13 @@ import trio.abc
 
 from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob, lookahead
+from rocev2_emu.fabric.exact import (
+    FLOW_START,
+    ExactFlowsJob,
+    lookahead,
+    process_groups,
+    process_name,
+)
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
@@ -49,17 +55,19 @@ class FabricJob(Protocol):
 
 
 async def _read_ready(name: str, proc: trio.Process, ready: dict[str, str]) -> None:
+    """The READY line of each node of process ``name`` (its nodes, comma-separated)."""
     assert proc.stdout is not None
+    nodes = name.split(",")
     buf = b""
-    while b"\n" not in buf:
+    while buf.count(b"\n") < len(nodes):
         chunk = await proc.stdout.receive_some(4096)
         if not chunk:
             raise RuntimeError(f"node {name} exited before it was ready (code {proc.poll()})")
         buf += chunk
-    line = buf.split(b"\n", 1)[0].decode()
-    if not line.startswith("READY "):
-        raise RuntimeError(f"node {name} said {line!r} instead of READY")
-    ready[name] = line
+    for line in buf.decode().splitlines()[: len(nodes)]:
+        if not line.startswith("READY ") or line.split()[1] not in nodes:
+            raise RuntimeError(f"node {name} said {line!r} instead of READY")
+        ready[line.split()[1]] = line
 
 
 async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> None:
@@ -103,9 +111,16 @@ async def _watch(
 
 
 def _node_command(
-    topo_path: str, name: str, tdf: float, epoch: float, sync: tuple[str, int] | None = None
+    topo_path: str,
+    name: str,
+    tdf: float,
+    epoch: float,
+    sync: tuple[str, int] | None = None,
+    workers: int | None = None,
 ) -> list[str]:
     exact = [] if sync is None else ["--clock", "exact", "--sync", f"{sync[0]}:{sync[1]}"]
+    if workers is not None:
+        exact += ["--workers", str(workers)]
     return [
         sys.executable,
         "-m",
@@ -175,11 +190,14 @@ async def _supervise(
     only: Collection[str] | None = None,
     beside: Callable[..., Awaitable[None]] | None = None,
     coordinator: Coordinator | None = None,
+    workers: int | None = None,
 ) -> Any:
     """Start every node (``only``: these), run ``job`` (or wait for Ctrl-C), stop; the job's
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
     (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
-    ``coordinator``: an exact run - it is served here and every node synchronises with it."""
+    ``coordinator``: an exact run - it is served here and every node synchronises with it;
+    ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.exact.process_groups`)
+    rather than one each."""
     refuse_taken(topo, topo_path, [n for n in topo.nodes if only is None or n in only])
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
@@ -195,11 +213,12 @@ async def _supervise(
                 coordinator.secret = secret
                 sync = await nursery.start(coordinator.serve)
             tails: dict[str, deque[str]] = {}
-            for name in topo.nodes:
+            groups = process_groups(topo, workers if coordinator is not None else None)
+            for name in map(process_name, groups):
                 if only is not None and name not in only:
                     continue
                 procs[name] = await trio.lowlevel.open_process(
-                    _node_command(topo_path, name, tdf, epoch, sync),
+                    _node_command(topo_path, name, tdf, epoch, sync, workers),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env=env,
@@ -214,8 +233,10 @@ async def _supervise(
                 )
             if not quiet:
                 clock = "clock: exact" if coordinator is not None else f"clock: wall, TDF {tdf:g}"
-                print(f"# {topo.name}: {len(procs)} node processes ready, {clock}")
-                for name in procs:
+                nodes = [n for n in topo.nodes if n in ready]
+                many = f" ({len(nodes)} nodes)" if len(nodes) != len(procs) else ""
+                print(f"# {topo.name}: {len(procs)} node processes{many} ready, {clock}")
+                for name in nodes:
                     print(f"  {name:>10}  {ready[name].split(' ', 2)[2]}")
             if beside is not None:
                 await nursery.start(beside)
@@ -297,9 +318,11 @@ def up(
     exact: bool = False,
     json_out: str | None = None,
     pace: float | None = None,
+    workers: int | None = None,
 ) -> int:
     """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time;
-    ``exact``: node processes synchronised on emulated time); ``beside``: a task alongside the
+    ``exact``: node processes synchronised on emulated time, ``workers``: that many processes
+    hosting them, not one per node); ``beside``: a task alongside the
     running fabric (the map of ``--ui``); in virtual time, ``watch``: an observer of the run
     (the recorder of ``--record``); ``json_out``: the results and counters as JSON too."""
     flows = load_flows(flows_path, topo) if flows_path else None
@@ -312,13 +335,14 @@ def up(
             raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
         try:
             results, fabric, synced = _run_exact(
-                topo, topo_path, flows, beside, FLOW_START, quiet=False, pace=pace
+                topo, topo_path, flows, beside, FLOW_START, quiet=False, pace=pace, workers=workers
             )
         except SyncError as exc:
             print(f"rocev2-emu up: {exc}", file=sys.stderr)
             return 1
         write_json(json_out, results, fabric)
-        mode = f"local processes, clock: exact ({synced})"
+        where = "local processes" if workers is None else f"{workers} worker processes"
+        mode = f"{where}, clock: exact ({synced})"
         return report(topo, None, mode, results, fabric)
     tdf = tdf or topo.tdf
     try:
@@ -346,6 +370,7 @@ def _run_exact(
     *,
     quiet: bool = True,
     pace: float | None = None,
+    workers: int | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any], str]:
     """The flows on node processes on the exact clock: their results, the fabric's counters and
     how it was synchronised (:meth:`Coordinator.summary`); a SyncError (one line) if the run
@@ -357,6 +382,7 @@ def _run_exact(
         quiet=quiet,
         beside=beside,
         pace=pace,
+        workers=workers,
     )
     results, fabric = outcome
     return results, fabric, synced
@@ -370,18 +396,23 @@ def run_exact(
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
     pace: float | None = None,
+    workers: int | None = None,
 ) -> tuple[Any, str]:
-    """One process per node on the exact clock, synchronised by a coordinator served here, and
+    """One process per node (``workers``: that many processes, each hosting a group of nodes) on
+    the exact clock, synchronised by a coordinator served here, and
     the job ``make_job(coordinator)`` on them: its outcome and how the run was synchronised
     (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`); a
     SyncError (one line) when the run could not go on (a node died or went silent).
     ``pace``: at least that many wall seconds per emulated second; a terminal on stderr gets
     the progress line."""
     terminal = sys.stderr if sys.stderr.isatty() else None
-    coordinator = Coordinator(list(topo.nodes), lookahead(topo), b"", pace=pace, progress=terminal)
+    names = [process_name(g) for g in process_groups(topo, workers)]
+    coordinator = Coordinator(names, lookahead(topo), b"", pace=pace, progress=terminal)
     job = make_job(coordinator)
     try:
-        outcome = trio.run(_supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator)
+        outcome = trio.run(
+            _supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator, workers
+        )
     except BaseExceptionGroup as group:
         sync = group.subgroup(SyncError)
         if sync is None:

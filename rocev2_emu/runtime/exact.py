@@ -122,8 +122,10 @@ class ExactEngine(Engine):
         self._poke: trio.CancelScope | None = None
         self._backlog: list[tuple[bytes, tuple[str, int]]] = []
         self._store_out: list[StoreOp] = []  # store operations since the last report
-        self._store_waiters: dict[int, StoreWaiter] = {}
-        self._replies: list[tuple[float, int, StoreReply]] = []  # a heap, by arrival
+        self._store_waiters: dict[tuple[int, int], StoreWaiter] = {}  # by (host, seq)
+        # a heap by arrival, then the store's order (several hosts' replies may land at once)
+        self._replies: list[tuple[float, int, StoreReply]] = []
+        self._replies_seen = 0
         self._changes_out: list[LinkChange] = []  # asked for since the last report
         self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
         self._changes_seen = 0
@@ -143,7 +145,7 @@ class ExactEngine(Engine):
     def store_call(self, op: StoreOp) -> StoreWaiter:
         """Send ``op`` to the store (with the next report); its reply lands in the waiter at
         the emulated time it arrives."""
-        waiter = self._store_waiters[op.seq] = StoreWaiter()
+        waiter = self._store_waiters[op.origin, op.seq] = StoreWaiter()
         self._store_out.append(op)
         if op.at < self._inflight:
             self._inflight = op.at
@@ -155,7 +157,7 @@ class ExactEngine(Engine):
         woke = False
         while replies and replies[0][0] <= now:
             _, _, reply = heapq.heappop(replies)
-            waiter = self._store_waiters.pop(reply.seq, None)
+            waiter = self._store_waiters.pop((reply.origin, reply.seq), None)
             if waiter is not None:
                 waiter.deliver(reply)
                 woke = True
@@ -334,9 +336,10 @@ class ExactEngine(Engine):
                 raise SyncError(f"{self.name}: the run was stopped: {why}")
             self.rounds += 1
             self._inflight = math.inf
-            for at, seq, value, error in msg.get("store", ()):
-                reply = StoreReply(float(at), -1, int(seq), value, error)
-                heapq.heappush(self._replies, (reply.at, reply.seq, reply))
+            for at, origin, seq, value, error in msg.get("store", ()):
+                reply = StoreReply(float(at), int(origin), int(seq), value, error)
+                self._replies_seen += 1
+                heapq.heappush(self._replies, (reply.at, self._replies_seen, reply))
             for item in msg.get("changes", ()):
                 change = LinkChange.from_wire(item)
                 if change.at is None:

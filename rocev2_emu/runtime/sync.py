@@ -234,8 +234,9 @@ STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run 
 class Coordinator:
     """The windows of a synchronised run, for ``names`` (every process of the fabric), on the
     real clock.  Nodes connect (:func:`~rocev2_emu.control.channel.open_channel`, proving the
-    fabric's secret), say ``{"hello": name}``, then report and wait for each window.  While
-    :attr:`held` (a job setting up, or reading counters) no window is granted."""
+    fabric's secret), say ``{"hello": name, "origin": [host index, ...]}`` (the hosts whose
+    store operations it sends), then report and wait for each window.  While :attr:`held` (a
+    job setting up, or reading counters) no window is granted."""
 
     def __init__(
         self,
@@ -335,9 +336,10 @@ class Coordinator:
             if name not in self.names or name in self._chans:
                 await chan.send({"stop": f"{name!r} is not a node of this run, or came twice"})
                 return
-            origin = hello.get("origin")
-            if isinstance(origin, int):
-                self._origins[origin] = name
+            origins = hello.get("origin")  # the host index(es) whose store operations it sends
+            for origin in origins if isinstance(origins, list) else [origins]:
+                if isinstance(origin, int) and not isinstance(origin, bool):
+                    self._origins[origin] = name
             link = mine = SyncLink(chan)
             self._chans[name] = link
             if len(self._chans) == len(self.names):

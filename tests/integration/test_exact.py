@@ -42,15 +42,23 @@ def _up(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess[st
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("topology", "flows", "loss", "pace"),
+    ("topology", "flows", "loss", "pace", "workers"),
     [
-        ("single-switch", "incast-4to1", None, None),  # PFC, ECN marks, CNPs, DCQCN
-        ("leaf-spine", "leaf-spine-shift", "0.002", None),  # ECMP, losses, retransmits, a timeout
-        ("single-switch", "incast-4to1", None, "10000"),  # paced: slower, the same run
+        ("single-switch", "incast-4to1", None, None, None),  # PFC, ECN marks, CNPs, DCQCN
+        # ECMP, losses, retransmits, a timeout
+        ("leaf-spine", "leaf-spine-shift", "0.002", None, None),
+        ("single-switch", "incast-4to1", None, "10000", None),  # paced: slower, the same run
+        # three processes of edge groups: frames between them cross, the rest stay on a heap
+        ("leaf-spine", "leaf-spine-shift", "0.002", None, "3"),
     ],
 )
 def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_busy(
-    tmp_path: Path, topology: str, flows: str, loss: str | None, pace: str | None
+    tmp_path: Path,
+    topology: str,
+    flows: str,
+    loss: str | None,
+    pace: str | None,
+    workers: str | None,
 ) -> None:
     topo = ROOT / "examples" / "topologies" / f"{topology}.toml"
     if loss is not None:
@@ -63,11 +71,14 @@ def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_b
     assert done.returncode == 0, done.stderr[-2000:]
     with cpu_burners():
         paced = ["--pace", pace] if pace else []
+        paced += ["--workers", workers] if workers else []
         done = _up(
             [str(topo), "--clock", "exact", *paced, "--flows", flow_file, "--json", str(exact)]
         )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clock: exact" in done.stdout
+    if workers:
+        assert f"{workers} node processes (14 nodes) ready" in done.stdout
     assert "rocev2-emu node: error" not in done.stderr  # the nodes ended quietly
     assert exact.read_bytes() == virtual.read_bytes()
     if loss is not None:
@@ -82,17 +93,17 @@ def _table(out: str) -> list[str]:
 
 
 def _virtual_then_exact(
-    bench: list[str],
+    bench: list[str], exact_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    """``bench`` in virtual time, then with processes on the exact clock beside two CPU
-    burners; both must succeed."""
+    """``bench`` in virtual time, then with processes on the exact clock (and ``exact_args``)
+    beside two CPU burners; both must succeed."""
     virtual = subprocess.run(
         [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert virtual.returncode == 0, virtual.stderr[-2000:]
     with cpu_burners():
         exact = subprocess.run(
-            [*bench, "--clock", "exact"],
+            [*bench, "--clock", "exact", *exact_args],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -110,6 +121,18 @@ def test_the_all_reduce_with_processes_prints_the_virtual_table_while_the_cpus_a
     bench = [*EXE, "bench", "all-reduce", "-b", "1K", "-e", "256K", "-n", "2", "--algo", "ring"]
     virtual, exact = _virtual_then_exact(bench)
     assert "clock: exact" in exact.stdout and "clock: exact" in exact.stderr
+    assert _table(exact.stdout) == _table(virtual.stdout)
+    assert "Out of bounds values : 0 OK" in exact.stdout
+
+
+@pytest.mark.timeout(900)
+def test_the_all_reduce_on_two_worker_processes_prints_the_virtual_table() -> None:
+    """``--workers 2``: each process hosts a spine, two leaves and their four hosts on one
+    engine; the ranks of one process reach the store each as its own host, their replies
+    sorted back to them, and the table is the virtual run's."""
+    bench = [*EXE, "bench", "all-reduce", "-b", "1K", "-e", "256K", "-n", "2", "--algo", "ring"]
+    virtual, exact = _virtual_then_exact(bench, ("--workers", "2"))
+    assert "2 workers, clock: exact" in exact.stdout
     assert _table(exact.stdout) == _table(virtual.stdout)
     assert "Out of bounds values : 0 OK" in exact.stdout
 

@@ -1,0 +1,68 @@
+"""How an exact run with ``--workers N`` places its nodes in processes
+(rocev2_emu/fabric/exact.py ``process_groups``): whole edge groups (a switch with its hosts),
+every node in exactly one process, balanced, the same answer in every process; a node process
+asked to host what is not one of them says so."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import pytest
+
+from rocev2_emu.fabric.exact import process_groups, process_name, run_exact_node
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine, single_switch
+from rocev2_emu.topology.model import NodeKind
+
+
+def _leaf_spine() -> Any:
+    return parse(tomllib.loads(leaf_spine(2, 4, 2)), "leaf-spine.toml")
+
+
+def test_without_workers_every_node_is_its_own_process() -> None:
+    topo = _leaf_spine()
+    assert process_groups(topo) == [[name] for name in topo.nodes]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5, 6, 40])
+def test_workers_hold_whole_edge_groups_every_node_once_and_balanced(workers: int) -> None:
+    topo = _leaf_spine()
+    groups = process_groups(topo, workers)
+    placed = [name for group in groups for name in group]
+    assert sorted(placed) == sorted(topo.nodes)  # every node, once
+    assert len(groups) == min(workers, 6)  # 4 leaf groups and 2 spines: at most 6 processes
+    home = {name: i for i, group in enumerate(groups) for name in group}
+    for leaf in ("leaf0", "leaf1", "leaf2", "leaf3"):  # a leaf and its two hosts together
+        peers = [peer for _, peer in topo.nodes[leaf].ports]
+        hosts = [peer for peer in peers if topo.nodes[peer].kind is NodeKind.HOST]
+        assert len(hosts) == 2
+        assert {home[h] for h in hosts} == {home[leaf]}
+    sizes = sorted(len(g) for g in groups)
+    assert sizes[-1] - sizes[0] <= 3  # no process has more than one edge group more
+    order = list(topo.nodes)
+    assert all(g == sorted(g, key=order.index) for g in groups)  # in the topology's order
+    assert process_groups(topo, workers) == groups  # what every process computes alike
+
+
+def test_two_workers_split_the_leaf_spine_in_halves() -> None:
+    groups = process_groups(_leaf_spine(), 2)
+    assert [len(g) for g in groups] == [7, 7]
+    assert process_name(groups[0]) == "spine0,leaf0,leaf2,h0,h1,h4,h5"
+
+
+def test_one_switch_and_its_hosts_stay_one_process_however_many_workers() -> None:
+    topo = parse(tomllib.loads(single_switch(4)), "single-switch.toml")
+    assert process_groups(topo, 4) == [list(topo.nodes)]
+
+
+def test_a_node_process_refuses_what_is_not_one_of_the_runs_processes() -> None:
+    topo = _leaf_spine()
+    with pytest.raises(ValueError, match="no node named 'h99'"):
+        run_exact_node(topo, ["h99"], ("127.0.0.1", 1), workers=2)
+    with pytest.raises(ValueError, match=r"h0,h1: a process of this run hosts one of \["):
+        run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1), workers=2)
+    with pytest.raises(ValueError, match="a process of this run hosts one node"):
+        run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1))
+    with pytest.raises(ValueError, match="at least one process"):
+        process_groups(topo, 0)
