@@ -200,9 +200,14 @@ def demo(
         show_nodes=True,
         ui=ui,
     )
+    where = (
+        "every switch and host a process on 127.10.x.y"
+        if workers is None
+        else f"the 14 switches and hosts in at most {workers} processes, each at its 127.10.x.y"
+    )
     print(
         "rocev2-emu demo: ring all-reduce across the shipped leaf-spine (2 spines, 4 leaves, "
-        "8 hosts): every switch and host a process on 127.10.x.y, real RoCEv2 frames over "
+        f"8 hosts): {where}, real RoCEv2 frames over "
         "VXLAN links.  Each node serves Prometheus metrics at http://<its address>:9100/metrics "
         "while the demo runs (the list follows); `rocev2-emu up` keeps a fabric running.\n"
     )

@@ -264,6 +264,13 @@ def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
 
     assert main(["demo", "--tdf", "100"]) == 1
     assert "--tdf dilates the wall clock: give --clock wall too" in capsys.readouterr().err
+    assert main(["demo", "--clock", "wall", "--workers", "2"]) == 1
+    assert "--workers groups the processes of an exact run" in capsys.readouterr().err
+    topo = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
+    assert main(["up", topo, "--virtual", "--workers", "2"]) == 1
+    assert "--workers groups the processes of an exact run" in capsys.readouterr().err
+    assert main(["bench", "all-reduce", "--workers", "2"]) == 1
+    assert "--workers groups the processes of an exact run" in capsys.readouterr().err
     assert main(["scenario", "dilation", "--clock", "exact"]) == 2
     assert "it measures the wall clock's dilation" in capsys.readouterr().err
 
