@@ -24,7 +24,7 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -46,8 +46,8 @@ from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.events import Node
-from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, WallServer
-from rocev2_emu.runtime.metrics import serve
+from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, Reply, WallServer
+from rocev2_emu.runtime.metrics import serve_nodes
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
 from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
@@ -243,7 +243,8 @@ async def _exact_process(
 
     engine.on_change = on_change
     locals_: dict[str, Node] = {}
-    servers: list[WallServer] = []
+    ports: dict[tuple[str, int], Reply] = {}  # every node's control port, and /metrics
+    registries: dict[str, CollectorRegistry] = {}
     async with trio.open_nursery() as nursery:
         for switch_node in (n for n in mine if n.kind is NodeKind.SWITCH):  # as the virtual
             name, address = switch_node.name, switch_node.address  # fabric adds them
@@ -254,7 +255,8 @@ async def _exact_process(
             reply = control_replies(switch, {**more, **refusals(control_table(switch))})
             registry = CollectorRegistry()
             registry.register(SwitchCollector(switch))
-            servers.append(_node_server(switch.clock, engine, registry, address, reply, metrics))
+            switch.clock.threadsafe = lambda: engine.events.now  # for /metrics' thread
+            ports[address, CONTROL_PORT], registries[address] = reply, registry
         for host_node in (n for n in mine if n.kind is NodeKind.HOST):
             name, address = host_node.name, host_node.address
             cfg = host_config(topo, name, 1.0, None, seeded=True)
@@ -267,9 +269,8 @@ async def _exact_process(
             refused = refusals(AgentServer(agent).table)
             agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
             await nursery.start(agent_server.keep_jobs)
-            servers.append(
-                _node_server(ctx.clock, engine, registry, address, agent_server.dispatch, metrics)
-            )
+            ctx.clock.threadsafe = lambda: engine.events.now
+            ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
         for link in topo.links:
             ends = [(end, _port(topo, end, link)) for end in (link.a, link.b)]
             faults = link_faults(topo, link)
@@ -281,8 +282,9 @@ async def _exact_process(
                 if end in locals_:
                     far = (socket_of[home[peer]], LINK_UDP_PORT)
                     engine.link(RemoteLink(locals_[end], port, link.vni, home[peer], far, faults))
-        for wall in servers:
-            await wall.start()
+        if metrics:
+            serve_nodes(registries, METRICS_PORT)
+        await WallServer(ports, secret).start()
         await nursery.start(engine.run)
         for node in mine:
             print(
@@ -294,21 +296,6 @@ async def _exact_process(
 
 def _port(topo: Topology, name: str, link: Link) -> int:
     return next(i for i, (lk, _) in enumerate(topo.nodes[name].ports) if lk is link)
-
-
-def _node_server(
-    clock: DilatedClock,
-    engine: ExactEngine,
-    registry: CollectorRegistry,
-    address: str,
-    reply: Callable[[Any], Awaitable[Any]],
-    metrics: bool,
-) -> WallServer:
-    """A node's control port (and /metrics, reading emulated time from its thread)."""
-    clock.threadsafe = lambda: engine.events.now
-    if metrics:
-        serve(registry, METRICS_PORT, addr=address)
-    return WallServer((address, CONTROL_PORT), reply, auth.current())
 
 
 def link_changes(

@@ -406,20 +406,21 @@ class ExactEngine(Engine):
             until = await self._barrier()
 
 
-class WallServer:
-    """A control port of an exact process, served on the wall clock in a thread of its own:
-    its deadlines (a client that does not authenticate, a half-sent request) are real seconds
-    and never emulated events, which would move the fabric's clock.  Each request is answered
-    by ``reply`` inside the emulation's trio run, at its current emulated instant."""
+Reply = Callable[[Any], Awaitable[Any]]
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        reply: Callable[[Any], Awaitable[Any]],
-        secret: bytes,
-    ) -> None:
-        self.address = address
-        self.reply = reply
+
+class WallServer:
+    """The control ports of an exact process (one per node it hosts), served on the wall clock
+    in one thread of their own: their deadlines (a client that does not authenticate, a
+    half-sent request) are real seconds and never emulated events, which would move the
+    fabric's clock.  Each request to ``address`` is answered by ``ports[address]`` inside the
+    emulation's trio run, at its current emulated instant; every port has its own connection
+    limits (:func:`~rocev2_emu.control.channel.connection_limit`).  One thread, not one per
+    node: a process hosting a hundred nodes (``--workers``) would otherwise carry a hundred
+    event loops beside its engine."""
+
+    def __init__(self, ports: dict[tuple[str, int], Reply], secret: bytes) -> None:
+        self.ports = ports
         self.secret = secret
         self._token: trio.lowlevel.TrioToken | None = None
         self._ready = threading.Event()
@@ -442,15 +443,24 @@ class WallServer:
             self._ready.set()
 
     async def _serve(self) -> None:
-        listeners = await trio.open_tcp_listeners(self.address[1], host=self.address[0])
+        served = []
+        for (host, port), reply in self.ports.items():
+            listeners = await trio.open_tcp_listeners(port, host=host)
+            served.append((connection_limit(self._connection(reply)), listeners))
         self._ready.set()
-        await trio.serve_listeners(connection_limit(self._connection), listeners)
+        async with trio.open_nursery() as nursery:
+            for handler, listeners in served:
+                nursery.start_soon(trio.serve_listeners, handler, listeners)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_requests(stream, self._bridge, timeout=3600.0, secret=self.secret)
-
-    async def _bridge(self, msg: Any) -> Any:
+    def _connection(self, reply: Reply) -> Callable[[trio.SocketStream], Awaitable[None]]:
         token = self._token
-        return await trio.to_thread.run_sync(
-            lambda: trio.from_thread.run(self.reply, msg, trio_token=token)
-        )
+
+        async def bridge(msg: Any) -> Any:
+            return await trio.to_thread.run_sync(
+                lambda: trio.from_thread.run(reply, msg, trio_token=token)
+            )
+
+        async def connection(stream: trio.SocketStream) -> None:
+            await serve_requests(stream, bridge, timeout=3600.0, secret=self.secret)
+
+        return connection
