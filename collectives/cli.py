@@ -364,7 +364,7 @@ def _run_virtual_bench(which: str, args: argparse.Namespace) -> int:
         raise ValueError(
             f"unknown bench virtual cases {unknown} (known: {list(virtual_bench.CASES)})"
         )
-    return virtual_bench.main(args.cases)
+    return virtual_bench.main(args.cases, workers=args.workers)
 
 
 def register() -> None:

@@ -11,6 +11,11 @@ The cases (issue #12's yardsticks):
 Each case runs in a fresh Python process (``python -m collectives.bench.virtual CASE``) so its
 peak resident memory is its own; the wall time counts building the fabric (every NIC, switch,
 QP connection) and the run, not the interpreter's start.
+
+``--workers N`` runs each case split over N processes instead (an exact run:
+:func:`rocev2_emu.fabric.exact.process_groups` places the nodes, a coordinator grants windows of
+emulated time): the same frame-hops and emulated time, and the wall time now counts starting
+the N node processes too; the peak memory is the largest process's.
 """
 
 from __future__ import annotations
@@ -21,21 +26,26 @@ import math
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
+from pathlib import Path
+from resource import RUSAGE_CHILDREN, RUSAGE_SELF
 from typing import Any, Final
 
 import numpy as np
 
 from collectives.comm.communicator import Communicator
 from collectives.jobs.job import run_virtual
+from collectives.jobs.launch import run_exact_job
 from collectives.jobs.registry import job
 from rocev2_emu import cores
-from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.agent import FlowResult, FlowSpec
+from rocev2_emu.fabric.supervisor import run_flow_job
 from rocev2_emu.fabric.virtual import run_flows_virtual
 from rocev2_emu.topology.file import parse
-from rocev2_emu.topology.generate import fat_tree, leaf_spine
+from rocev2_emu.topology.generate import fat_tree, leaf_spine, to_toml
 from rocev2_emu.topology.model import Topology
 
 CASES: Final = {
@@ -58,28 +68,55 @@ async def all_reduce_once(comm: Communicator, p: dict[str, Any]) -> float:
     return comm.ctx.now() - start
 
 
-def _topology(text: str, *, dcqcn: bool | None = None) -> Topology:
+Run = Callable[[int | None], tuple[dict[str, Any], float]]  # workers -> counters, emulated s
+
+
+def _data(text: str, dcqcn: bool | None) -> dict[str, Any]:
     data = tomllib.loads(text)
     if dcqcn is not None:
         data["dcqcn"]["enabled"] = dcqcn
         data["ecn"]["enabled"] = dcqcn
-    return parse(data, "<bench virtual>")
+    return data
 
 
-def _all_reduce(text: str, nbytes: int) -> Callable[[], tuple[dict[str, Any], float]]:
-    def run() -> tuple[dict[str, Any], float]:
-        results, fabric = run_virtual(_topology(text), "all-reduce-once", {"bytes": nbytes})
+def _on(text: str, workers: int | None, dcqcn: bool | None, go: Callable[..., Any]) -> Any:
+    """``go(topology, path)``: in this process (no path), or with the topology written to a
+    file the ``workers`` node processes read, removed after."""
+    data = _data(text, dcqcn)
+    if workers is None:
+        return go(parse(data, "<bench virtual>"), "")
+    with tempfile.TemporaryDirectory(prefix="rocev2-emu-bench-") as tmp:
+        path = Path(tmp) / "bench.toml"
+        path.write_text(to_toml(data))
+        return go(parse(data, str(path)), str(path))
+
+
+def _all_reduce(text: str, nbytes: int) -> Run:
+    name, params = "all-reduce-once", {"bytes": nbytes}
+
+    def run(workers: int | None) -> tuple[dict[str, Any], float]:
+        def on(topo: Topology, path: str) -> tuple[dict[int, Any], dict[str, Any]]:
+            if workers is None:
+                return run_virtual(topo, name, params)
+            results, fabric, _ = run_exact_job(topo, path, name, params, workers=workers)
+            return results, fabric
+
+        results, fabric = _on(text, workers, None, on)
         return fabric, max(results.values())
 
     return run
 
 
-def _incast(dcqcn: bool) -> Callable[[], tuple[dict[str, Any], float]]:
-    def run() -> tuple[dict[str, Any], float]:
-        topo = _topology(fat_tree(16), dcqcn=dcqcn)
-        hosts = [h.name for h in topo.hosts]
-        flows = [FlowSpec(i, src, hosts[-1], 64 << 10) for i, src in enumerate(hosts[:-1])]
-        results, fabric = run_flows_virtual(topo, flows)
+def _incast(dcqcn: bool) -> Run:
+    def run(workers: int | None) -> tuple[dict[str, Any], float]:
+        def on(topo: Topology, path: str) -> tuple[list[FlowResult], dict[str, Any]]:
+            hosts = [h.name for h in topo.hosts]
+            flows = [FlowSpec(i, src, hosts[-1], 64 << 10) for i, src in enumerate(hosts[:-1])]
+            if workers is None:
+                return run_flows_virtual(topo, flows)
+            return run_flow_job(topo, path, 1.0, flows, exact=True, workers=workers)
+
+        results, fabric = _on(fat_tree(16), workers, dcqcn, on)
         if not all(r.verified for r in results):
             raise AssertionError("a flow of the incast did not arrive intact")
         return fabric, max(r.fct for r in results)
@@ -87,7 +124,7 @@ def _incast(dcqcn: bool) -> Callable[[], tuple[dict[str, Any], float]]:
     return run
 
 
-RUNS: Final[dict[str, Callable[[], Callable[[], tuple[dict[str, Any], float]]]]] = {
+RUNS: Final[dict[str, Callable[[], Run]]] = {
     "a": lambda: _all_reduce(leaf_spine(2, 4, 2), 4 << 20),
     "b": lambda: _all_reduce(fat_tree(8), 1 << 20),
     "c-pfc": lambda: _incast(False),
@@ -95,26 +132,33 @@ RUNS: Final[dict[str, Callable[[], Callable[[], tuple[dict[str, Any], float]]]]]
 }
 
 
-def measure(case: str) -> dict[str, Any]:
-    """Run one case in this process: its frame-hops, wall seconds, emulated seconds, memory."""
+def measure(case: str, workers: int | None = None) -> dict[str, Any]:
+    """Run one case in this process (``workers``: over that many node processes): its
+    frame-hops, wall seconds, emulated seconds, memory (the largest process's)."""
     run = RUNS[case]()
     start = time.perf_counter()
-    fabric, emulated = run()
+    fabric, emulated = run(workers)
     wall = time.perf_counter() - start
+    peak = max(resource.getrusage(who).ru_maxrss for who in (RUSAGE_SELF, RUSAGE_CHILDREN))
     return {
         "case": case,
         "hops": fabric["frame_hops"],
         "wall_s": wall,
         "emulated_s": emulated,
-        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mib": peak / 1024,
         "pfc_frames": fabric["pfc_tx"],
         "drops": sum(fabric["drops"].values()),
     }
 
 
-def main(cases: list[str], timeout: float = 3600.0) -> int:
-    """Each case in its own process; print one line per case."""
-    print("# rocev2-emu bench virtual: frame-hops per second of wall time (one core)")
+def main(cases: list[str], timeout: float = 3600.0, workers: int | None = None) -> int:
+    """Each case in its own process (``workers``: split over that many); one line per case."""
+    where = (
+        "one process, one core"
+        if workers is None
+        else f"split over {workers} worker processes on the exact clock"
+    )
+    print(f"# rocev2-emu bench virtual: frame-hops per second of wall time ({where})")
     print(f"# {cores.describe()}")
     print(
         f"# {'case':8} {'frame-hops':>11} {'wall s':>8} {'hops/s':>9} {'peak MiB':>9} "
@@ -123,7 +167,8 @@ def main(cases: list[str], timeout: float = 3600.0) -> int:
     failed = 0
     for case in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "collectives.bench.virtual", case],
+            [sys.executable, "-m", "collectives.bench.virtual", case]
+            + ([] if workers is None else ["--workers", str(workers)]),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -146,8 +191,9 @@ def main(cases: list[str], timeout: float = 3600.0) -> int:
 def _child() -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.bench.virtual")
     p.add_argument("case", choices=list(RUNS))
+    p.add_argument("--workers", type=int, help="split the fabric over N processes (exact)")
     args = p.parse_args()
-    print(json.dumps(measure(args.case)))
+    print(json.dumps(measure(args.case, args.workers)))
     return 0
 
 

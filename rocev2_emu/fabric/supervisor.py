@@ -292,12 +292,13 @@ def run_flow_job(
     *,
     exact: bool = False,
     t0: float = FLOW_START,
+    workers: int | None = None,
 ) -> tuple[list[FlowResult], dict[str, Any]]:
     """One process per node, the flows, then stop: their results and the fabric's counters
     (``beside``: a task alongside, the map; ``exact``: on the exact clock, the flows starting
-    at emulated ``t0``)."""
+    at emulated ``t0``, on ``workers`` processes if given)."""
     if exact:
-        results, fabric, _ = _run_exact(topo, topo_path, flows, beside, t0)
+        results, fabric, _ = _run_exact(topo, topo_path, flows, beside, t0, workers=workers)
         return results, fabric
     outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
     if outcome is None:

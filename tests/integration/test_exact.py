@@ -137,6 +137,29 @@ def test_the_all_reduce_on_two_worker_processes_prints_the_virtual_table() -> No
     assert "Out of bounds values : 0 OK" in exact.stdout
 
 
+@pytest.mark.timeout(600)
+def test_bench_virtual_split_over_workers_gives_the_one_process_figures() -> None:
+    """``bench virtual --workers 2``: the leaf-spine all-reduce case over two processes has the
+    one-process run's frame-hops and emulated time."""
+    rows = {}
+    for workers in ([], ["--workers", "2"]):
+        done = subprocess.run(
+            [*EXE, "bench", "virtual", "--cases", "a", *workers],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["a"])
+        rows[bool(workers)] = (row[1], row[5])  # frame-hops, emulated us
+        if workers:
+            assert "split over 2 worker processes on the exact clock" in done.stdout
+    assert rows[True] == rows[False]
+    assert int(rows[False][0].replace(",", "")) > 40_000  # the 4 MiB ring crossed the fabric
+
+
 @pytest.mark.timeout(300)
 def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
     topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")

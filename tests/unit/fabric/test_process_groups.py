@@ -1,7 +1,8 @@
 """How an exact run with ``--workers N`` places its nodes in processes
-(rocev2_emu/fabric/exact.py ``process_groups``): whole edge groups (a switch with its hosts),
-every node in exactly one process, balanced, the same answer in every process; a node process
-asked to host what is not one of them says so."""
+(rocev2_emu/fabric/exact.py ``process_groups``): whole edge groups (a switch with its hosts) in
+topology order, switches without hosts beside most of their neighbours, every node in exactly
+one process, the same answer in every process; a node process asked to host what is not one of
+them says so."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from rocev2_emu.fabric.exact import process_groups, process_name, run_exact_node
 from rocev2_emu.topology.file import parse
-from rocev2_emu.topology.generate import leaf_spine, single_switch
+from rocev2_emu.topology.generate import fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
 
 
@@ -25,21 +26,22 @@ def test_without_workers_every_node_is_its_own_process() -> None:
     assert process_groups(topo) == [[name] for name in topo.nodes]
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3, 5, 6, 40])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 40])
 def test_workers_hold_whole_edge_groups_every_node_once_and_balanced(workers: int) -> None:
     topo = _leaf_spine()
     groups = process_groups(topo, workers)
     placed = [name for group in groups for name in group]
     assert sorted(placed) == sorted(topo.nodes)  # every node, once
-    assert len(groups) == min(workers, 6)  # 4 leaf groups and 2 spines: at most 6 processes
+    assert len(groups) == min(workers, 4)  # 4 leaf groups: at most 4 processes
     home = {name: i for i, group in enumerate(groups) for name in group}
     for leaf in ("leaf0", "leaf1", "leaf2", "leaf3"):  # a leaf and its two hosts together
         peers = [peer for _, peer in topo.nodes[leaf].ports]
         hosts = [peer for peer in peers if topo.nodes[peer].kind is NodeKind.HOST]
         assert len(hosts) == 2
         assert {home[h] for h in hosts} == {home[leaf]}
-    sizes = sorted(len(g) for g in groups)
-    assert sizes[-1] - sizes[0] <= 3  # no process has more than one edge group more
+    spines = {home["spine0"], home["spine1"]}
+    leaves = {home[f"leaf{i}"] for i in range(4)}
+    assert spines <= leaves  # a spine beside leaves, never a process of its own
     order = list(topo.nodes)
     assert all(g == sorted(g, key=order.index) for g in groups)  # in the topology's order
     assert process_groups(topo, workers) == groups  # what every process computes alike
@@ -47,8 +49,23 @@ def test_workers_hold_whole_edge_groups_every_node_once_and_balanced(workers: in
 
 def test_two_workers_split_the_leaf_spine_in_halves() -> None:
     groups = process_groups(_leaf_spine(), 2)
-    assert [len(g) for g in groups] == [7, 7]
-    assert process_name(groups[0]) == "spine0,leaf0,leaf2,h0,h1,h4,h5"
+    assert [process_name(g) for g in groups] == [
+        "spine0,leaf0,leaf1,h0,h1,h2,h3",
+        "spine1,leaf2,leaf3,h4,h5,h6,h7",
+    ]
+
+
+def test_a_fat_tree_splits_by_pods_and_shares_its_cores() -> None:
+    topo = parse(tomllib.loads(fat_tree(8)), "fat-tree.toml")
+    for workers in (2, 4):
+        groups = process_groups(topo, workers)
+        assert [len(g) for g in groups] == [208 // workers] * workers
+        home = {name: i for i, group in enumerate(groups) for name in group}
+        for pod in range(8):  # a pod's aggregation and edge switches and hosts together
+            members = [n for n in topo.nodes if n.startswith((f"agg{pod}_", f"edge{pod}_"))]
+            assert len({home[n] for n in members}) == 1
+        cores = [sum(n.startswith("core") for n in g) for g in groups]
+        assert cores == [16 // workers] * workers
 
 
 def test_one_switch_and_its_hosts_stay_one_process_however_many_workers() -> None:
