@@ -70,11 +70,10 @@ def test_an_exact_run_over_processes_gives_the_virtual_json_while_the_cpus_are_b
     done = _up([str(topo), "--virtual", "--flows", flow_file, "--json", str(virtual)])
     assert done.returncode == 0, done.stderr[-2000:]
     with cpu_burners():
-        paced = ["--pace", pace] if pace else []
-        paced += ["--workers", workers] if workers else []
-        done = _up(
-            [str(topo), "--clock", "exact", *paced, "--flows", flow_file, "--json", str(exact)]
-        )
+        clock = ["--clock", "exact", "--pace", pace] if pace else ["--clock", "exact"]
+        if workers:  # virtual time split over processes: the exact clock's windows
+            clock = ["--virtual", "--workers", workers]
+        done = _up([str(topo), *clock, "--flows", flow_file, "--json", str(exact)])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clock: exact" in done.stdout
     if workers:
@@ -290,8 +289,10 @@ def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
     assert main(["demo", "--clock", "wall", "--workers", "2"]) == 1
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
     topo = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
-    assert main(["up", topo, "--virtual", "--workers", "2"]) == 1
+    assert main(["up", topo, "--workers", "2"]) == 1
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
+    assert main(["up", topo, "--virtual", "--workers", "2", "--record", "x.rec"]) == 1
+    assert "--record samples a virtual run in one process" in capsys.readouterr().err
     assert main(["bench", "all-reduce", "--workers", "2"]) == 1
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
     assert main(["scenario", "dilation", "--clock", "exact"]) == 2
