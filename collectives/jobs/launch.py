@@ -246,7 +246,10 @@ def run_topology_data(
             prepare(topo, str(path))
         ui = mode.ui(topo) if mode is not None and mode.ui is not None else None
         if mode is not None and mode.exact:
-            results, fabric, _ = run_exact_job(topo, str(path), job, params, beside=ui)
+            workers = mode.workers
+            results, fabric, _ = run_exact_job(
+                topo, str(path), job, params, beside=ui, workers=workers
+            )
             return results, fabric
         return run_local(topo, str(path), tdf, job, params, beside=ui)
 

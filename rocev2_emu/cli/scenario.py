@@ -45,6 +45,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "synchronised: the same results on any machine; flow scenarios but dilation)",
     )
     p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
+        "hosts), instead of one per node - the same results",
+    )
+    p.add_argument(
         "--ui",
         nargs="?",
         const="127.0.0.1:8080",
@@ -99,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         "virtual": args.virtual,
         "tdf": args.tdf,
         "exact": args.clock == "exact",
+        "workers": args.workers,
         "scale": scale,
     }
     if args.seeds > 1:

@@ -152,6 +152,7 @@ def fabric_run(
             beside=mode.ui(topo) if mode.ui else None,
             exact=mode.exact,
             t0=START,
+            workers=mode.workers,
         )
     return Run(setting, results, fabric=fabric)
 
@@ -175,6 +176,7 @@ class Mode:
     virtual: bool = True
     tdf: float = 1000.0
     exact: bool = False  # with processes: on the exact clock, not dilated by the TDF
+    workers: int | None = None  # exact: processes hosting the nodes (None: one per node)
     senders: int | None = None
     size: int | None = None
     topology: str | None = None
@@ -384,6 +386,7 @@ def main(
     virtual: bool,
     tdf: float = 1000.0,
     exact: bool = False,
+    workers: int | None = None,
     scale: dict[str, Any] | None = None,
     record: Recorder | None = None,
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
@@ -402,6 +405,9 @@ def main(
         why = "it runs in virtual time" if virtual else scenario.not_exact
         print(f"{name} takes no --clock exact: {why}", file=sys.stderr)
         return 2
+    if workers is not None and not exact:
+        print(f"{name} takes --workers with --clock exact only", file=sys.stderr)
+        return 2
     given = {k: v for k, v in (scale or {}).items() if v is not None}
     refused = sorted(set(given) - scenario.takes)
     if refused:
@@ -410,9 +416,11 @@ def main(
         return 2
     where = "virtual time (TDF 1)" if virtual else f"one process per node, clock: wall, TDF {tdf:g}"
     if exact:
-        where = "one process per node, clock: exact"
+        where = "one process per node" if workers is None else f"{workers} worker processes"
+        where += ", clock: exact"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    outcome = scenario.run(seed, Mode(virtual, tdf, exact, **given, record=record, ui=ui))
+    mode = Mode(virtual, tdf, exact, workers, **given, record=record, ui=ui)
+    outcome = scenario.run(seed, mode)
     for line in outcome.lines:
         print(line)
     out_dir = Path(out or ".")

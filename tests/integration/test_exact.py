@@ -295,16 +295,22 @@ def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
     assert "--record samples a virtual run in one process" in capsys.readouterr().err
     assert main(["bench", "all-reduce", "--workers", "2"]) == 1
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
+    assert main(["scenario", "incast", "--workers", "2"]) == 2
+    assert "incast takes --workers with --clock exact only" in capsys.readouterr().err
     assert main(["scenario", "dilation", "--clock", "exact"]) == 2
     assert "it measures the wall clock's dilation" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(900)
-def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_virtual_run() -> None:
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_virtual_run(
+    workers: int | None,
+) -> None:
     """The ecmp-entropy scenario's job on its processes' fabric (8 hosts, 2 leaves, 2 spines,
     the all-reduce over 4 QPs per connection), once as node processes on the exact clock
-    (``scenario ecmp-entropy --clock exact``'s path) while the CPUs are busy, once in virtual
-    time on the same topology: every rank's result and the fabric's counters agree."""
+    (``scenario ecmp-entropy --clock exact``'s path; ``--workers 2``: two processes) while the
+    CPUs are busy, once in virtual time on the same topology: every rank's result and the
+    fabric's counters agree."""
     from collectives.jobs.job import run_virtual
     from collectives.jobs.launch import run_topology_data
     from collectives.scenarios import entropy
@@ -323,7 +329,12 @@ def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_vir
     virtual, vfab = run_virtual(parse(data, "ecmp-entropy.toml"), "entropy_op", params)
     with cpu_burners():
         exact, efab = run_topology_data(
-            data, "ecmp-entropy", 1.0, "entropy_op", params, mode=Mode(virtual=False, exact=True)
+            data,
+            "ecmp-entropy",
+            1.0,
+            "entropy_op",
+            params,
+            mode=Mode(virtual=False, exact=True, workers=workers),
         )
     assert exact == virtual
     assert all(r["wrong"] == 0 for r in exact.values())
