@@ -21,9 +21,14 @@ from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.exact import StoreWaiter, current_engine
 from rocev2_emu.verbs import RemoteVerbsError
 
+# The longest an operation waits for its answer when it names no deadline (set, add): the
+# store answers within microseconds of emulated time, so this is an answer lost, and the rank
+# stops naming the operation instead of idling through emulated time for ever.
+ANSWER_DEADLINE = 60.0
+
 
 class StoreTimeout(Exception):
-    """A key did not appear within the deadline."""
+    """A key did not appear within the deadline (or an answer never came)."""
 
 
 class EmulatedStore:
@@ -39,7 +44,7 @@ class EmulatedStore:
         self._call = call
         self._seq = 0
 
-    async def _op(self, op: str, key: str, value: Any, timeout: float = math.inf) -> Any:
+    async def _op(self, op: str, key: str, value: Any, timeout: float = ANSWER_DEADLINE) -> Any:
         self._seq += 1
         now = self.clock.now()
         waiter = self._call(StoreOp(now + STORE_LATENCY, self.origin, self._seq, op, key, value))
@@ -53,6 +58,10 @@ class EmulatedStore:
             if reply.error is not None:
                 raise RemoteVerbsError(f"rendezvous store: {reply.error}")
             return reply.value
+        if op in ("set", "add"):
+            raise StoreTimeout(
+                f"rendezvous store: no answer to {op} {key!r} within {timeout:g} emulated s"
+            )
         raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
 
     async def set(self, key: str, value: Any) -> None:

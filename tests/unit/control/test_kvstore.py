@@ -105,3 +105,30 @@ def test_in_virtual_time_each_operation_takes_the_latency_both_ways() -> None:
     assert seen["set"] == pytest.approx(10e-6 + 2 * D)
     assert seen["got"] == pytest.approx(10e-6 + 2 * D)  # applied at 10 us + D, back D later
     assert seen["timed out"] == pytest.approx(10e-6 + 2 * D + 5e-6)
+
+
+def test_an_answer_that_never_comes_ends_the_operation_after_the_deadline() -> None:
+    """A set whose answer is lost (an exact run's reply sent to the wrong rank, once) stops the
+    rank after ANSWER_DEADLINE emulated seconds, naming the operation, instead of idling
+    through emulated time for ever."""
+    from rocev2_emu.fabric.rendezvous import ANSWER_DEADLINE, EmulatedStore
+    from rocev2_emu.runtime.exact import StoreWaiter
+
+    sent: list[StoreOp] = []
+
+    def lost(op: StoreOp) -> StoreWaiter:
+        sent.append(op)
+        return StoreWaiter()  # nobody will deliver to it
+
+    seen: dict[str, float] = {}
+
+    async def main() -> None:
+        clock = DilatedClock(1.0)
+        client = EmulatedStore(3, clock, lost)
+        with pytest.raises(StoreTimeout, match="no answer to set 'job/rank3'"):
+            await client.set("job/rank3", "here")
+        seen["at"] = clock.now()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [(op.origin, op.op, op.key) for op in sent] == [(3, "set", "job/rank3")]
+    assert seen["at"] == pytest.approx(ANSWER_DEADLINE)
