@@ -34,10 +34,14 @@ def cpu_burners(n: int = 2) -> Iterator[None]:
             proc.wait()
 
 
-def _up(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*EXE, "up", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def _up(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return _run([*EXE, "up", *args], timeout)
 
 
 @pytest.mark.timeout(900)
@@ -96,19 +100,10 @@ def _virtual_then_exact(
 ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     """``bench`` in virtual time, then with processes on the exact clock (and ``exact_args``)
     beside two CPU burners; both must succeed."""
-    virtual = subprocess.run(
-        [*bench, "--virtual"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
-    )
+    virtual = _run([*bench, "--virtual"], 300)
     assert virtual.returncode == 0, virtual.stderr[-2000:]
     with cpu_burners():
-        exact = subprocess.run(
-            [*bench, "--clock", "exact", *exact_args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        exact = _run([*bench, "--clock", "exact", *exact_args], 600)
     assert exact.returncode == 0, exact.stderr[-2000:]
     return virtual, exact
 
@@ -142,14 +137,7 @@ def test_bench_virtual_split_over_workers_gives_the_one_process_figures() -> Non
     one-process run's frame-hops and emulated time."""
     rows = {}
     for workers in ([], ["--workers", "2"]):
-        done = subprocess.run(
-            [*EXE, "bench", "virtual", "--cases", "a", *workers],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = _run([*EXE, "bench", "virtual", "--cases", "a", *workers], 300)
         assert done.returncode == 0, done.stderr[-2000:]
         row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["a"])
         rows[bool(workers)] = (row[1], row[5])  # frame-hops, emulated us
