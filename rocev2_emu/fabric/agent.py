@@ -248,27 +248,29 @@ def host_stats(ctx: Context, now: float | None = None) -> dict[str, Any]:
 
 
 class RemotePeer:
-    """A FlowPeer in another process, reached through its AgentServer."""
+    """A FlowPeer in another process, reached through its AgentServer: one connection per
+    request, closed after its answer, so an incast of a thousand senders holds no thousand
+    connections to its sink (a control server admits 256 at once)."""
 
     def __init__(self, host: str, port: int = CONTROL_PORT) -> None:
         self.host, self.port = host, port
-        self._chans: dict[int, OobChannel] = {}
 
-    async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
+    async def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with holding_clock():
             chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
-            self._chans[spec.id] = chan
-            await chan.send({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
-            return QPInfo.from_wire((await chan.recv())["qp"])
+            try:
+                await chan.send(request)
+                reply: dict[str, Any] = await chan.recv()
+                return reply
+            finally:
+                await chan.aclose()
+
+    async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
+        reply = await self._ask({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
+        return QPInfo.from_wire(reply["qp"])
 
     async def digest(self, flow_id: int) -> str:
-        chan = self._chans.pop(flow_id)
-        try:
-            with holding_clock():
-                await chan.send({"cmd": "digest", "id": flow_id})
-                return str((await chan.recv())["sha256"])
-        finally:
-            await chan.aclose()
+        return str((await self._ask({"cmd": "digest", "id": flow_id}))["sha256"])
 
 
 # -- the control requests (rocev2_emu.control.requests decodes and checks them) --------------

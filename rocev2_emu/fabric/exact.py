@@ -24,6 +24,7 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 from __future__ import annotations
 
 import math
+import resource
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -155,12 +156,35 @@ def run_exact_node(
     if sorted(names) not in (sorted(g) for g in groups):
         hint = "one node" if workers is None else f"one of {[process_name(g) for g in groups]}"
         raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
+    _enough_files(len(names), metrics)
     canonical_trio_scheduler()
     try:
         trio.run(_exact_process, topo, groups, names, sync, metrics, clock=trio.testing.MockClock())
     except BaseExceptionGroup as group:
         if group.subgroup(RunOver) is None or group.subgroup(lambda e: not isinstance(e, RunOver)):
             raise
+
+
+FILES_PER_NODE: Final = 3  # its control listener and /metrics listener, a control connection
+FILES_BESIDE: Final = 64  # the link socket, the coordinator, trio's own, imports, a scrape
+
+
+def _enough_files(nodes: int, metrics: bool) -> None:
+    """A process hosting many nodes (``--workers``) holds a few sockets per node: raise the
+    soft limit on open files to the hard one when it is short (as servers do), or say in one
+    line why the process cannot start."""
+    need = nodes * (FILES_PER_NODE if metrics else FILES_PER_NODE - 1) + FILES_BESIDE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ValueError(
+            f"this process would host {nodes} nodes and needs about {need} open files; the "
+            f"limit is {hard} (ulimit -Hn): raise it, or give --workers more processes"
+        )
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard)
+    )
 
 
 @dataclass(frozen=True, slots=True)

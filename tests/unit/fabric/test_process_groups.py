@@ -83,3 +83,24 @@ def test_a_node_process_refuses_what_is_not_one_of_the_runs_processes() -> None:
         run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1))
     with pytest.raises(ValueError, match="at least one process"):
         process_groups(topo, 0)
+
+
+def test_a_process_of_many_nodes_raises_its_open_file_limit_or_says_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """672 nodes in one process (the k = 16 fat-tree on 2 workers) hold about 2 080 sockets:
+    a soft limit of 1 024 is raised to the hard one; a hard limit below that is one line."""
+    import resource
+
+    from rocev2_emu.fabric import exact
+
+    limits = {"now": (1024, 4096)}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _, lim: limits.update(now=lim))
+    exact._enough_files(672, metrics=True)
+    assert limits["now"] == (4096, 4096)
+    exact._enough_files(8, metrics=True)  # enough already: unchanged
+    assert limits["now"] == (4096, 4096)
+    limits["now"] = (1024, 1024)
+    with pytest.raises(ValueError, match=r"host 672 nodes and needs about 2080 open files"):
+        exact._enough_files(672, metrics=True)
