@@ -24,7 +24,10 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 from __future__ import annotations
 
 import math
+import os
 import resource
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -283,6 +286,7 @@ async def _exact_process(
     more: Table = {
         "engine": (NoFields, engine_state),
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
+        "stop": (NoFields, _stop_process),
     }
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
@@ -341,6 +345,15 @@ async def _exact_process(
                 f"control={node.address}:{CONTROL_PORT} clock=exact",
                 flush=True,
             )
+
+
+async def _stop_process(_: NoFields) -> dict[str, Any]:
+    """``rocev2-emu stop NODE`` (and the map's stop) on an exact run: this process ends as a
+    crash would, a moment of wall time after the reply (a timer thread: an emulated sleep would
+    wait for the run to reach it), with every node it hosts; the coordinator then stops the run
+    naming the process."""
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    return {"ok": True, "pid": os.getpid()}
 
 
 def _port(topo: Topology, name: str, link: Link) -> int:

@@ -244,7 +244,10 @@ async def _supervise(
                 print("# Ctrl-C stops the fabric", flush=True)
                 await trio.sleep_forever()
             else:
-                outcome = await job.run(topo, tdf, epoch)
+                try:
+                    outcome = await job.run(topo, tdf, epoch)
+                except Exception as exc:  # re-raised, or an error naming a process that died
+                    raise await _named_death(procs, exc) from exc
             stopping.set()
             nursery.cancel_scope.cancel()
     finally:
@@ -253,6 +256,25 @@ async def _supervise(
         if created is not None:
             created.unlink(missing_ok=True)  # the fabric is gone; so is the secret it made
     return outcome
+
+
+async def _named_death(procs: dict[str, trio.Process], exc: Exception) -> Exception:
+    """``exc``, a job's failed request; or, when a node process ended (the request failed as
+    it died: a ``stop``, a crash), an error naming the process, which is what the user needs."""
+    with trio.move_on_after(2) as waiting:  # its exit may be a moment behind its connections
+
+        async def ended(proc: trio.Process) -> None:
+            await proc.wait()
+            waiting.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for proc in procs.values():
+                nursery.start_soon(ended, proc)
+    for name, proc in procs.items():
+        code = proc.poll()
+        if code is not None:
+            return RuntimeError(f"node {name} died with code {code} during the job ({exc})")
+    return exc
 
 
 async def _stop(procs: dict[str, trio.Process]) -> None:

@@ -159,6 +159,22 @@ def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
         assert "h2" in err and ("died" in err or "went away" in err), err[-2000:]
 
 
+@pytest.mark.timeout(300)
+def test_stop_ends_an_exact_run_on_workers_naming_the_process() -> None:
+    """``rocev2-emu stop h3`` on an exact run of two worker processes: h3's process ends, with
+    the six nodes it shares with h3, and the run stops in one line naming that process."""
+    topo = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
+    flows = str(ROOT / "examples" / "flows" / "leaf-spine-shift.toml")
+    paced = ["--clock", "exact", "--workers", "2", "--pace", "1000000"]  # 200 us: 200 s of wall
+    with _up_until_ready([topo, *paced, "--flows", flows], "h7") as proc:
+        stopped = _run([*EXE, "stop", topo, "h3"], 60)
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert "node h3 (pid" in stopped.stdout
+        _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
+        assert proc.returncode == 1
+        assert "spine0,leaf0,leaf1,h0,h1,h2,h3" in err, err[-2000:]
+
+
 @contextmanager
 def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str]]:
     """``rocev2-emu up ARGS`` once its table of ready nodes has reached ``node``; killed, with
