@@ -343,8 +343,7 @@ SCALE_FLAGS = {
 def host_port(topo: Topology, host: str) -> tuple[str, int]:
     """The switch port that faces ``host`` (where its incoming traffic queues)."""
     link, switch = topo.host_link(host)
-    index = next(i for i, (lk, _) in enumerate(topo.nodes[switch.name].ports) if lk is link)
-    return switch.name, index
+    return switch.name, topo.port_of(switch.name, link)
 
 
 def register(scenario: Scenario) -> Scenario:

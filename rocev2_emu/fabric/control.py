@@ -15,7 +15,7 @@ import trio
 from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import CONTROL_PORT
 from rocev2_emu.runtime.link import faults_from_request
-from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.oob import OobChannel, OobError
 
 
@@ -81,10 +81,6 @@ def attach(topo: Topology) -> None:
     auth.use_fabric(topo.path)
 
 
-def _port_of(topo: Topology, switch: str, link: Link) -> int:
-    return next(i for i, (lk, _) in enumerate(topo.nodes[switch].ports) if lk is link)
-
-
 async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> str:
     """Take the links between each pair of ``pairs`` down (or up) at once, then reroute every
     switch around what is down in the fabric, as a routing protocol would converge.  On an
@@ -105,7 +101,7 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
         (down.discard if up else down.add)(link.index)
         for end in (link.a, link.b):
             if topo.nodes[end].kind is NodeKind.SWITCH:
-                msg = {"cmd": "set_link", "port": _port_of(topo, end, link), "up": up}
+                msg = {"cmd": "set_link", "port": topo.port_of(end, link), "up": up}
                 await control(topo.nodes[end].address, msg)
     for sw in topo.switches:  # routing converges around the failure
         routes = topo.routes_by_ip(sw.name, frozenset(down))
@@ -149,7 +145,7 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
     for end in (a, b):
         msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
         if topo.nodes[end].kind is NodeKind.SWITCH:
-            msg["port"] = _port_of(topo, end, link)
+            msg["port"] = topo.port_of(end, link)
         reply = await control(topo.nodes[end].address, msg)
         if "error" in reply:
             raise RuntimeError(f"{end}: {reply['error']}")

@@ -24,10 +24,7 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 from __future__ import annotations
 
 import math
-import os
 import resource
-import signal
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -37,7 +34,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.control import auth
-from rocev2_emu.control.channel import open_channel
+from rocev2_emu.control.channel import open_channel, stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.changes import link_indices, switch_changes
@@ -54,7 +51,7 @@ from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, Reply, WallServer
 from rocev2_emu.runtime.metrics import serve_nodes
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
-from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -286,7 +283,7 @@ async def _exact_process(
     more: Table = {
         "engine": (NoFields, engine_state),
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
-        "stop": (NoFields, _stop_process),
+        "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
     }
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
@@ -325,7 +322,7 @@ async def _exact_process(
             ctx.clock.threadsafe = lambda: engine.events.now
             ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
         for link in topo.links:
-            ends = [(end, _port(topo, end, link)) for end in (link.a, link.b)]
+            ends = [(end, topo.port_of(end, link)) for end in (link.a, link.b)]
             faults = link_faults(topo, link)
             if all(end in locals_ for end, _ in ends):
                 (a, a_port), (b, b_port) = ends
@@ -345,19 +342,6 @@ async def _exact_process(
                 f"control={node.address}:{CONTROL_PORT} clock=exact",
                 flush=True,
             )
-
-
-async def _stop_process(_: NoFields) -> dict[str, Any]:
-    """``rocev2-emu stop NODE`` (and the map's stop) on an exact run: this process ends as a
-    crash would, a moment of wall time after the reply (a timer thread: an emulated sleep would
-    wait for the run to reach it), with every node it hosts; the coordinator then stops the run
-    naming the process."""
-    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    return {"ok": True, "pid": os.getpid()}
-
-
-def _port(topo: Topology, name: str, link: Link) -> int:
-    return next(i for i, (lk, _) in enumerate(topo.nodes[name].ports) if lk is link)
 
 
 def link_changes(

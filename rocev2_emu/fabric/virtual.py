@@ -67,10 +67,7 @@ async def virtual_fabric(
             nodes[h.name] = ctx.driver.node
         for link in topo.links:
             faults = link_faults(topo, link)
-            ends = [
-                next(i for i, (lk, _) in enumerate(topo.nodes[end].ports) if lk is link)
-                for end in (link.a, link.b)
-            ]
+            ends = [topo.port_of(end, link) for end in (link.a, link.b)]
             engine.connect(nodes[link.a], ends[0], nodes[link.b], ends[1], (faults, faults))
         await nursery.start(engine.run)
         try:

@@ -100,8 +100,7 @@ class Topology:
         node = self.nodes[name]
         if node.kind is NodeKind.HOST:
             return mac_for_ip(ip_to_int(node.ip))
-        port = next(i for i, (lk, _) in enumerate(node.ports) if lk is link)
-        return self.port_mac(name, port)
+        return self.port_mac(name, self.port_of(name, link))
 
     def switch_config(self, name: str) -> SwitchConfig:
         node = self.nodes[name]
@@ -176,6 +175,10 @@ class Topology:
         if link is None:
             raise TopologyError(f"{self.path}: no link between {a!r} and {b!r}")
         return link
+
+    def port_of(self, name: str, link: Link) -> int:
+        """The index of the port of node ``name`` on ``link``."""
+        return next(i for i, (lk, _) in enumerate(self.nodes[name].ports) if lk is link)
 
     def host_link(self, name: str) -> tuple[Link, Node]:
         """A host's one link and the switch (or host) at its other end."""

@@ -103,7 +103,7 @@ class Sampler:
             for end in (lk.a, lk.b):
                 node = topo.nodes[end]
                 if node.kind is NodeKind.SWITCH:
-                    ends.append((end, next(i for i, (x, _) in enumerate(node.ports) if x is lk)))
+                    ends.append((end, topo.port_of(end, lk)))
                 else:
                     ends.append(None)
             self._ends.append((ends[0], ends[1]))
