@@ -4,8 +4,9 @@ fabric in it, and the latency rule (docs/collectives.md, "Choosing the schedule"
 For a message of S bytes over n ranks, the flat ring moves 2(n-1)/n · S through each host's
 NIC.  The hierarchical all-reduce moves, at each level of groups of g (bottom up, then the
 top), 2(g-1)/g of the shard its ranks hold entering the level (S, then S/g, ...): through the
-server's fabric at the host level, through the NIC above it - where every rank of the host
-runs a ring of its own at once, so the host's NIC carries that times its ranks.  The model's
+server's fabric at the server level, through the NICs above it - where every rank of a server
+runs a ring of its own at once, so a NIC that the server's ranks share carries that times
+its ranks (a server of a NIC per accelerator: once).  The model's
 ratio is the hierarchy's bandwidth time over the ring's (NIC bytes at the link rate plus
 fabric bytes at the fabric's rate; a free fabric costs nothing).
 
@@ -32,15 +33,15 @@ def hierarchy_ratio(h: Hierarchy, ranks: int, link_gbps: float, server_gbps: flo
         return float("inf")
     ring = 2 * (ranks - 1) / ranks / link_gbps
     sizes = {level: len(next(iter(h.rings[level].values()))) for level in h.levels}
-    per_host = sizes.get("host", 1)  # rings through one NIC at once above the host level
+    per_nic = h.ranks_per_nic  # rings through one NIC at once above the server level
     held, time = 1.0, 0.0  # the fraction of S a rank holds entering each level
     for level in h.levels:
         g = sizes[level]
         moved = 2 * (g - 1) / g * held
-        if level == "host":
+        if level == "server":
             time += moved / server_gbps if server_gbps > 0 else 0.0
         else:
-            time += moved * per_host / link_gbps
+            time += moved * per_nic / link_gbps
         held /= g
     return time / ring
 

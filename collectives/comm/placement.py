@@ -1,22 +1,32 @@
 """Where a job's ranks are and how they are connected: each rank's place (host, leaf, pod,
-local rank), the ranks of one host (their server fabric and a barrier), the rings and their
-ends, the ring order, the levels of the hierarchical all-reduce, and a communicator's options.
+server, local rank), the ranks of one server (their server fabric and a barrier), the rings and
+their ends, the ring order, the levels of the hierarchical all-reduce, and a communicator's
+options.
 
-The ring order is leaf-major, then host-major, then by local rank (``order="topology"``), so a
-ring crosses each spine link as few times as it can; ``order="rank"`` keeps rank order (the
-naive ring).
+A server is a host whose ranks share its NIC, or the hosts that name one ``server`` in the
+topology (an accelerator and its NIC each); either way its ranks reach each other through its
+fabric, and its local ranks number its accelerators.
 
-The hierarchy (:func:`hierarchy`) has up to three levels below the top: the ranks of one host,
-of one rack (the hosts under one leaf switch) and of one pod (the leaves that share their
-upstream switches, as a fat-tree's pod does).  At each level a rank's group is the ranks of its
-host, rack or pod that hold the same position in every level below, so that they hold the same
-shard; the top joins the ranks that hold the same position at every level.  A level whose
-groups have one member, or whose group is the whole job, is skipped; one whose groups differ
-in size cannot be cut into equal shards, and the hierarchy says why.
+The ring order is leaf-major (a server's leaf: its first rank's), then server-major, then by
+local rank (``order="topology"``), so a ring crosses each spine link as few times as it can and
+goes through each server's fabric in one pass, as NCCL's rings do; through servers of a NIC per
+accelerator every other server is walked backwards, so that the ring leaves a server and enters
+the next at the same accelerator index (the same rail, where the fabric has rails).
+``order="rank"`` keeps rank order (the naive ring).
+
+The hierarchy (:func:`hierarchy`) has up to three levels below the top: the ranks of one
+server, of one rack (the ranks under one leaf switch: on a rail-optimized fabric, a rail) and
+of one pod (the leaves that share their upstream switches, as a fat-tree's pod does).  At
+each level a rank's group is the ranks of its server, rack or pod that hold the same position
+in every level below, so that they hold the same shard; the top joins the ranks that hold the
+same position at every level.  A level whose groups have one member, or whose group is the
+whole job, is skipped; one whose groups differ in size cannot be cut into equal shards, and
+the hierarchy says why.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,19 +39,26 @@ from rocev2_emu.server.fabric import ServerFabric
 
 @dataclass(slots=True, frozen=True)
 class RankPlace:
-    """Where a rank runs: its host, the host's leaf switch, its index on the host."""
+    """Where a rank runs: its host (whose NIC it uses), the host's leaf switch, its index in
+    its server (the accelerator), the pod and the server ("": the host is its server)."""
 
     rank: int
     host: str
     leaf: str
     local_rank: int
     pod: str = ""  # the leaves that share their upstream switches ("": one pod)
+    server: str = ""  # the server of accelerators it is one of ("": its host alone)
+
+    def __post_init__(self) -> None:
+        if not self.server:
+            object.__setattr__(self, "server", self.host)
 
 
 @dataclass(slots=True)
 class HostGroup:
-    """The ranks of one host (a server's accelerators): the fabric between them (shared
-    memory timed by the server's NVLink or PCIe; ``None``: a free one), and a barrier."""
+    """The ranks of one server (its accelerators, on one host or a host each): the fabric
+    between them (shared memory timed by the server's NVLink or PCIe; ``None``: a free one),
+    and a barrier."""
 
     size: int
     fabric: ServerFabric | None = None
@@ -94,16 +111,24 @@ def ring_order(places: list[RankPlace], order: str) -> list[int]:
     if order != "topology":
         raise ValueError(f"ring order {order!r}: use 'topology' or 'rank'")
     leaves: dict[str, int] = {}
-    hosts: dict[str, int] = {}
-    for p in places:  # first appearance fixes the order of leaves and hosts
-        leaves.setdefault(p.leaf, len(leaves))
-        hosts.setdefault(p.host, len(hosts))
-    return [
-        p.rank for p in sorted(places, key=lambda p: (leaves[p.leaf], hosts[p.host], p.local_rank))
-    ]
+    servers: dict[str, int] = {}
+    leaf_of: dict[str, str] = {}  # a server's leaf: its first rank's
+    nics: dict[str, set[str]] = {}
+    for p in places:  # first appearance fixes the order of leaves and servers
+        leaf_of.setdefault(p.server, p.leaf)
+        leaves.setdefault(leaf_of[p.server], len(leaves))
+        servers.setdefault(p.server, len(servers))
+        nics.setdefault(p.server, set()).add(p.host)
+
+    def key(p: RankPlace) -> tuple[int, int, int]:
+        k = servers[p.server]
+        backwards = len(nics[p.server]) > 1 and k % 2 == 1  # leave and enter on one rail
+        return (leaves[leaf_of[p.server]], k, -p.local_rank if backwards else p.local_rank)
+
+    return [p.rank for p in sorted(places, key=key)]
 
 
-LEVELS = ("host", "rack", "pod")
+LEVELS = ("server", "rack", "pod")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +140,7 @@ class Hierarchy:
     rings: dict[str, dict[str, list[int]]]
     ring_of: dict[str, dict[int, str]]
     refused: str | None = None  # why there is no hierarchy (a level of unequal groups)
+    ranks_per_nic: int = 1  # the most ranks sharing one host's NIC
 
     def rank_rings(self, rank: int) -> list[str]:
         return [self.ring_of[level][rank] for level in self.levels]
@@ -122,8 +148,9 @@ class Hierarchy:
 
 def hierarchy(places: list[RankPlace]) -> Hierarchy:
     order = ring_order(places, "topology")
+    per_nic = max(Counter(p.host for p in places).values(), default=1)
     keys = {
-        "host": lambda p: p.host,
+        "server": lambda p: p.server,
         "rack": lambda p: p.leaf,
         "pod": lambda p: p.pod,
     }
@@ -146,7 +173,8 @@ def hierarchy(places: list[RankPlace]) -> Hierarchy:
         if sizes == [1]:
             continue
         if len(sizes) > 1:
-            return Hierarchy([], {}, {}, f"its {level}s hold different numbers of ranks {sizes}")
+            why = f"its {level}s hold different numbers of ranks {sizes}"
+            return Hierarchy([], {}, {}, why, per_nic)
         levels.append(level)
         rings[level], ring_of[level] = {}, {}
         for members in groups.values():
@@ -156,11 +184,12 @@ def hierarchy(places: list[RankPlace]) -> Hierarchy:
                 ring_of[level][r] = name
                 path[r] += (pos,)
     if not levels:
-        return Hierarchy([], {}, {}, "no level below the whole job has more than one rank")
+        why = "no level below the whole job has more than one rank"
+        return Hierarchy([], {}, {}, why, per_nic)
     top = cut("top", lambda p: "")
     rings["top"] = {f"top:{m[0]}": m for m in top.values()}
     ring_of["top"] = {r: f"top:{m[0]}" for m in top.values() for r in m}
-    return Hierarchy([*levels, "top"], rings, ring_of)
+    return Hierarchy([*levels, "top"], rings, ring_of, None, per_nic)
 
 
 @dataclass(frozen=True, slots=True)

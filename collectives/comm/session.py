@@ -113,7 +113,7 @@ class RankSession(abc.ABC):
                 continue
             nxt, prv = members[(pos + 1) % n], members[(pos - 1) % n]
             me = self.place
-            if self.places[prv].host == me.host:  # through the server from the predecessor
+            if self.places[prv].server == me.server:  # through the server from the predecessor
                 ring_.rx = self.group.local_link(
                     prv,
                     self.rank,
@@ -130,7 +130,7 @@ class RankSession(abc.ABC):
                     [asdict(QPInfo.of(qp, rx.mr)) for qp in rx.all_qps],
                 )
                 pending.append((ring_, "rx"))
-            if self.places[nxt].host == me.host:
+            if self.places[nxt].server == me.server:
                 shared = self.group.local_link(
                     self.rank,
                     nxt,

@@ -2,7 +2,9 @@
 
 Ranks are numbered host-major in the order the topology lists its hosts (as torchrun numbers
 node rank x local size + local rank); each host runs its ``ranks`` as tasks of its own process,
-sharing its NIC and a :class:`~collectives.comm.communicator.HostGroup`.
+sharing its NIC.  The ranks of one server - a host's, or those of the hosts naming one
+``server``, a NIC per accelerator, which share a process - share a
+:class:`~collectives.comm.communicator.HostGroup` and the server's fabric.
 
 * :func:`run_virtual` - every switch, host and rank in this process, in virtual time, with an
   in-memory store.
@@ -16,7 +18,7 @@ A job is a coroutine registered by name in :data:`collectives.jobs.registry.JOBS
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +57,7 @@ def places_for(topo: Topology) -> list[RankPlace]:
     switches of one pod share their aggregation switches; a leaf-spine has one pod)."""
     pods: dict[frozenset[str], str] = {}
     places: list[RankPlace] = []
+    accelerators: dict[str, int] = {}  # each server's ranks so far
     for host in topo.hosts:
         _, leaf = topo.host_link(host.name)
         above = frozenset(
@@ -63,9 +66,17 @@ def places_for(topo: Topology) -> list[RankPlace]:
             if topo.nodes[peer].kind is NodeKind.SWITCH
         )
         pod = pods.setdefault(above, f"pod{len(pods)}")
-        for local in range(host.ranks):
-            places.append(RankPlace(len(places), host.name, leaf.name, local, pod))
+        server = topo.server_of(host.name)
+        for _ in range(host.ranks):
+            local = accelerators.get(server, 0)
+            accelerators[server] = local + 1
+            places.append(RankPlace(len(places), host.name, leaf.name, local, pod, server))
     return places
+
+
+def server_ranks(topo: Topology, host: str) -> int:
+    """How many ranks ``host``'s server has (the ports of its fabric)."""
+    return sum(topo.nodes[h].ranks for h in topo.server_hosts(host))
 
 
 def comm_options(topo: Topology, params: dict[str, Any]) -> CommOptions:
@@ -132,10 +143,12 @@ async def run_host_ranks(
     params: dict[str, Any],
     metrics: HostCollectiveMetrics | None = None,
     fabric: ServerFabric | None = None,
+    group: HostGroup | None = None,
 ) -> dict[int, Any]:
     """This host's ranks of job ``name``; ``store_address``: the launcher's store server, or
     None in an exact run (the coordinator keeps the store); ``fabric``: the host's server
-    fabric (None: one of the job's own)."""
+    fabric (None: one of the job's own); ``group``: the job's ranks of the server, shared with
+    the server's other hosts (None: this host's ranks are the server's)."""
     places = places_for(topo)
     mine = [p for p in places if p.host == host]
     options = comm_options(topo, params)
@@ -158,11 +171,14 @@ async def run_host_ranks(
             raise RemoteVerbsError(f"the rendezvous store at {where}: {exc}") from exc
     registry = metrics.registry if metrics is not None else None
     async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
-        if fabric is None:
-            fabric = await stack.enter_async_context(
-                open_server_fabric(topo.server, len(mine), ctx.clock, registry=registry, node=host)
-            )
-        group = HostGroup(len(mine), fabric)
+        if group is None:
+            if fabric is None:
+                fabric = await stack.enter_async_context(
+                    open_server_fabric(
+                        topo.server, len(mine), ctx.clock, registry=registry, node=host
+                    )
+                )
+            group = HostGroup(len(mine), fabric)
         for p, (store, abort_store) in zip(mine, stores, strict=True):
             nursery.start_soon(
                 run_rank,
@@ -211,6 +227,36 @@ class CollectiveRequest:
             raise ValueError(f'store: {store!r:.60} is not [address, port] or "exact"')
 
 
+@dataclass(slots=True)
+class _ServerRoom:
+    """A server's state in this process, shared by its hosts' ``collective`` commands (a NIC
+    per accelerator puts a server's hosts in one process): its fabric, with its metrics on its
+    first host's registry (``node`` = the server), and each running job's group of its ranks."""
+
+    topo: Topology  # held, so that the key's id() stays this topology's
+    fabric: ServerFabric
+    ranks: int
+    jobs: dict[str, tuple[HostGroup, int]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def group(self, job: str) -> Iterator[HostGroup]:
+        """The group of job ``job``'s ranks of this server, for as long as one of its hosts
+        here runs them."""
+        group, users = self.jobs.get(job, (HostGroup(self.ranks, self.fabric), 0))
+        self.jobs[job] = (group, users + 1)
+        try:
+            yield group
+        finally:
+            group, users = self.jobs[job]
+            if users == 1:
+                del self.jobs[job]
+            else:
+                self.jobs[job] = (group, users - 1)
+
+
+_ROOMS: dict[tuple[int, str], _ServerRoom] = {}  # (id(topology), server): this process's servers
+
+
 def collective_handler(
     topo: Topology, ctx: Context, host: str, registry: CollectorRegistry
 ) -> Callable[[CollectiveRequest], Awaitable[dict[str, Any]]]:
@@ -222,24 +268,35 @@ def collective_handler(
     while the coordinator holds the clock, and ``{"cmd": "collective", "results": true}`` waits
     for them: the ranks start at the same emulated instant however the requests travel."""
     metrics = HostCollectiveMetrics(registry)
-    ranks = sum(1 for p in places_for(topo) if p.host == host)
-    fabrics: list[ServerFabric] = []  # the host's, made with its first job
+    server = topo.server_of(host)
+    shared = len(topo.server_hosts(host)) > 1  # a NIC per accelerator: hosts share a server
 
-    def fabric() -> ServerFabric:
-        if not fabrics:
-            fabrics.append(
-                host_server_fabric(topo.server, ranks, ctx.clock, registry=registry, node=host)
-            )
-        return fabrics[0]
+    def room() -> _ServerRoom:  # the server's, made with its first job on any of its hosts
+        key = (id(topo), server)
+        if key not in _ROOMS:
+            ranks = server_ranks(topo, host)
+            fab = host_server_fabric(topo.server, ranks, ctx.clock, registry=registry, node=server)
+            _ROOMS[key] = _ServerRoom(topo, fab, ranks)
+        return _ROOMS[key]
 
     started: list[str] = []  # the exact job started here (one per node process)
     finished: list[dict[int, Any]] = []
     done = trio.Event()
 
-    async def in_background(name: str, params: dict[str, Any], fab: ServerFabric) -> None:
+    async def run(where: tuple[str, int] | None, name: str, params: dict[str, Any]) -> Any:
+        here = room()
+        if not shared:
+            return await run_host_ranks(ctx, topo, host, where, name, params, metrics, here.fabric)
+        key = f"{params.get('job_id', 'job')}/{name}"
+        with here.group(key) as group:
+            return await run_host_ranks(
+                ctx, topo, host, where, name, params, metrics, here.fabric, group
+            )
+
+    async def in_background(name: str, params: dict[str, Any]) -> None:
         results: dict[int, Any] = {}
         try:
-            results = await run_host_ranks(ctx, topo, host, None, name, params, metrics, fab)
+            results = await run(None, name, params)
         except Exception as exc:  # handed to the results request, never out of the node
             results = {-1: {"error": f"{type(exc).__name__}: {exc}"}}
         finally:
@@ -256,12 +313,10 @@ def collective_handler(
             if started:
                 raise ValueError("an exact job already ran on this host")
             started.append(req.name)
-            fab = fabric()
-            trio.lowlevel.spawn_system_task(in_background, req.name, dict(req.params), fab)
+            trio.lowlevel.spawn_system_task(in_background, req.name, dict(req.params))
             return {"started": True}
         where = (str(req.store[0]), int(req.store[1]))
-        params = dict(req.params)
-        results = await run_host_ranks(ctx, topo, host, where, req.name, params, metrics, fabric())
+        results = await run(where, req.name, dict(req.params))
         return {"results": {str(k): v for k, v in results.items()}}
 
     return handle
@@ -288,12 +343,13 @@ def run_virtual(
         results: dict[int, Any] = {}
         async with virtual_fabric(topo) as (drivers, agents), AsyncExitStack() as servers:
             groups = {}
-            for h in topo.hosts:  # each server's fabric on its own host's clock
-                clock = agents[h.name].ctx.clock
+            for server, hosts in topo.servers.items():  # each on its first host's clock
+                clock = agents[hosts[0]].ctx.clock
+                ranks = server_ranks(topo, hosts[0])
                 fab = await servers.enter_async_context(
-                    open_server_fabric(topo.server, h.ranks, clock)
+                    open_server_fabric(topo.server, ranks, clock)
                 )
-                groups[h.name] = HostGroup(h.ranks, fab)
+                groups[server] = HostGroup(ranks, fab)
             service = await servers.enter_async_context(trio.open_nursery())
             store = VirtualStore(next(iter(agents.values())).ctx.clock)
             service.start_soon(store.run)
@@ -313,7 +369,7 @@ def run_virtual(
                             None,
                             places,
                             p.rank,
-                            groups[p.host],
+                            groups[p.server],
                             name,
                             params,
                             options,

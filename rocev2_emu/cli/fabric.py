@@ -252,18 +252,25 @@ def _topology_args(p: argparse.ArgumentParser) -> None:
         type=float,
         help="time-dilation factor (default: the shape's, sized for this class of machine)",
     )
-    g = p.add_argument_group("servers (single-switch, leaf-spine, fat-tree)")
+    g = p.add_argument_group("servers")
     g.add_argument(
         "--ranks-per-host",
         type=positive_int,
         default=1,
-        help="accelerators per host (its ranks, sharing its NIC; default 1)",
+        help="single-switch, leaf-spine, fat-tree: accelerators per server (its ranks, sharing "
+        "its host's NIC; default 1)",
+    )
+    g.add_argument(
+        "--nic-per-accelerator",
+        action="store_true",
+        help="single-switch, leaf-spine, fat-tree: a NIC each instead (a host per accelerator, "
+        "the server's hosts under one leaf, 'server = \"sN\"')",
     )
     g.add_argument(
         "--server-fabric",
         choices=sorted(PRESETS),
-        help=f"what joins them: {', '.join(sorted(PRESETS))} (default {DEFAULT_PRESET}; free: "
-        "copies take no time)",
+        help=f"what joins a server's accelerators: {', '.join(sorted(PRESETS))} (default "
+        f"{DEFAULT_PRESET}; free: copies take no time)",
     )
     _ai_zone_args(p)
 
@@ -302,11 +309,13 @@ def _ai_zone_args(p: argparse.ArgumentParser) -> None:
 
 
 def _topology(args: argparse.Namespace) -> int:
-    if args.shape == "ai-zone" and (args.ranks_per_host > 1 or args.server_fabric):
+    if args.shape == "ai-zone" and (args.ranks_per_host > 1 or args.nic_per_accelerator):
         raise ValueError(
             "ai-zone: every accelerator is a host with its own NIC (--accelerators); "
-            "--ranks-per-host and --server-fabric are for the other shapes"
+            "--ranks-per-host and --nic-per-accelerator are for the other shapes"
         )
+    if args.nic_per_accelerator and args.ranks_per_host < 2:
+        raise ValueError("--nic-per-accelerator: give the accelerators, --ranks-per-host N >= 2")
     if args.shape == "ai-zone":
         extra: dict[str, float] = {"tdf": args.tdf} if args.tdf else {}
         print(
@@ -322,6 +331,7 @@ def _topology(args: argparse.Namespace) -> int:
                 cross_zone_oversubscription=args.cross_zone_oversubscription,
                 ctsw_buffer_mb=args.ctsw_buffer_mb,
                 rails=args.rails,
+                server_fabric=args.server_fabric or DEFAULT_PRESET,
                 delay_us=args.delay_us,
                 **extra,
             ),
@@ -333,7 +343,9 @@ def _topology(args: argparse.Namespace) -> int:
         common["tdf"] = args.tdf
     servers = None
     if args.ranks_per_host > 1 or args.server_fabric:
-        servers = topogen.Servers(args.ranks_per_host, args.server_fabric or DEFAULT_PRESET)
+        servers = topogen.Servers(
+            args.ranks_per_host, args.server_fabric or DEFAULT_PRESET, args.nic_per_accelerator
+        )
     if args.shape == "single-switch":
         text = topogen.single_switch(args.hosts, **common, servers=servers)
     elif args.shape == "leaf-spine":

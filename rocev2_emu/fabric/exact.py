@@ -85,16 +85,19 @@ def lookahead(topo: Topology) -> float:
 
 def process_groups(topo: Topology, workers: int | None = None) -> list[list[str]]:
     """The nodes each process of an exact run hosts: one node each (``workers`` None), or at
-    most ``workers`` processes.  With workers, the edge groups - a switch with the hosts linked
-    to it (a host without a switch alone) - are cut in topology order into runs of about equal
-    size, so neighbours (a pod's leaves, a ring's next ranks) share a process; then, tier by
-    tier away from them, each switch without hosts (a spine, an aggregation or core switch)
-    joins the process holding most of its neighbours of the tiers before (on a tie, the one
-    with the fewest nodes).
+    most ``workers`` processes; the hosts of one server (a NIC per accelerator, ``server`` in
+    the topology) always share one, as they share the server's fabric.  With workers, the edge
+    groups - a switch with the hosts linked to it (a host without a switch alone), or a server's
+    hosts - are cut in topology order into runs of about equal size, so neighbours (a pod's
+    leaves, a ring's next ranks) share a process; then, tier by tier away from them, each switch
+    in no edge group (a spine, an aggregation or core switch, a leaf whose hosts are all in
+    servers: a rail) joins the process holding most of its neighbours of the tiers before (on a
+    tie, the one with the fewest nodes).
     Every process computes the same groups from the topology, so each knows where the others
     are."""
     if workers is None:
-        return [[name] for name in topo.nodes]
+        together = {h: hosts for hosts in topo.servers.values() for h in hosts}
+        return [together.get(n, [n]) for n in topo.nodes if together.get(n, [n])[0] == n]
     if workers < 1:
         raise ValueError(f"--workers {workers}: at least one process")
     edges: dict[str, list[str]] = {}
@@ -102,11 +105,16 @@ def process_groups(topo: Topology, workers: int | None = None) -> list[list[str]
     for node in topo.nodes.values():
         if node.kind is NodeKind.HOST:
             key = node.name
-            if node.ports:
+            if node.server:
+                key = "server " + node.server
+            elif node.ports:
                 _, peer = topo.host_link(node.name)
                 key = peer.name if peer.kind is NodeKind.SWITCH else key
             edges.setdefault(key, []).append(node.name)
-        elif any(topo.nodes[peer].kind is NodeKind.HOST for _, peer in node.ports):
+        elif any(
+            topo.nodes[peer].kind is NodeKind.HOST and not topo.nodes[peer].server
+            for _, peer in node.ports
+        ):
             edges.setdefault(node.name, []).insert(0, node.name)
         else:
             lone.append(node.name)

@@ -22,11 +22,14 @@ configurations are built.  Layout of the file::
                     (unacknowledged packets per QP; default 4096: paced NICs need no window)
     [server]        fabric ("nvlink", default; "pcie"; "free": copies take no time), and
                     optionally bandwidth_gbps (per accelerator, each way) and latency_us: what
-                    joins the ranks of one host (rocev2_emu.server.crossbar names the presets'
+                    joins the ranks of one server (rocev2_emu.server.crossbar names the presets'
                     sources)
     [[switch]]      name, and optionally buffer_bytes and buffer_mode: its own buffer (a
                     deep-buffer spine, say) instead of the fabric's [buffer] size and mode
-    [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch)
+    [[host]]        name, ranks, rx_gbps (a slow receiver: its NIC pauses the switch), server
+                    (hosts naming one server are its accelerators, a NIC and one rank each,
+                    joined by [server]'s fabric; default: the host is a server of its own,
+                    its ranks sharing its NIC)
     [[link]]        a, b, and optionally rate_gbps, delay_us, loss
 """
 
@@ -268,6 +271,8 @@ def _nodes(
             extra = set(item) - {"name", "ranks", "rx_gbps"}
             if kind is NodeKind.SWITCH:
                 extra -= {"buffer_bytes", "buffer_mode"}
+            else:
+                extra -= {"server"}
             if extra:
                 raise fail(f"[[{kind}]] {name}", sorted(extra), "unknown keys")
             index = len(nodes)
@@ -292,10 +297,30 @@ def _nodes(
             mode = item.get("buffer_mode", "")
             if mode and mode not in BUFFER_MODES:
                 raise fail(f"[[switch]] {name}.buffer_mode", mode, f"one of {list(BUFFER_MODES)}")
+            server = item.get("server", "")
+            if not isinstance(server, str):
+                raise fail(f"[[host]] {name}.server", server, "must be a server's name")
+            if server and ranks != 1:
+                raise fail(
+                    f"[[host]] {name}.ranks",
+                    ranks,
+                    "a host in a server is one accelerator's NIC: 1",
+                )
             nodes[name] = Node(
-                name, kind, index, address, ranks, float(rx), buffer_bytes=own, buffer_mode=mode
+                name,
+                kind,
+                index,
+                address,
+                ranks,
+                float(rx),
+                buffer_bytes=own,
+                buffer_mode=mode,
+                server=server,
             )
     hosts = [n for n in nodes.values() if n.kind is NodeKind.HOST]
+    for n in hosts:
+        if n.server and n.server in nodes and n.server != n.name:
+            raise fail(f"[[host]] {n.name}.server", n.server, "names another node, not a server")
     if not hosts:
         raise fail("[[host]]", [], "a fabric needs at least one host")
     for h, node in enumerate(hosts):
@@ -397,4 +422,14 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         fab["batch_io"],
         fab["ecmp"],
         server,
+        servers_of(nodes),
     )
+
+
+def servers_of(nodes: dict[str, Node]) -> dict[str, list[str]]:
+    """Every server's hosts in file order (a host without ``server`` is a server of its own)."""
+    servers: dict[str, list[str]] = {}
+    for n in nodes.values():
+        if n.kind is NodeKind.HOST:
+            servers.setdefault(n.server or n.name, []).append(n.name)
+    return servers

@@ -60,11 +60,13 @@ def _header(
 
 @dataclass(frozen=True, slots=True)
 class Servers:
-    """Every host a server of ``ranks`` accelerators sharing its NIC, joined by ``fabric``
-    (a preset of :mod:`rocev2_emu.server.crossbar`)."""
+    """Every host a server of ``ranks`` accelerators joined by ``fabric`` (a preset of
+    :mod:`rocev2_emu.server.crossbar`): sharing the host's NIC, or with ``nics`` a NIC each
+    (a host per accelerator, all of the server's under its leaf, ``server = "s{i}"``)."""
 
     ranks: int = 1
     fabric: str = DEFAULT_PRESET
+    nics: bool = False
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -73,7 +75,8 @@ class Servers:
             raise ValueError(f"--server-fabric {self.fabric!r}: one of {', '.join(PRESETS)}")
 
     def flags(self) -> str:
-        return f" --ranks-per-host {self.ranks} --server-fabric {self.fabric}"
+        more = " --nic-per-accelerator" if self.nics else ""
+        return f" --ranks-per-host {self.ranks} --server-fabric {self.fabric}{more}"
 
     def section(self) -> list[str]:
         return ["[server]", f'fabric = "{self.fabric}"', ""]
@@ -84,8 +87,23 @@ def _nodes(kind: str, names: list[str], ranks: int = 1) -> list[str]:
     return [line for n in names for line in (f"[[{kind}]]", f'name = "{n}"', *extra, "")]
 
 
-def _ranks(servers: Servers | None) -> int:
-    return servers.ranks if servers else 1
+def _servers(at: list[str], servers: Servers | None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The hosts of servers under the leaves ``at`` (server k under ``at[k]``) and their links:
+    host k of ``ranks`` accelerators, or with ``servers.nics`` hosts k x ranks + i of server
+    ``s{k}``, one per accelerator."""
+    if servers is None or not servers.nics:
+        names = [f"h{k}" for k in range(len(at))]
+        return _nodes("host", names, servers.ranks if servers else 1), list(
+            zip(names, at, strict=True)
+        )
+    lines: list[str] = []
+    pairs: list[tuple[str, str]] = []
+    for k, leaf in enumerate(at):
+        for i in range(servers.ranks):
+            name = f"h{k * servers.ranks + i}"
+            lines += ["[[host]]", f'name = "{name}"', f'server = "s{k}"', ""]
+            pairs.append((name, leaf))
+    return lines, pairs
 
 
 def _links(pairs: list[tuple[str, str]]) -> list[str]:
@@ -101,11 +119,11 @@ def single_switch(
 ) -> str:
     if hosts < 1:
         raise ValueError(f"single-switch needs at least one host, got {hosts}")
-    names = [f"h{i}" for i in range(hosts)]
     shape = f"single-switch --hosts {hosts}"
     lines = _header("single-switch", shape, rate_gbps, delay_us, tdf, servers)
-    lines += _nodes("switch", ["sw0"]) + _nodes("host", names, _ranks(servers))
-    lines += _links([(h, "sw0") for h in names])
+    host_lines, pairs = _servers(["sw0"] * hosts, servers)
+    lines += _nodes("switch", ["sw0"]) + host_lines
+    lines += _links(pairs)
     return "\n".join(lines)
 
 
@@ -122,12 +140,10 @@ def leaf_spine(
         raise ValueError("leaf-spine needs at least one spine, leaf and host per leaf")
     sp = [f"spine{i}" for i in range(spines)]
     lf = [f"leaf{i}" for i in range(leaves)]
-    hosts = [
-        (f"h{i * hosts_per_leaf + j}", lf[i]) for i in range(leaves) for j in range(hosts_per_leaf)
-    ]
     shape = f"leaf-spine --spines {spines} --leaves {leaves} --hosts-per-leaf {hosts_per_leaf}"
     lines = _header("leaf-spine", shape, rate_gbps, delay_us, tdf, servers)
-    lines += _nodes("switch", sp + lf) + _nodes("host", [h for h, _ in hosts], _ranks(servers))
+    host_lines, hosts = _servers([leaf for leaf in lf for _ in range(hosts_per_leaf)], servers)
+    lines += _nodes("switch", sp + lf) + host_lines
     lines += _links([(leaf, spine) for leaf in lf for spine in sp] + hosts)
     return "\n".join(lines)
 
@@ -146,18 +162,19 @@ def fat_tree(
     cores = [f"core{i}" for i in range(half * half)]
     aggs = [f"agg{p}_{i}" for p in range(k) for i in range(half)]
     edges = [f"edge{p}_{i}" for p in range(k) for i in range(half)]
+    under = [f"edge{p}_{i}" for p in range(k) for i in range(half) for _ in range(half)]
+    host_lines, hosts = _servers(under, servers)  # each server's edge switch
+    per = len(hosts) // len(under)  # a server's hosts
     pairs: list[tuple[str, str]] = []
-    hosts: list[str] = []
     for p in range(k):
         for i in range(half):
             for j in range(half):
                 pairs.append((f"edge{p}_{i}", f"agg{p}_{j}"))
                 pairs.append((f"agg{p}_{i}", f"core{i * half + j}"))
-                h = f"h{(p * half + i) * half + j}"
-                hosts.append(h)
-                pairs.append((h, f"edge{p}_{i}"))
+                server = (p * half + i) * half + j
+                pairs += hosts[server * per : (server + 1) * per]
     lines = _header(f"fat-tree-k{k}", f"fat-tree -k {k}", rate_gbps, delay_us, tdf, servers)
-    lines += _nodes("switch", cores + aggs + edges) + _nodes("host", hosts, _ranks(servers))
+    lines += _nodes("switch", cores + aggs + edges) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
 
@@ -179,6 +196,7 @@ def ai_zone(
     cross_zone_oversubscription: float = 7.0,
     ctsw_buffer_mb: float = 0.0,
     rails: bool = False,
+    server_fabric: str = DEFAULT_PRESET,
     delay_us: float = 1.0,
     tdf: float = 20000.0,
 ) -> str:
@@ -201,7 +219,10 @@ def ai_zone(
 
     ``rails``: rail-optimized instead (as NVIDIA's reference AI fabrics wire them): a leaf per
     accelerator index in each zone, ``rail{z}_{i}``, wired to accelerator i of every server in
-    the zone, so that accelerators of the same index talk through one switch."""
+    the zone, so that accelerators of the same index talk through one switch.
+
+    The accelerators of a server (``server = "s{n}"`` on their hosts) are joined by
+    ``server_fabric`` inside it (NVLink by default, as a Grand Teton server's eight GPUs)."""
     if min(zones, racks, servers_per_rack, accelerators, ctsws) < 1 or (zones > 1 and atsws < 1):
         raise ValueError("an AI zone needs at least one rack, server, accelerator and CTSW")
     if spare <= 0 or cross_zone_oversubscription <= 0 or host_gbps <= 0:
@@ -217,7 +238,11 @@ def ai_zone(
         f"--cross-zone-oversubscription {cross_zone_oversubscription:g} "
         f"--ctsw-buffer-mb {ctsw_buffer_mb:g}" + (" --rails" if rails else "")
     )
+    if server_fabric not in PRESETS:
+        raise ValueError(f"--server-fabric {server_fabric!r}: one of {', '.join(PRESETS)}")
+    shape += f" --server-fabric {server_fabric}"
     lines = _header("ai-zone", shape, host_gbps, delay_us, tdf)
+    lines += ["[server]", f'fabric = "{server_fabric}"', ""]
     # every switch needs 96 KiB of PFC headroom and 8 x 4 KiB of reserve per port, and a shared
     # pool beyond that (topology_file checks): the fabric's buffer is sized for its widest
     # switch (an RTSW, or an ATSW with a port per CTSW), twice what the ports set aside
@@ -243,8 +268,9 @@ def ai_zone(
         for server in range(servers):
             for acc in range(accelerators):
                 rack = server // servers_per_rack
-                hosts.append((f"h{len(hosts)}", rtsw[z][acc if rails else rack]))
-    lines += _nodes("host", [h for h, _ in hosts])
+                name = f"h{len(hosts)}"
+                hosts.append((name, rtsw[z][acc if rails else rack]))
+                lines += ["[[host]]", f'name = "{name}"', f'server = "s{z * servers + server}"', ""]
     lines += _links(hosts)
     rated = [(r, c, up_gbps) for z in range(zones) for r in rtsw[z] for c in ctsw[z]]
     rated += [(c, a, cross_gbps) for zone in ctsw for c in zone for a in atsw]

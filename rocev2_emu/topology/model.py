@@ -60,6 +60,7 @@ class Node:
     ip: str = ""  # hosts: emulated IPv4 (the GID)
     buffer_bytes: int = 0  # switches: their own buffer (0: the fabric's [buffer] size_bytes)
     buffer_mode: str = ""  # switches: their own buffer mode ("": the fabric's [buffer] mode)
+    server: str = ""  # hosts: the server whose accelerator's NIC this is ("": a server of its own)
     ports: list[tuple[Link, str]] = field(default_factory=list)  # (link, neighbour name)
 
 
@@ -81,7 +82,9 @@ class Topology:
     subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
     batch_io: bool = True  # node processes batch their datagrams (UDP GSO/GRO)
     ecmp: str = "5-tuple"  # how switches pick among equal-cost ports (switch.config.ECMP_MODES)
-    server: IntraServerConfig = PRESETS["nvlink"]  # what joins the ranks of one host ([server])
+    server: IntraServerConfig = PRESETS["nvlink"]  # what joins the ranks of a server ([server])
+    # every server's hosts (its accelerators' NICs) in file order, servers by their first host
+    servers: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def hosts(self) -> list[Node]:
@@ -90,6 +93,15 @@ class Topology:
     @property
     def switches(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind is NodeKind.SWITCH]
+
+    def server_of(self, host: str) -> str:
+        """The server a host belongs to: its ``server`` key, or its own name (a host alone is
+        a server whose accelerators share its NIC)."""
+        return self.nodes[host].server or host
+
+    def server_hosts(self, host: str) -> list[str]:
+        """The hosts of ``host``'s server (``[host]`` for a host alone)."""
+        return self.servers[self.server_of(host)]
 
     def port_mac(self, switch: str, port: int) -> bytes:
         i = self.nodes[switch].index

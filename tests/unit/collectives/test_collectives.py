@@ -131,7 +131,7 @@ def test_the_hierarchy_comes_from_the_topology_and_skips_single_member_levels() 
     assert sorted(shipped.rings["rack"].values()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert sorted(shipped.rings["top"].values()) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     two_per_host = hierarchy(places_for(fabric(2, 4, 2, 2)))
-    assert two_per_host.levels == ["host", "rack", "top"]
+    assert two_per_host.levels == ["server", "rack", "top"]
     assert two_per_host.rings["rack"]["rack:0"] == [0, 2]  # local rank 0 of h0 and of h1
     tree = hierarchy(places_for(parse(tomllib.loads(fat_tree(4)), "ft.toml")))
     assert tree.levels == ["rack", "pod", "top"]  # edges of a pod share their aggregation
