@@ -27,6 +27,7 @@ from collectives.jobs.launch import run_attached, run_exact_job, run_local
 from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
+from rocev2_emu.fabric.exact import process_layout
 from rocev2_emu.topology.file import load, parse, resolve_names
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import NodeKind, Topology
@@ -255,7 +256,7 @@ def main(which: str, args: BenchOptions) -> int:
     tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
     if exact:
-        where = "one process per node" if args.workers is None else f"{args.workers} workers"
+        where = process_layout(topo, args.workers)
         mode = f"{where}, clock: exact" + (
             f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
         )

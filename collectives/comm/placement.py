@@ -105,7 +105,9 @@ class Ring:
     rx: Rx | None
 
 
-def ring_order(places: list[RankPlace], order: str) -> list[int]:
+def ring_order(places: list[RankPlace], order: str, *, backwards: bool = True) -> list[int]:
+    """The ranks in ring order (``order``: "topology" or "rank"); ``backwards=False`` walks
+    every server forwards (the hierarchy's positions: accelerator i of every server alike)."""
     if order == "rank":
         return [p.rank for p in places]
     if order != "topology":
@@ -122,8 +124,8 @@ def ring_order(places: list[RankPlace], order: str) -> list[int]:
 
     def key(p: RankPlace) -> tuple[int, int, int]:
         k = servers[p.server]
-        backwards = len(nics[p.server]) > 1 and k % 2 == 1  # leave and enter on one rail
-        return (leaves[leaf_of[p.server]], k, -p.local_rank if backwards else p.local_rank)
+        back = backwards and len(nics[p.server]) > 1 and k % 2 == 1  # leave, enter on one rail
+        return (leaves[leaf_of[p.server]], k, -p.local_rank if back else p.local_rank)
 
     return [p.rank for p in sorted(places, key=key)]
 
@@ -147,7 +149,7 @@ class Hierarchy:
 
 
 def hierarchy(places: list[RankPlace]) -> Hierarchy:
-    order = ring_order(places, "topology")
+    order = ring_order(places, "topology", backwards=False)
     per_nic = max(Counter(p.host for p in places).values(), default=1)
     keys = {
         "server": lambda p: p.server,

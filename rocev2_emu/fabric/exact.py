@@ -141,6 +141,15 @@ def process_groups(topo: Topology, workers: int | None = None) -> list[list[str]
     return [sorted(b, key=order.__getitem__) for b in bins if b]
 
 
+def process_layout(topo: Topology, workers: int | None) -> str:
+    """How an exact run places its nodes, in words (for its header)."""
+    if workers is not None:
+        return f"{workers} workers"
+    if any(len(hosts) > 1 for hosts in topo.servers.values()):
+        return "one process per node (a server's hosts in one)"
+    return "one process per node"
+
+
 def process_name(group: list[str]) -> str:
     """How the run names a process: its nodes, comma-separated."""
     return ",".join(group)

@@ -384,24 +384,35 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("shape", "workers"),
+    [
+        (["single-switch", "--hosts", "2", "--ranks-per-host", "4"], None),  # one NIC a server
+        # a NIC per accelerator on rails: a process per server, then two workers
+        (["ai-zone", "--zones", "1", "--racks", "2", "--accelerators", "4", "--rails"], None),
+        (["ai-zone", "--zones", "1", "--racks", "2", "--accelerators", "4", "--rails"], "2"),
+    ],
+)
 def test_servers_of_four_accelerators_over_processes_print_the_virtual_table(
-    tmp_path: Path,
+    tmp_path: Path, shape: list[str], workers: str | None
 ) -> None:
-    """Two servers of four accelerators each, joined inside by NVLink (rocev2_emu/server): the
-    intra-server transfers run on each host process's engine clock, so the hierarchical
-    all-reduce over processes prints the virtual run's table while the CPUs are busy."""
+    """Two servers of four accelerators each, joined inside by NVLink (rocev2_emu/server), the
+    accelerators sharing their server's NIC or with a NIC each (on rails): the intra-server
+    transfers run on the engine clock of the process that holds the server, so the
+    hierarchical all-reduce over processes prints the virtual run's table while the CPUs are
+    busy."""
     topo = tmp_path / "servers.toml"
     made = subprocess.run(
-        [*EXE, "topology", "single-switch", "--hosts", "2", "--ranks-per-host", "4"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+        [*EXE, "topology", *shape], capture_output=True, text=True, check=True, timeout=60
     )
     topo.write_text(made.stdout)
-    assert '[server]\nfabric = "nvlink"' in made.stdout and "ranks = 4" in made.stdout
+    assert '[server]\nfabric = "nvlink"' in made.stdout
+    assert ("ranks = 4" in made.stdout) != ('server = "s1"' in made.stdout)
     bench = [*EXE, "bench", "all-reduce", "-b", "64K", "-e", "256K", "-n", "1", "--topology"]
     bench += [str(topo), "--algo", "hierarchical"]
-    virtual, exact = _virtual_then_exact(bench)
+    virtual, exact = _virtual_then_exact(bench, ("--workers", workers) if workers else ())
     assert _table(exact.stdout) == _table(virtual.stdout)
     assert "Out of bounds values : 0 OK" in exact.stdout
+    if 'server = "s1"' in made.stdout and workers is None:  # 6 switches, a process per server
+        assert "a server's hosts in one" in exact.stdout
+        assert "of 8 processes woken per window" in exact.stdout + exact.stderr
