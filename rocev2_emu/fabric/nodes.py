@@ -34,7 +34,7 @@ from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import DatagramPort, batch_mode
-from rocev2_emu.topology.model import Link, NodeKind, Topology, dcqcn_params
+from rocev2_emu.topology.model import Link, NodeKind, Topology, dcqcn_params, refuse_split_servers
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import SwitchDriver
@@ -159,18 +159,6 @@ async def _orphan_guard(parent: int) -> None:
     raise SystemExit(f"the launcher (pid {parent}) is gone")
 
 
-def refuse_shared_servers(topo: Topology, names: list[str] | None = None) -> None:
-    """The wall clock runs a process per node: refuse the hosts (``names``: these; None: any)
-    of a server of a NIC per accelerator, whose fabric needs its hosts in one process."""
-    for server, hosts in topo.servers.items():
-        if len(hosts) > 1 and (names is None or set(hosts) & set(names)):
-            raise ValueError(
-                f"{topo.path}: server {server!r} ({', '.join(hosts)}) has a NIC per accelerator; "
-                "its hosts share its fabric in one process, which the exact clock gives them "
-                "(--clock exact, or --virtual), the wall clock does not"
-            )
-
-
 async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
     async with trio.open_nursery() as nursery:
         if opts.parent_pid:
@@ -183,7 +171,7 @@ async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
     node = topo.nodes.get(name)
     if node is None:
         raise ValueError(f"{topo.path}: no node named {name!r}")
-    refuse_shared_servers(topo, [name])
+    refuse_split_servers(topo, [name])
     ready = (
         f"READY {name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
         f"control={node.address}:{CONTROL_PORT} batch_io={{batch_io}}"

@@ -35,11 +35,10 @@ from rocev2_emu.fabric.exact import (
     process_name,
 )
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
-from rocev2_emu.fabric.nodes import refuse_shared_servers
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime.sync import Coordinator, SyncError
-from rocev2_emu.topology.model import Topology, TopologyError
+from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 READY_TIMEOUT = 60.0
@@ -201,7 +200,7 @@ async def _supervise(
     rather than one each."""
     refuse_taken(topo, topo_path, [n for n in topo.nodes if only is None or n in only])
     if coordinator is None:
-        refuse_shared_servers(topo, None if only is None else list(only))
+        refuse_split_servers(topo, None if only is None else list(only))
     epoch = time.monotonic()
     procs: dict[str, trio.Process] = {}
     stopping = trio.Event()

@@ -50,7 +50,7 @@ from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
-from rocev2_emu.topology.model import Node, NodeKind, Topology
+from rocev2_emu.topology.model import Node, NodeKind, Topology, refuse_split_servers
 
 DEFAULT_SUBNET = "172.30.0.0/24"
 IMAGE = "rocev2-emu:latest"
@@ -350,6 +350,7 @@ def generate(topology_path: str, out: str, subnet: str = DEFAULT_SUBNET) -> list
     data = tomllib.loads(Path(topology_path).read_text())
     data = with_subnet(data, subnet)
     topo = parse(data, topology_path)
+    refuse_split_servers(topo)  # a container per node
     root = Path(out)
     files = {
         root / "docker-compose.yml": compose_file(topo, topology_path, subnet),

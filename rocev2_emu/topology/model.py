@@ -199,6 +199,20 @@ class Topology:
         return link, self.nodes[peer]
 
 
+def refuse_split_servers(topo: Topology, names: list[str] | None = None) -> None:
+    """For a process per node (the wall clock, the compose testbed): refuse the hosts
+    (``names``: these; None: any) of a server of a NIC per accelerator, whose fabric needs its
+    hosts in one process (an exact run places them so)."""
+    for server, hosts in topo.servers.items():
+        if len(hosts) > 1 and (names is None or set(hosts) & set(names)):
+            raise TopologyError(
+                f"{topo.path}: server {server!r} ({', '.join(hosts)}) has a NIC per accelerator; "
+                "its hosts share its fabric in one process, which an exact run gives them "
+                "(--clock exact, or --virtual); a process per node (the wall clock, the compose "
+                "testbed) cannot"
+            )
+
+
 def dcqcn_overrides(section: dict[str, Any]) -> dict[str, Any]:
     """The DCQCN parameters a topology's [dcqcn] section sets beyond its profile."""
     return {k: v for k, v in section.items() if k in DcqcnParams.__dataclass_fields__}

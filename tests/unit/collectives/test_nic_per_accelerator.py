@@ -17,10 +17,9 @@ from collectives.comm.cost import hierarchy_ratio
 from collectives.comm.placement import hierarchy, ring_order
 from collectives.jobs.job import places_for, run_virtual, server_ranks
 from rocev2_emu.fabric.exact import process_groups, process_layout
-from rocev2_emu.fabric.nodes import refuse_shared_servers
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, ai_zone, fat_tree, leaf_spine, single_switch
-from rocev2_emu.topology.model import Topology, TopologyError
+from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 
 
 def two_servers(nics: bool = True, fabric: str = "nvlink") -> Topology:
@@ -130,7 +129,7 @@ def test_servers_stay_in_one_process_and_the_wall_clock_refuses_them() -> None:
     assert [set(s0) <= set(two[0]), set(s1) <= set(two[1])] == [True, True]
     assert sorted(n for g in two for n in g) == sorted(topo.nodes)
     assert process_layout(topo, None) == "one process per node (a server's hosts in one)"
-    with pytest.raises(ValueError, match=r"server 's1' \(h4, h5, h6, h7\) has a NIC per"):
-        refuse_shared_servers(topo, ["h5"])
-    refuse_shared_servers(topo, ["rail0_0"])  # a switch alone is fine
-    refuse_shared_servers(two_servers(nics=False))  # so is a server of one NIC
+    with pytest.raises(TopologyError, match=r"server 's1' \(h4, h5, h6, h7\) has a NIC per"):
+        refuse_split_servers(topo, ["h5"])
+    refuse_split_servers(topo, ["rail0_0"])  # a switch alone is fine
+    refuse_split_servers(two_servers(nics=False))  # so is a server of one NIC
