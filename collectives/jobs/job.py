@@ -346,8 +346,9 @@ def run_virtual(
             for server, hosts in topo.servers.items():  # each on its first host's clock
                 clock = agents[hosts[0]].ctx.clock
                 ranks = server_ranks(topo, hosts[0])
-                fab = await servers.enter_async_context(
-                    open_server_fabric(topo.server, ranks, clock)
+                registry = metrics.registry if metrics is not None else None
+                fab = await servers.enter_async_context(  # counted where the job's ranks are
+                    open_server_fabric(topo.server, ranks, clock, registry=registry, node=server)
                 )
                 groups[server] = HostGroup(ranks, fab)
             service = await servers.enter_async_context(trio.open_nursery())

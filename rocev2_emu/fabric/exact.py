@@ -39,7 +39,13 @@ from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.changes import link_indices, switch_changes
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.nodes import METRICS_PORT, host_agent, host_config, link_faults
+from rocev2_emu.fabric.nodes import (
+    METRICS_PORT,
+    host_agent,
+    host_config,
+    link_faults,
+    map_handler,
+)
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.driver import EngineNic
@@ -332,6 +338,7 @@ async def _exact_process(
             locals_[name] = ctx.driver.node
             registry = nic_registry(ctx.driver, name)
             services = host_services(topo, ctx, name, registry)
+            services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
             agent = host_agent(topo, ctx, name)
             refused = refusals(AgentServer(agent).table)
             agent_server = AgentServer(agent, {**services, **more, **refused}, secret)

@@ -143,11 +143,40 @@ def rank_progress(
     return ranks
 
 
-def _map_handler(ctx: Context, registry: CollectorRegistry) -> Handler:
-    """The host's ``map`` command: what the live map shows of it (:mod:`rocev2_emu.ui`)."""
+def server_fabric_state(registry: CollectorRegistry) -> dict[str, dict[str, list[float]]]:
+    """Per server whose fabric counts on ``registry`` (:mod:`rocev2_emu.server.fabric`'s
+    ``rocev2_server_fabric_*`` series, labelled by server): each accelerator's bytes sent and
+    emulated seconds busy sending and receiving (``tx_bytes``, ``tx_busy``, ``rx_busy``)."""
+    keys = {
+        "rocev2_server_fabric_tx_bytes_total": "tx_bytes",
+        "rocev2_server_fabric_busy_seconds_total": "busy",
+    }
+    servers: dict[str, dict[str, list[float]]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            key = keys.get(sample.name)
+            if key is None:
+                continue
+            if key == "busy":
+                key = f"{sample.labels['direction']}_busy"
+            row = servers.setdefault(sample.labels["node"], {})
+            port = int(sample.labels["accelerator"])
+            values = row.setdefault(key, [])
+            values.extend([0.0] * (port + 1 - len(values)))
+            values[port] = sample.value
+    return servers
+
+
+def map_handler(ctx: Context, registry: CollectorRegistry) -> Handler:
+    """The host's ``map`` command: what the live map shows of it (:mod:`rocev2_emu.ui`): its
+    NIC, its ranks' progress and its server's fabric (on the registry of the server's host)."""
 
     async def handle(_: NoFields) -> dict[str, Any]:
-        return {**host_map_state(ctx), "ranks": rank_progress(registry)}
+        return {
+            **host_map_state(ctx),
+            "ranks": rank_progress(registry),
+            "server_fabric": server_fabric_state(registry),
+        }
 
     return handle
 
@@ -211,7 +240,7 @@ async def host_node(
     async with Context.open(host_config(topo, name, opts.tdf, opts.epoch)) as ctx:
         registry = nic_registry(ctx.driver, name)
         handlers = host_services(topo, ctx, name, registry)
-        handlers["map"] = (NoFields, _map_handler(ctx, registry))
+        handlers["map"] = (NoFields, map_handler(ctx, registry))
         handlers.update(extra or {})
         if opts.metrics:
             serve(registry, METRICS_PORT, addr=opts.metrics_addr or topo.nodes[name].address)

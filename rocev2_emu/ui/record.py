@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.fabric.agent import host_map_state
-from rocev2_emu.fabric.nodes import rank_progress
+from rocev2_emu.fabric.nodes import rank_progress, server_fabric_state
 from rocev2_emu.fabric.virtual import Watcher
 from rocev2_emu.topology.model import Topology
 from rocev2_emu.ui.sampler import Sampler, layout
@@ -47,7 +47,7 @@ def local_read(
 ) -> Callable[[float], tuple[dict[str, Any], dict[str, Any]]]:
     """What every node would answer to ``ports`` and ``map`` at emulated time ``t``, read from
     the nodes of this process; with the ``registry`` of a virtual job's collectives, each
-    host's ranks' progress too."""
+    host's ranks' progress and the servers' fabrics too (with the first host's answer)."""
     ranks_of: dict[str, set[int]] = {}
     first = 0
     for h in topo.hosts:  # ranks are numbered host-major in topology order
@@ -60,6 +60,8 @@ def local_read(
         hosts = {}
         for name, agent in agents.items():
             hosts[name] = host_map_state(agent.ctx, t)
+            if registry is not None and len(hosts) == 1:
+                hosts[name]["server_fabric"] = server_fabric_state(registry)
             if progress:
                 hosts[name]["ranks"] = {
                     r: row for r, row in by_rank.items() if int(r) in ranks_of[name]

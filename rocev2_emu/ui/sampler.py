@@ -8,8 +8,10 @@ within a tier; with three tiers of switches, what stays connected below the top 
 (:func:`pods`: a fat-tree's edge and aggregation switches and their hosts), drawn in its own
 band of the width.  A sample (:class:`Sampler`) asks every switch for its ports (the ``ports``
 control command: bytes sent, queue depth, XOFF in force, pause frames, ECN marks, drops) and
-every host for its NIC's counters and its QPs' DCQCN rates (``map``), and turns byte counters
-into rates over the emulated time between two samples: every figure is in emulated units.
+every host for its NIC's counters, its QPs' DCQCN rates and its server's fabric (``map``), and
+turns byte counters into rates over the emulated time between two samples: every figure is in
+emulated units.  A server of several accelerators (its ranks on one host, or a host per
+accelerator's NIC) is drawn as a box around its hosts, coloured by its fabric's busiest port.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def layout(topo: Topology) -> dict[str, Any]:
                 nodes[-1]["pod"] = p
     bands = [{"pod": p, "x0": (p + 0.02) / count, "x1": (p + 0.98) / count} for p in range(count)]
     links = [{"a": lk.a, "b": lk.b, "vni": lk.vni, "rate_bps": lk.rate_bps} for lk in topo.links]
+    servers = [  # a server's accelerators and what joins them (its hosts side by side)
+        {"name": name, "hosts": hosts, "fabric": topo.server.describe()}
+        for name, hosts in topo.servers.items()
+        if sum(topo.nodes[h].ranks for h in hosts) > 1 and not topo.server.free
+    ]
     return {
         "name": topo.name,
         "tdf": topo.tdf,
@@ -68,6 +75,7 @@ def layout(topo: Topology) -> dict[str, Any]:
         "nodes": nodes,
         "links": links,
         "pods": bands,
+        "servers": servers,
     }
 
 
@@ -209,8 +217,33 @@ class Sampler:
             "missing": missing,
             "ranks": ranks,
             "slowest": slowest,
+            "servers": self._servers(hosts, now, last),
         }
         self._last = out
+        return out
+
+    @staticmethod
+    def _servers(
+        hosts: dict[str, Any], now: float, last: dict[str, Any] | None
+    ) -> dict[str, dict[str, Any]]:
+        """Each server's fabric since the previous sample: bytes sent into it per emulated
+        second (``bps``) and its busiest accelerator port's share of the time busy (``util``,
+        sending or receiving), with the counters they come from."""
+        before = last.get("servers", {}) if last else {}
+        out: dict[str, dict[str, Any]] = {}
+        for h in hosts.values():
+            for name, fab in h.get("server_fabric", {}).items():
+                tx = sum(fab.get("tx_bytes", []))
+                busy = [*fab.get("tx_busy", []), *fab.get("rx_busy", [])]
+                row: dict[str, Any] = {"t": now, "tx_bytes": tx, "busy": busy, "bps": 0.0}
+                row["util"] = 0.0
+                prev = before.get(name)
+                dt = now - prev["t"] if prev else 0.0
+                if prev and dt > 0 and len(prev["busy"]) == len(busy):
+                    row["bps"] = max(tx - prev["tx_bytes"], 0.0) * 8 / dt
+                    gained = (b - a for a, b in zip(prev["busy"], busy, strict=True))
+                    row["util"] = min(max(gained, default=0.0) / dt, 1.0)
+                out[name] = row
         return out
 
     @staticmethod

@@ -217,3 +217,55 @@ def test_a_virtual_scenario_records_each_run_beside_its_json(tmp_path: Path) -> 
     assert len(samples) > 10 and samples[-1]["totals"]["pfc_tx"] > 0
     assert any(lk["ab_paused"] for s in samples for lk in s["links"])  # senders held by PFC
     assert (tmp_path / "incast.json").exists()
+
+
+def test_the_replay_draws_each_server_coloured_by_its_fabric(browser: Any, tmp_path: Path) -> None:
+    """Ring all-reduces on two servers of four accelerators, a NIC each, recorded in virtual
+    time and replayed: a box per server around its four hosts, whose colour and
+    tooltip follow the recording's server fabric at the sample shown."""
+    import tomllib
+
+    import collectives.scenarios.straggler  # noqa: F401  (registers the iterations job)
+    from collectives.jobs.launch import run_virtual_recorded
+    from rocev2_emu.experiments.harness import Mode
+    from rocev2_emu.topology.file import parse
+    from rocev2_emu.topology.generate import Servers
+    from rocev2_emu.ui.record import recorder
+
+    topo = parse(tomllib.loads(single_switch(2, servers=Servers(4, "nvlink", True))), "s.toml")
+    path = tmp_path / "servers.jsonl"
+    mode = Mode(record=lambda t, s, registry=None: recorder(t, str(path), registry=registry))
+    params = {"iters": 2, "bytes": 4 << 20, "timeout": 0.5}
+    results, _ = run_virtual_recorded(topo, "iterations", params, "servers", mode)
+    assert all(isinstance(v, list) for v in results.values()), results
+    samples = [json.loads(line) for line in path.read_text().splitlines()][1:]
+    busiest = max(range(len(samples)), key=lambda i: samples[i]["servers"]["s0"]["util"])
+    port = _free_port()
+    view = _start(
+        [sys.executable, "-m", "rocev2_emu", "view", str(path), "--ui", f"127.0.0.1:{port}"],
+        "the replay:",
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        _wait(browser, "return document.body.dataset.ready === 'replay';")
+        browser.execute_script(
+            "const s = document.getElementById('timeline'); s.value = arguments[0];"
+            "s.dispatchEvent(new Event('input'));",
+            busiest,
+        )
+        got = browser.execute_script(
+            "const b = document.getElementById('server-s0'), r = b.getBoundingClientRect();"
+            "const h = ['h0', 'h3'].map(n => document.querySelector(`#node-${n} circle`)"
+            "  .getBoundingClientRect());"
+            "return [b.dataset.util, b.querySelector('title').textContent,"
+            "  r.left <= h[0].left && h[1].right <= r.right,"
+            "  document.getElementById('server-busiest').textContent];"
+        )
+        want = samples[busiest]["servers"]["s0"]
+        assert float(got[0]) == pytest.approx(want["util"]) and want["util"] > 0.2
+        assert "nvlink" in got[1] and f"{round(100 * want['util'])}% busy" in got[1]
+        assert got[2] is True  # the box holds the server's hosts
+        assert got[3].startswith("s") and "%" in got[3]
+        browser.save_screenshot(str(ARTIFACTS / "ui-servers.png"))
+    finally:
+        _stop(view)

@@ -14,7 +14,7 @@ from collectives.jobs.launch import run_virtual_recorded
 from collectives.scenarios.straggler import bursts, straggler_topology
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.topology.file import parse
-from rocev2_emu.topology.generate import fat_tree, single_switch
+from rocev2_emu.topology.generate import Servers, fat_tree, single_switch
 from rocev2_emu.ui.record import PERIOD, period_for, recorder
 
 ITERS = 3
@@ -91,3 +91,29 @@ def test_a_large_fabrics_recording_samples_less_often(tmp_path: Path) -> None:
     times = [json.loads(line)["t"] for line in path.read_text().splitlines()[1:]]
     steps = {round(b - a, 9) for a, b in pairwise(times[:-1])}
     assert len(times) > 4 and steps == {round(2 * PERIOD, 9)}  # the last: when the job ended
+
+
+def test_a_recorded_job_shows_each_servers_fabric_busy_while_it_reduces(tmp_path: Path) -> None:
+    """Two servers of four accelerators, a NIC each: the layout names each server and its
+    hosts, and the samples carry each server's fabric - bytes into it per emulated second and
+    its busiest port's share of time busy - rising while the ring goes through the servers'
+    fabrics, and never above the port's time."""
+    topo = parse(tomllib.loads(single_switch(2, servers=Servers(4, "nvlink", True))), "2x4.toml")
+    path = tmp_path / "servers.jsonl"
+    mode = Mode(record=lambda t, s, registry=None: recorder(t, str(path), registry=registry))
+    params = PARAMS | {"bytes": 4 << 20}
+    results, _ = run_virtual_recorded(topo, "iterations", params, "servers", mode)
+    assert sorted(results) == list(range(8))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    servers = rows[0]["layout"]["servers"]
+    assert [(s["name"], s["hosts"]) for s in servers] == [
+        ("s0", ["h0", "h1", "h2", "h3"]),
+        ("s1", ["h4", "h5", "h6", "h7"]),
+    ]
+    assert servers[0]["fabric"].startswith("nvlink, 3600 Gb/s per accelerator")
+    samples = rows[1:]
+    fab = [s["servers"]["s0"] for s in samples if "s0" in s["servers"]]
+    assert fab and all(0.0 <= f["util"] <= 1.0 for f in fab)
+    assert max(f["util"] for f in fab) > 0.2 and max(f["bps"] for f in fab) > 400e9  # > 4 NICs
+    # the last sample's counters: every byte each accelerator sent through the server
+    assert fab[-1]["tx_bytes"] == samples[-1]["servers"]["s1"]["tx_bytes"] > 0
