@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -416,3 +417,56 @@ def test_servers_of_four_accelerators_over_processes_print_the_virtual_table(
     if 'server = "s1"' in made.stdout and workers is None:  # 6 switches, a process per server
         assert "a server's hosts in one" in exact.stdout
         assert "of 8 processes woken per window" in exact.stdout + exact.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_map_samples_every_node_of_an_exact_run(tmp_path: Path) -> None:
+    """The live map's sampler against an exact run (paced, so that it lasts): every switch
+    and host answers (hosts answer ``map`` on the exact clock too), in emulated time, and the
+    flow's links show its load."""
+    import trio
+
+    from rocev2_emu.control import auth
+    from rocev2_emu.topology.file import load
+    from rocev2_emu.ui.sampler import Sampler
+
+    topo_path = tmp_path / "two.toml"
+    made = _run([*EXE, "topology", "single-switch", "--hosts", "2"], 60)
+    topo_path.write_text(made.stdout)
+    flows = tmp_path / "flows.toml"
+    flows.write_text(f'[[flow]]\nsrc = "h0"\ndst = "h1"\nsize = {64 << 20}\n')
+    up = [*EXE, "up", str(topo_path), "--clock", "exact", "--flows", str(flows), "--pace", "5000"]
+    proc = subprocess.Popen(
+        up, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # readiness: every node process said so
+            seen.append(line)
+            if "node processes ready" in line:
+                break
+        assert any("node processes ready" in s for s in seen), "".join(seen)[-2000:]
+        topo = load(topo_path)
+        auth.use(auth.load(str(topo_path)) or b"")
+        sampler = Sampler(topo)
+
+        async def two() -> dict[str, Any]:
+            await sampler.sample()
+            with trio.fail_after(60):
+                while True:  # until the flow's bytes show between two samples
+                    await trio.sleep(0.5)
+                    got = await sampler.sample()
+                    if got["links"][0]["ab_util"] > 0:
+                        return got
+
+        got = trio.run(two)
+        assert got["missing"] == [] and 0 < got["t"] < 0.1  # emulated seconds
+        assert set(got["nodes"]) == {"sw0", "h0", "h1"}
+    finally:
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the supervisor stops its nodes
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
