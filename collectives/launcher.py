@@ -47,7 +47,7 @@ from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_processes
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import to_toml
-from rocev2_emu.topology.model import NodeKind, Topology
+from rocev2_emu.topology.model import NodeKind, Topology, refuse_split_servers
 from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
 
 GRACE = 30.0  # wall seconds the other ranks get to exit after the first failure
@@ -314,6 +314,7 @@ def launch(
     ``nproc_per_host``: ``topo`` is already :func:`per_host`'s, for the ranks' environment."""
     if not command:
         raise ValueError("launch: no command; give it after --, e.g. -- python train.py")
+    refuse_split_servers(topo, runner="launch (a process per rank, each its own host)")
     job = RankLauncher(command, ranks, compute_ms, per_host=nproc_per_host)
     job.hosts(topo)  # a bad --ranks fails before anything starts
     if host is not None:

@@ -3,13 +3,14 @@
 schedule do to the interconnect tax.
 
 The fabric: one AI zone (``rocev2-emu topology ai-zone --zones 1 --racks 2 --servers-per-rack 2
---accelerators 4``): 16 accelerators, each with its own 400 Gbit/s NIC, under two CTSWs with
-12.5 % spare uplink.  Two wirings - a rack training switch per rack (the accelerators of a
-rack's servers under one leaf) and rail-optimized (``--rails``: accelerator i of every server
-under rail leaf i) - and two schedules of the dense gradients' all-reduce, the flat ring and
-the hierarchical one (reduce within a leaf first).  Each setting runs ``--iterations`` steps
-(default 3) of: the embeddings' all-to-all (128 samples x 2 tables x 64 floats to each peer),
-100 us of modelled compute, the gradients' all-to-all back, a 2 MiB all-reduce.
+--accelerators 4``): 16 accelerators, each with its own 400 Gbit/s NIC, the four of a server
+joined by NVLink, under two CTSWs with 12.5 % spare uplink.  Two wirings - a rack training
+switch per rack (the accelerators of a rack's servers under one leaf) and rail-optimized
+(``--rails``: accelerator i of every server under rail leaf i) - and two schedules of the dense
+gradients' all-reduce, the flat ring and the hierarchical one (reduce within the server first,
+then the leaf or rail).  Each setting runs ``--iterations`` steps (default 3) of: the
+embeddings' all-to-all (128 samples x 2 tables x 64 floats to each peer), 100 us of modelled
+compute, the gradients' all-to-all back, a 2 MiB all-reduce.
 
 Per setting: the step time, and the interconnect tax (the share of the step that is not
 compute) split between the all-to-alls and the all-reduce.  The checks: every value right, and

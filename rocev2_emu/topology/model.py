@@ -199,17 +199,20 @@ class Topology:
         return link, self.nodes[peer]
 
 
-def refuse_split_servers(topo: Topology, names: list[str] | None = None) -> None:
+def refuse_split_servers(
+    topo: Topology,
+    names: list[str] | None = None,
+    runner: str = "a process per node (the wall clock, the compose testbed)",
+) -> None:
     """For a process per node (the wall clock, the compose testbed): refuse the hosts
     (``names``: these; None: any) of a server of a NIC per accelerator, whose fabric needs its
-    hosts in one process (an exact run places them so)."""
+    hosts in one process (an exact run places them so); ``runner`` names what cannot."""
     for server, hosts in topo.servers.items():
         if len(hosts) > 1 and (names is None or set(hosts) & set(names)):
             raise TopologyError(
                 f"{topo.path}: server {server!r} ({', '.join(hosts)}) has a NIC per accelerator; "
                 "its hosts share its fabric in one process, which an exact run gives them "
-                "(--clock exact, or --virtual); a process per node (the wall clock, the compose "
-                "testbed) cannot"
+                f"(--clock exact, or --virtual); {runner} cannot"
             )
 
 

@@ -7,6 +7,7 @@ intra-server traffic off the network, and the wall clock's refusal."""
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from collectives.bench.nccl import params as bench_params
 from collectives.comm.cost import hierarchy_ratio
 from collectives.comm.placement import hierarchy, ring_order
 from collectives.jobs.job import places_for, run_virtual, server_ranks
+from collectives.launcher import launch
 from rocev2_emu.fabric.exact import process_groups, process_layout
+from rocev2_emu.testbed import compose
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, ai_zone, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
@@ -120,7 +123,7 @@ def test_a_server_keeps_its_traffic_off_the_network_and_a_nic_each_beats_a_share
     assert each < shared / 2, (each, shared)
 
 
-def test_servers_stay_in_one_process_and_the_wall_clock_refuses_them() -> None:
+def test_servers_stay_in_one_process_and_a_process_per_node_refuses_them(tmp_path: Path) -> None:
     topo = rails()
     switches = ["ctsw0_0", "ctsw0_1", "rail0_0", "rail0_1", "rail0_2", "rail0_3"]
     s0, s1 = topo.servers["s0"], topo.servers["s1"]
@@ -133,3 +136,11 @@ def test_servers_stay_in_one_process_and_the_wall_clock_refuses_them() -> None:
         refuse_split_servers(topo, ["h5"])
     refuse_split_servers(topo, ["rail0_0"])  # a switch alone is fine
     refuse_split_servers(two_servers(nics=False))  # so is a server of one NIC
+    # launch (a process per rank) and the compose testbed (a container per node) say so
+    with pytest.raises(TopologyError, match=r"launch \(a process per rank, each its own host\)"):
+        launch(topo, "rails.toml", 1.0, ["python", "train.py"], ranks=None, compute_ms=0.0)
+    path = tmp_path / "rails.toml"
+    path.write_text(ai_zone(1, 2, 1, 4, rails=True))
+    with pytest.raises(TopologyError, match=r"has a NIC per accelerator"):
+        compose.generate(str(path), str(tmp_path / "testbed"))
+    assert not (tmp_path / "testbed").exists()
