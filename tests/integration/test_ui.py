@@ -103,6 +103,32 @@ def _start(cmd: list[str], ready: str) -> subprocess.Popen[str]:
     raise AssertionError(f"{cmd[3]} did not say {ready!r}: {''.join(seen)[-2000:]}")
 
 
+def _replay(browser: Any, recording: Path) -> subprocess.Popen[str]:
+    """``rocev2-emu view`` of ``recording``, loaded in the browser and ready; the viewer's
+    process, for the caller to stop."""
+    port = _free_port()
+    view = _start(
+        [sys.executable, "-m", "rocev2_emu", "view", str(recording), "--ui", f"127.0.0.1:{port}"],
+        "the replay:",
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        _wait(browser, "return document.body.dataset.ready === 'replay';")
+    except BaseException:
+        _stop(view)
+        raise
+    return view
+
+
+def _show(browser: Any, index: int) -> None:
+    """Move the replay's timeline to sample ``index``."""
+    browser.execute_script(
+        "const s = document.getElementById('timeline'); s.value = arguments[0];"
+        "s.dispatchEvent(new Event('input'));",
+        index,
+    )
+
+
 def _stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -172,20 +198,10 @@ def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     samples = [json.loads(line) for line in virtual.read_text().splitlines()][1:]
     assert len(samples) > 100
-    port = _free_port()
-    view = _start(
-        [sys.executable, "-m", "rocev2_emu", "view", str(virtual), "--ui", f"127.0.0.1:{port}"],
-        "the replay:",
-    )
+    view = _replay(browser, virtual)
     try:
-        browser.get(f"http://127.0.0.1:{port}/")
-        _wait(browser, "return document.body.dataset.ready === 'replay';")
         for index in (1, len(samples) // 2):
-            browser.execute_script(
-                "const s = document.getElementById('timeline'); s.value = arguments[0];"
-                "s.dispatchEvent(new Event('input'));",
-                index,
-            )
+            _show(browser, index)
             want = samples[index]
             got = browser.execute_script(
                 "return [document.getElementById('t').textContent,"
@@ -240,19 +256,9 @@ def test_the_replay_draws_each_server_coloured_by_its_fabric(browser: Any, tmp_p
     assert all(isinstance(v, list) for v in results.values()), results
     samples = [json.loads(line) for line in path.read_text().splitlines()][1:]
     busiest = max(range(len(samples)), key=lambda i: samples[i]["servers"]["s0"]["util"])
-    port = _free_port()
-    view = _start(
-        [sys.executable, "-m", "rocev2_emu", "view", str(path), "--ui", f"127.0.0.1:{port}"],
-        "the replay:",
-    )
+    view = _replay(browser, path)
     try:
-        browser.get(f"http://127.0.0.1:{port}/")
-        _wait(browser, "return document.body.dataset.ready === 'replay';")
-        browser.execute_script(
-            "const s = document.getElementById('timeline'); s.value = arguments[0];"
-            "s.dispatchEvent(new Event('input'));",
-            busiest,
-        )
+        _show(browser, busiest)
         got = browser.execute_script(
             "const b = document.getElementById('server-s0'), r = b.getBoundingClientRect();"
             "const h = ['h0', 'h3'].map(n => document.querySelector(`#node-${n} circle`)"
