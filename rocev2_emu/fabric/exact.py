@@ -177,7 +177,9 @@ def run_exact_node(
         raise ValueError(f"{topo.path}: no node named {unknown[0]!r}")
     groups = process_groups(topo, workers)
     if sorted(names) not in (sorted(g) for g in groups):
-        hint = "one node" if workers is None else f"one of {[process_name(g) for g in groups]}"
+        hint = f"one of {[process_name(g) for g in groups]}"
+        if workers is None:  # one node, or the hosts of one server
+            hint = process_name(next(g for g in groups if names[0] in g))
         raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
     _enough_files(len(names), metrics)
     canonical_trio_scheduler()

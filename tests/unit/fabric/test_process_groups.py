@@ -13,7 +13,7 @@ import pytest
 
 from rocev2_emu.fabric.exact import process_groups, process_name, run_exact_node
 from rocev2_emu.topology.file import parse
-from rocev2_emu.topology.generate import fat_tree, leaf_spine, single_switch
+from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
 
 
@@ -79,8 +79,11 @@ def test_a_node_process_refuses_what_is_not_one_of_the_runs_processes() -> None:
         run_exact_node(topo, ["h99"], ("127.0.0.1", 1), workers=2)
     with pytest.raises(ValueError, match=r"h0,h1: a process of this run hosts one of \["):
         run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1), workers=2)
-    with pytest.raises(ValueError, match="a process of this run hosts one node"):
+    with pytest.raises(ValueError, match=r"h0,h1: a process of this run hosts h0$"):
         run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1))
+    servers = parse(tomllib.loads(single_switch(2, servers=Servers(2, "nvlink", True))), "s.toml")
+    with pytest.raises(ValueError, match=r"h1: a process of this run hosts h0,h1$"):
+        run_exact_node(servers, ["h1"], ("127.0.0.1", 1))  # a server's hosts: one process
     with pytest.raises(ValueError, match="at least one process"):
         process_groups(topo, 0)
 
