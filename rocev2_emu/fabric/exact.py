@@ -428,10 +428,16 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     coordinator.hold()
     stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
     fabric = merge_stats(stats)
-    hops: dict[str, int] = {}  # by process: the nodes of one share its engine
+    hops: dict[str, int] = {}  # by process: the nodes of one share its engine, asked once
+    asked: set[str] = set()
     for node in topo.nodes.values():
+        if node.name in asked:
+            continue
         state = await control(node.address, {"cmd": "engine"})
-        hops[str(state.get("process", node.name))] = int(state["frame_hops"])
+        process = str(state.get("process", node.name))
+        hops[process] = int(state["frame_hops"])
+        asked.update(process.split(","))  # its nodes (process_name joins them)
+        asked.add(node.name)
     fabric["frame_hops"] = sum(hops.values())
     await coordinator.finish()
     return fabric
