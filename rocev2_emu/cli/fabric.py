@@ -197,7 +197,7 @@ def _link_args(p: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=["down", "up"],
         help="take it down or up (on an exact run at one emulated instant, which is printed; "
-        "link faults are not taken by an exact run)",
+        "so are fault changes there, a delay no lower than the link's own)",
     )
     p.add_argument("--loss", type=float, help="set the loss probability, both directions")
     p.add_argument("--corrupt", type=float, help="set the bit-corruption probability")

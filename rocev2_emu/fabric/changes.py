@@ -16,7 +16,10 @@ from typing import Any
 
 import trio
 
+from rocev2_emu.fabric.nodes import link_faults
+from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import current_engine
+from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.topology.model import Topology
 from switch.pipeline import SwitchCore
 
@@ -44,6 +47,60 @@ def switch_changes(
         core.set_routes(topo.routes_by_ip(name, frozenset(down)))
 
     return apply
+
+
+def changed_faults(
+    topo: Topology, pairs: Iterable[tuple[str, str]], faults: dict[str, float], *, exact: bool
+) -> list[tuple[tuple[str, str], LinkFaults]]:
+    """Each link's faults after a change: its own (the topology's loss, delay and seed) with
+    ``faults`` over them, as ``rocev2-emu link`` sets them on the wall clock; checked (a
+    ValueError names the field).  ``exact``: a delay below the link's own is refused - the
+    run's lookahead was taken from the topology's delays."""
+    out = []
+    for a, b in pairs:
+        link = topo.link_between(a, b)
+        own = link_faults(topo, link)
+        settings = {"loss": own.loss, "delay": own.delay, "seed": own.seed, **faults}
+        new = faults_from_request(settings)
+        if exact and new.delay < own.delay:
+            raise ValueError(
+                f"link {a} <-> {b}: delay {new.delay * 1e6:g} us is below its own "
+                f"{own.delay * 1e6:g} us, which an exact run's lookahead counts on"
+            )
+        out.append(((a, b), new))
+    return out
+
+
+def set_faults_on(
+    topo: Topology, nodes: dict[str, Node], changed: list[tuple[tuple[str, str], LinkFaults]]
+) -> None:
+    """Give the links ``changed`` their new faults, both directions, at the ends among
+    ``nodes`` (an engine's: the sender's wire decides each frame's fate)."""
+    for (a, b), faults in changed:
+        link = topo.link_between(a, b)
+        for end in (a, b):
+            node = nodes.get(end)
+            wire = node.wires[topo.port_of(end, link)] if node is not None else None
+            if wire is not None:
+                wire.set_faults(faults)
+
+
+def change_faults_at(
+    topo: Topology, at: float, pairs: list[tuple[str, str]], faults: dict[str, float]
+) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
+    """A task beside a virtual run: at emulated ``at`` the links between ``pairs`` take
+    ``faults`` (over their own, both directions) - what an exact run does with a faults
+    change from outside."""
+    changed = changed_faults(topo, pairs, faults, exact=False)  # refused now, not mid-run
+
+    async def change(switches: dict[str, Any], agents: dict[str, Any]) -> None:
+        nodes = {name: sw.node for name, sw in switches.items()}
+        nodes |= {name: agent.ctx.driver.node for name, agent in agents.items()}
+        clock = next(iter(switches.values())).clock
+        await trio.sleep(max(0.0, at - clock.now()))
+        set_faults_on(topo, nodes, changed)
+
+    return change
 
 
 def change_links_in_run(at: float, pairs: list[tuple[str, str]], *, up: bool) -> bool:

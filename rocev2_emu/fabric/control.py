@@ -110,13 +110,19 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
 
 
 async def change_links_exact(
-    topo: Topology, pairs: list[tuple[str, str]], up: bool
+    topo: Topology,
+    pairs: list[tuple[str, str]],
+    up: bool,
+    faults: dict[str, float] | None = None,
 ) -> float | None:
-    """On an exact run: the links between ``pairs`` down (or up) at the first emulated instant
-    the run can take it, everywhere at once (one ``change_links`` request to a node); that
-    instant.  None if the fabric runs on the wall clock (its nodes know no such request)."""
+    """On an exact run: the links between ``pairs`` down (or up; or taking ``faults``) at the
+    first emulated instant the run can take it, everywhere at once (one ``change_links``
+    request to a node); that instant.  None if the fabric runs on the wall clock (its nodes
+    know no such request)."""
     first = topo.switches[0] if topo.switches else topo.nodes[pairs[0][0]]
-    msg = {"cmd": "change_links", "pairs": [list(pair) for pair in pairs], "up": up}
+    msg: dict[str, Any] = {"cmd": "change_links", "pairs": [list(p) for p in pairs], "up": up}
+    if faults is not None:
+        msg["faults"] = faults
     reply = await control(first.address, msg, timeout=30.0)
     if isinstance(reply, dict) and "at" in reply:
         return float(reply["at"])
@@ -142,6 +148,13 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
     }
     settings.update(faults)
     faults_from_request(settings)  # validate before touching the fabric
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
+    at = await change_links_exact(topo, [(a, b)], True, faults)
+    if at is not None:
+        return (
+            f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions, from t={at * 1e6:.3f} "
+            "us emulated (exact run)"
+        )
     for end in (a, b):
         msg: dict[str, Any] = {"cmd": "set_faults", "faults": settings}
         if topo.nodes[end].kind is NodeKind.SWITCH:
@@ -149,7 +162,6 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
         reply = await control(topo.nodes[end].address, msg)
         if "error" in reply:
             raise RuntimeError(f"{end}: {reply['error']}")
-    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
     return f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions"
 
 

@@ -37,7 +37,7 @@ from rocev2_emu.control import auth
 from rocev2_emu.control.channel import open_channel, stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
-from rocev2_emu.fabric.changes import link_indices, switch_changes
+from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import (
     METRICS_PORT,
@@ -56,7 +56,13 @@ from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, Reply, WallServer
 from rocev2_emu.runtime.metrics import serve_nodes
 from rocev2_emu.runtime.ports import UdpPort
-from rocev2_emu.runtime.sync import MAX_CHANGE_LINKS, Coordinator, LinkChange, RunOver
+from rocev2_emu.runtime.sync import (
+    MAX_CHANGE_LINKS,
+    Coordinator,
+    LinkChange,
+    RunOver,
+    change_faults,
+)
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
@@ -214,11 +220,14 @@ def _enough_files(nodes: int, metrics: bool) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ChangeLinks:
-    """The links between each pair of nodes (``[[a, b], ...]``) down or ``up``, at the first
-    emulated instant the run can take it; the reply ``{"at": seconds}``."""
+    """The links between each pair of nodes (``[[a, b], ...]``) down or ``up`` - or, with
+    ``faults`` (``{"loss": p, "delay": s, ...}``), taking those faults over their own, both
+    directions - at the first emulated instant the run can take it; the reply ``{"at":
+    seconds}``."""
 
     pairs: list[Any]
-    up: bool
+    up: bool = True
+    faults: Any = None
 
     def __post_init__(self) -> None:
         if not 0 < len(self.pairs) <= MAX_CHANGE_LINKS:
@@ -230,6 +239,8 @@ class ChangeLinks:
                 and all(isinstance(n, str) for n in pair)
             ):
                 raise ValueError(f"pairs[{i}]: {pair!r:.60} is not [a, b] node names")
+        if self.faults is not None:
+            change_faults(self.faults)  # a map of LinkFaults' fields, each a number
 
 
 def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
@@ -237,11 +248,15 @@ def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
 
     async def change_links(req: ChangeLinks) -> dict[str, Any]:
         pairs = [(str(a), str(b)) for a, b in req.pairs]
+        faults = None
         try:
             link_indices(topo, pairs)
+            if req.faults is not None:
+                changed_faults(topo, pairs, req.faults, exact=True)  # checked before the run
+                faults = change_faults(req.faults)
         except TopologyError as exc:
             raise ValueError(str(exc)) from None
-        waiter = engine.change_links(None, pairs, up=req.up)
+        waiter = engine.change_links(None, pairs, up=req.up, faults=faults)
         # no deadline here (it would be an emulated one): the client's, on the wall clock
         await waiter.event.wait()
         return {"at": waiter.at}
@@ -255,8 +270,8 @@ REFUSED: Final = ("set_link", "set_faults", "set_routes")
 async def _refuse(_: Any) -> dict[str, Any]:
     raise ValueError(
         "an exact run changes its fabric only at emulated instants, everywhere at once: take "
-        "links down or up with change_links (rocev2-emu link, the map); link faults and routes "
-        "from outside are not taken (use --clock wall)"
+        "links down or up, or change their faults, with change_links (rocev2-emu link, the "
+        "map); routes from outside are not taken (use --clock wall)"
     )
 
 
@@ -313,6 +328,10 @@ async def _exact_process(
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
     def on_change(change: LinkChange, now: float) -> None:
+        if change.faults is not None:  # the links' faults, at the ends this process holds
+            changed = changed_faults(topo, change.pairs, dict(change.faults), exact=True)
+            set_faults_on(topo, locals_, changed)
+            return
         for apply in changes:
             apply(change, now)
 

@@ -168,16 +168,21 @@ class ExactEngine(Engine):
 
     # -- changes to the fabric at emulated instants (rocev2_emu.runtime.sync.LinkChange) ------
     def change_links(
-        self, at: float | None, pairs: list[tuple[str, str]], *, up: bool
+        self,
+        at: float | None,
+        pairs: list[tuple[str, str]],
+        *,
+        up: bool,
+        faults: tuple[tuple[str, float], ...] | None = None,
     ) -> ChangeWaiter:
-        """Ask for the links between the named nodes to go down (or up) at emulated ``at``,
-        everywhere in the run at once (at least one lookahead from now: the coordinator
-        refuses a change the run has already passed, and the run stops; None: as soon as the
-        run can take it, for a change from outside the run - the waiter then learns the
-        instant it was given)."""
+        """Ask for the links between the named nodes to go down (or up; or to take ``faults``,
+        sorted settings of a :class:`LinkFaults`) at emulated ``at``, everywhere in the run at
+        once (at least one lookahead from now: the coordinator refuses a change the run has
+        already passed, and the run stops; None: as soon as the run can take it, for a change
+        from outside the run - the waiter then learns the instant it was given)."""
         if at is not None and not at >= self.events.now:
             raise EngineError(f"a link change at t={at!r} is before now ({self.events.now!r})")
-        change = LinkChange(at, tuple(pairs), up)
+        change = LinkChange(at, tuple(pairs), up, faults)
         self._changes_out.append(change)
         waiter = ChangeWaiter(change)
         if at is None:
@@ -345,7 +350,7 @@ class ExactEngine(Engine):
                 if change.at is None:
                     raise SyncError(f"{self.name}: a link change came without its instant")
                 for waiter in self._asked:  # the first ask of this change: its instant
-                    if (waiter.change.pairs, waiter.change.up) == (change.pairs, change.up):
+                    if waiter.change.at_instant(0.0) == change.at_instant(0.0):
                         waiter.at = change.at
                         waiter.event.set()
                         self._asked.remove(waiter)

@@ -64,6 +64,7 @@ from rocev2_emu.control.channel import (
     _authenticate,
 )
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
+from rocev2_emu.runtime.link import faults_from_request
 
 TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's sequence number
 
@@ -143,21 +144,28 @@ MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report 
 class LinkChange:
     """The links between the named nodes go down (``up`` False) or come back at ``at`` (None:
     as soon as the run can take it - a change from outside the run, ``rocev2-emu link`` or the
-    map; the coordinator gives it the instant its windows have reached)."""
+    map; the coordinator gives it the instant its windows have reached).  With ``faults`` it
+    changes the links' faults instead (both directions; the settings of
+    :class:`~rocev2_emu.runtime.link.LinkFaults`, ``up`` unused)."""
 
     at: float | None
     pairs: tuple[tuple[str, str], ...]
     up: bool
+    faults: tuple[tuple[str, float], ...] | None = None  # sorted (field, value) pairs
 
     def wire(self) -> list[Any]:
-        return [self.at, [list(p) for p in self.pairs], self.up]
+        item = [self.at, [list(p) for p in self.pairs], self.up]
+        return item if self.faults is None else [*item, dict(self.faults)]
+
+    def at_instant(self, at: float) -> LinkChange:
+        return LinkChange(at, self.pairs, self.up, self.faults)
 
     @classmethod
     def from_wire(cls, item: Any) -> LinkChange:
         """A change as a process sent it, checked (ValueError names what is wrong)."""
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise ValueError(f"a link change is [at, [[a, b], ...], up]: {item!r:.80}")
-        at, pairs, up = item
+        if not isinstance(item, list | tuple) or len(item) not in (3, 4):
+            raise ValueError(f"a link change is [at, [[a, b], ...], up(, faults)]: {item!r:.80}")
+        at, pairs, up = item[:3]
         if at is not None and (not isinstance(at, int | float) or not math.isfinite(at) or at < 0):
             raise ValueError(f"link change time {at!r:.40}")
         if not isinstance(up, bool) or not isinstance(pairs, list | tuple):
@@ -169,8 +177,17 @@ class LinkChange:
             for pair in pairs
         ):
             raise ValueError(f"a link change names 1 to {MAX_CHANGE_LINKS} [a, b] node pairs")
+        faults = None
+        if len(item) == 4:
+            faults = change_faults(item[3])
         when = None if at is None else float(at)
-        return cls(when, tuple((str(a), str(b)) for a, b in pairs), up)
+        return cls(when, tuple((str(a), str(b)) for a, b in pairs), up, faults)
+
+
+def change_faults(settings: Any) -> tuple[tuple[str, float], ...]:
+    """Fault settings of a change, checked as a link's are (ValueError names the field)."""
+    faults_from_request(settings)
+    return tuple(sorted((str(k), float(v)) for k, v in settings.items()))
 
 
 @dataclass(slots=True)
@@ -379,7 +396,7 @@ class Coordinator:
         already passed one's instant."""
         for change in changes:
             if change.at is None:
-                change = LinkChange(max(self.until, 0.0), change.pairs, change.up)
+                change = change.at_instant(max(self.until, 0.0))
             elif change.at < self.until:
                 raise SyncError(
                     f"node {name}: a link change at t={change.at * 1e6:.3f} us comes after the "

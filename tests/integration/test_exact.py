@@ -267,6 +267,51 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
     assert (calm_results, calm) != (results, fabric)  # and its failure changed the run
 
 
+@pytest.mark.timeout(600)
+def test_a_links_loss_set_from_outside_an_exact_run_is_the_virtual_run_lossy_from_then(
+    tmp_path: Path,
+) -> None:
+    """``rocev2-emu link A B --loss P`` against a paced exact run of the leaf-spine's flows:
+    the run gives the change the first emulated instant it can take, both directions of the
+    link take the loss then (the sender's wire, in whichever process), and the run's JSON is
+    the virtual run's with that loss from that instant, byte for byte - retransmissions and
+    all.  A delay below the link's own (which the run's lookahead counts on) is refused."""
+    from rocev2_emu.fabric.changes import change_faults_at
+    from rocev2_emu.fabric.flows import load_flows
+    from rocev2_emu.fabric.report import write_json
+    from rocev2_emu.fabric.virtual import run_flows_virtual
+    from rocev2_emu.topology.file import load
+
+    # the leaf-spine's shift, 32 MiB a flow (3 ms: the change lands while they run), and an
+    # ACK timeout of 1 ms (a lost tail waits for it: 16.8 ms would be minutes of paced time)
+    shipped = (ROOT / "examples" / "topologies" / "leaf-spine.toml").read_text()
+    topo_path = str(tmp_path / "leaf-spine.toml")
+    Path(topo_path).write_text(shipped + "\n[transport]\nqp_timeout = 8\n")
+    shift = (ROOT / "examples" / "flows" / "leaf-spine-shift.toml").read_text()
+    flows = str(tmp_path / "flows.toml")
+    Path(flows).write_text(shift.replace("size = 1048576", f"size = {32 << 20}"))
+    exact, virtual = tmp_path / "exact.json", tmp_path / "virtual.json"
+    run = [topo_path, "--clock", "exact", "--pace", "5000", "--flows", flows]
+    with _up_until_ready([*run, "--json", str(exact)], "h7") as proc:
+        link = [*EXE, "link", topo_path, "leaf0", "spine0"]
+        asked = _run([*link, "--loss", "0.01"], 60)
+        assert asked.returncode == 0, asked.stderr
+        said = asked.stdout.strip()
+        assert said.startswith("link leaf0 <-> spine0 (VNI ") and "loss 0.01" in said, said
+        at = float(said.split("from t=")[1].split(" us")[0]) * 1e-6
+        lower = _run([*link, "--delay-us", "0.5"], 60)
+        assert lower.returncode != 0 and "below its own 1 us" in lower.stderr, lower.stderr
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    topo = load(topo_path)
+    lossy = change_faults_at(topo, at, [("leaf0", "spine0")], {"loss": 0.01})
+    results, fabric = run_flows_virtual(topo, load_flows(flows, topo), beside=lossy)
+    write_json(str(virtual), results, fabric)
+    assert exact.read_bytes().decode() == virtual.read_bytes().decode()
+    assert fabric.get("retransmitted", 0) > 0, at  # the loss struck
+    assert all(r.status.startswith("ok") for r in results)
+
+
 def _pid_of(name: str) -> int:
     """The pid of this test's node process ``name`` (rocev2-emu node TOPOLOGY NAME ...)."""
     deadline = time.monotonic() + 30

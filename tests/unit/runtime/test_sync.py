@@ -19,6 +19,7 @@ from rocev2_emu.runtime.sync import (
     Report,
     SyncError,
     Window,
+    change_faults,
     next_window,
     split_trailer,
     with_trailer,
@@ -147,7 +148,13 @@ def test_a_link_change_crosses_the_wire_and_a_malformed_one_is_named() -> None:
     assert LinkChange.from_wire(change.wire()) == change
     report = {"next": 1.0, "quiet": False, "sent": {}, "received": 0, "window": 0}
     assert Report.from_wire({**report, "changes": [change.wire()]}).changes == [change]
+    lossy = LinkChange(None, (("h0", "sw0"),), True, change_faults({"loss": 0.01, "delay": 2e-6}))
+    assert lossy.wire()[3] == {"delay": 2e-6, "loss": 0.01}  # only a faults change says them
+    assert LinkChange.from_wire(lossy.wire()) == lossy and len(change.wire()) == 3
+    assert lossy.at_instant(7e-6) == LinkChange(7e-6, lossy.pairs, True, lossy.faults)
     for bad, match in [
+        ([5e-6, [["a", "b"]], True, {"loss": 1.5}], "not a probability"),
+        ([5e-6, [["a", "b"]], True, {"jitter": True}], "not a boolean"),
         ([5e-6, [["a", "b"]]], "is \\[at"),
         ([-1.0, [["a", "b"]], False], "time"),
         ([5e-6, [["a", "b"]], "down"], "links or state"),
