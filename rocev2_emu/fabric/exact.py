@@ -226,7 +226,7 @@ class ChangeLinks:
     seconds}``."""
 
     pairs: list[Any]
-    up: bool = True
+    up: bool  # said even with faults (true), so that a request that forgets it is refused
     faults: Any = None
 
     def __post_init__(self) -> None:

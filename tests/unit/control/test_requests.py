@@ -126,12 +126,13 @@ def test_typed_rows_of_nodes_and_plugins_refuse_what_is_not_their_shape() -> Non
         decode(ChangeLinks, "change_links", {"pairs": [["a", "b"], ["b"]], "up": True})
     with pytest.raises(RequestError, match=r"pairs: 1 to \d+ links at once"):
         decode(ChangeLinks, "change_links", {"pairs": [], "up": True})
+    one_link = {"pairs": [["a", "b"]], "up": True}
     with pytest.raises(RequestError, match=r"link fault loss=True must be a number"):
-        decode(ChangeLinks, "change_links", {"pairs": [["a", "b"]], "faults": {"loss": True}})
+        decode(ChangeLinks, "change_links", {**one_link, "faults": {"loss": True}})
     with pytest.raises(RequestError, match=r"link fault loss=2(\.0)? is not a probability"):
-        decode(ChangeLinks, "change_links", {"pairs": [["a", "b"]], "faults": {"loss": 2}})
+        decode(ChangeLinks, "change_links", {**one_link, "faults": {"loss": 2}})
     with pytest.raises(RequestError, match=r"link faults must be a map, not list"):
-        decode(ChangeLinks, "change_links", {"pairs": [["a", "b"]], "faults": [0.1]})
+        decode(ChangeLinks, "change_links", {**one_link, "faults": [0.1]})
     with pytest.raises(RequestError, match=r"store: \['h', '1'\] is not \[address, port\]"):
         decode(CollectiveRequest, "collective", {"name": "bench", "store": ["h", "1"]})
     with pytest.raises(RequestError, match=r"unknown collective job 'nope'"):
