@@ -20,7 +20,7 @@ from rocev2_emu.fabric.nodes import link_faults
 from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import current_engine
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
-from rocev2_emu.topology.model import Topology
+from rocev2_emu.topology.model import Link, Topology
 from switch.pipeline import SwitchCore
 
 
@@ -49,6 +49,13 @@ def switch_changes(
     return apply
 
 
+def fault_settings(topo: Topology, link: Link, faults: dict[str, float]) -> dict[str, Any]:
+    """A link's fault settings with ``faults`` over its own (the topology's loss and delay,
+    its seed), as a ``set_faults`` request carries them."""
+    own = link_faults(topo, link)
+    return {"loss": own.loss, "delay": own.delay, "seed": own.seed, **faults}
+
+
 def changed_faults(
     topo: Topology, pairs: Iterable[tuple[str, str]], faults: dict[str, float], *, exact: bool
 ) -> list[tuple[tuple[str, str], LinkFaults]]:
@@ -60,8 +67,7 @@ def changed_faults(
     for a, b in pairs:
         link = topo.link_between(a, b)
         own = link_faults(topo, link)
-        settings = {"loss": own.loss, "delay": own.delay, "seed": own.seed, **faults}
-        new = faults_from_request(settings)
+        new = faults_from_request(fault_settings(topo, link, faults))
         if exact and new.delay < own.delay:
             raise ValueError(
                 f"link {a} <-> {b}: delay {new.delay * 1e6:g} us is below its own "

@@ -14,6 +14,7 @@ import trio
 
 from rocev2_emu.control import auth
 from rocev2_emu.fabric.agent import CONTROL_PORT
+from rocev2_emu.fabric.changes import fault_settings
 from rocev2_emu.runtime.link import faults_from_request
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.oob import OobChannel, OobError
@@ -141,12 +142,7 @@ def set_link(topo: Topology, a: str, b: str, up: bool) -> int:
 async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, float]) -> str:
     """Change link a-b's faults (loss, delay, ...) at both ends of a running fabric."""
     link = topo.link_between(a, b)
-    settings: dict[str, Any] = {
-        "loss": link.loss,
-        "delay": link.delay,
-        "seed": topo.link_seed(link),
-    }
-    settings.update(faults)
+    settings = fault_settings(topo, link, faults)
     faults_from_request(settings)  # validate before touching the fabric
     shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
     at = await change_links_exact(topo, [(a, b)], True, faults)
