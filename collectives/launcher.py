@@ -7,7 +7,8 @@ torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_
 ``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``TORCHELASTIC_RUN_ID``; ``OMP_NUM_THREADS=1`` unless set, as torchrun does for several ranks)
 and where the fabric is (``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``,
-``ROCEV2_STORE``, ``ROCEV2_JOB``, ``ROCEV2_COMPUTE_MS`` and the fabric's secret), which the
+``ROCEV2_STORE``, ``ROCEV2_JOB``, ``ROCEV2_COMPUTE_MS``, the fabric's secret, and on the
+exact clock ``ROCEV2_CLOCK`` and ``ROCEV2_SYNC``), which the
 ``rocev2`` torch backend (:mod:`collectives.pytorch`) reads: rank r becomes host r of the
 topology.  The launcher serves the rendezvous store the ranks connect through.
 
@@ -20,6 +21,15 @@ at the end.
 
 ``--host NAME`` runs only that host's rank, over switches already running (the compose
 testbed's training service, a container per host): :func:`run_one_rank`.
+
+``--clock exact``: the switches (and any host without a rank) are node processes of an exact
+run (:func:`rocev2_emu.fabric.supervisor.run_exact`) and each rank's process is one too (its
+fabric thread: :mod:`collectives.pytorch.worker`), synchronised by a coordinator served here;
+the rendezvous store is the coordinator's, in emulated time.  The clock starts once every rank
+has joined; a rank's operations start at the emulated instant its previous one ended, whatever
+its script did meanwhile in wall time, so every run gives the same emulated figures.  The run
+ends once every rank has closed its group and the fabric is quiet; a rank that exits before
+that ends the job, naming it.
 """
 
 from __future__ import annotations
@@ -43,8 +53,9 @@ from collectives.comm.store import StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.supervisor import run_processes
+from rocev2_emu.fabric.supervisor import run_exact, run_processes
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology, refuse_split_servers
@@ -87,6 +98,8 @@ class RankLauncher:
         self.procs: dict[int, trio.Process] = {}
         self.fabric: dict[str, Any] = {}
         self.topo: Topology | None = None
+        self.coordinator: Coordinator | None = None  # the exact clock's (None: the wall clock)
+        self._over = False  # the exact run has ended: its ranks may exit
 
     def hosts(self, topo: Topology) -> list[str]:
         n = len(topo.hosts) if self.ranks is None else self.ranks
@@ -136,6 +149,8 @@ class RankLauncher:
         return env
 
     async def run(self, topo: Topology, tdf: float, epoch: float) -> int:
+        if self.coordinator is not None:
+            return await self._run_exact(topo, self.coordinator)
         self.topo = topo
         hosts = self.hosts(topo)
         master = free_port()
@@ -150,6 +165,51 @@ class RankLauncher:
             self.fabric = await self._stats(topo, hosts)
             nursery.cancel_scope.cancel()
         return 0 if self.failed is None else exit_code(self.failed[1])
+
+    async def _run_exact(self, topo: Topology, coordinator: Coordinator) -> int:
+        """The ranks as processes of the exact run (see the module); their exit code."""
+        self.topo = topo
+        hosts = self.hosts(topo)
+        master = free_port()
+        assert coordinator.address is not None
+        sync = f"{coordinator.address[0]}:{coordinator.address[1]}"
+        async with trio.open_nursery() as ranks:
+            for rank in range(len(hosts)):
+                env = self.rank_env(topo, 1.0, 0.0, rank, 0, master)
+                env.update({"ROCEV2_CLOCK": "exact", "ROCEV2_SYNC": sync})
+                env.pop("ROCEV2_STORE")  # the coordinator keeps the store
+                proc = await self.spawn(rank, env, ranks)
+                self.procs[rank] = proc
+                ranks.start_soon(self._watch_exact, rank, proc)
+            with trio.move_on_after(RENDEZVOUS_SECONDS) as joining:
+                await coordinator.connected.wait()
+            if joining.cancelled_caught:
+                raise SyncError(
+                    f"the ranks did not all join the exact run within {RENDEZVOUS_SECONDS:g} s "
+                    '(does the program call dist.init_process_group("rocev2")?)'
+                )
+            coordinator.release()  # every rank is in: the clock starts
+            await coordinator.apps_done(hosts)
+            self.fabric = await quiet_stats(topo, coordinator)
+            self._over = True
+        return 0 if self.failed is None else exit_code(self.failed[1])
+
+    async def _watch_exact(self, rank: int, proc: trio.Process) -> None:
+        """A rank that exits before the exact run has ended stops the job, named (the others
+        could only wait for it)."""
+        try:
+            code = await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.kill(proc)
+        if code != 0 and self.failed is None:
+            self.failed = (rank, code)
+        if not self._over:
+            assert self.topo is not None
+            raise SyncError(
+                f"rank {rank} ({self.topo.hosts[rank].name}) exited with code {code} before "
+                "the exact run ended"
+            )
 
     async def spawn(self, rank: int, env: dict[str, str], nursery: trio.Nursery) -> trio.Process:
         """Rank ``rank``'s process running the command, its output streamed with the rank's
@@ -308,6 +368,7 @@ def launch(
     host: str | None = None,
     job_id: str = "torch",
     nproc_per_host: int = 1,
+    exact: bool = False,
 ) -> int:
     """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map);
     ``host``: only that host's rank, over running switches (:func:`run_one_rank`);
@@ -320,7 +381,11 @@ def launch(
     if host is not None:
         if ui is not None:
             raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
+        if exact:
+            raise ValueError("launch --host runs on the wall clock (--clock wall)")
         return trio.run(run_one_rank, job, topo, host, tdf, job_id)
+    if exact:
+        return _launch_exact(topo, path, job, ui)
     switches = [n.name for n in topo.nodes.values() if n.kind is NodeKind.SWITCH]
     print(
         f"# rocev2-emu launch: {len(job.hosts(topo))} ranks on {topo.name} "
@@ -342,13 +407,53 @@ def launch(
     return int(code)
 
 
+def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) -> int:
+    """``launch --clock exact``: the ranks and every other node on the exact clock."""
+    hosts = job.hosts(topo)
+    others = [name for name in topo.nodes if name not in hosts]
+    print(
+        f"# rocev2-emu launch: {len(hosts)} ranks on {topo.name} ({len(others)} node "
+        f"processes beside them), clock: exact, job {job.job}",
+        flush=True,
+    )
+
+    def make_job(coordinator: Coordinator) -> RankLauncher:
+        job.coordinator = coordinator
+        return job
+
+    try:
+        code, synced = run_exact(
+            topo, path, make_job, only=others, quiet=True, beside=map_task(topo, ui)
+        )
+    except SyncError as exc:
+        print(f"rocev2-emu launch: {exc}; the job stopped", file=sys.stderr, flush=True)
+        return exit_code(job.failed[1]) if job.failed is not None else 1
+    f = job.fabric
+    drops = sum(f.get("drops", {}).values())
+    print(
+        f"# fabric: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
+        f"{f.get('ecn_marked', 0)} ECN marks, {f.get('cnps_sent', 0)} CNPs, "
+        f"{f.get('retransmitted', 0)} retransmissions, {drops} drops, "
+        f"{f.get('frame_hops', 0)} frame-hops; clock: exact, {synced}",
+        flush=True,
+    )
+    return int(code)
+
+
 def _args(p: argparse.ArgumentParser) -> None:
     p.usage = (
-        "%(prog)s [-h] [--tdf TDF] [--ranks N] [--nproc-per-host N] [--compute-ms MS] "
-        "[--ui [ADDR:PORT]] [--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
+        "%(prog)s [-h] [--clock {wall,exact}] [--tdf TDF] [--ranks N] [--nproc-per-host N] "
+        "[--compute-ms MS] [--ui [ADDR:PORT]] [--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
     )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
-    p.add_argument("--tdf", type=positive_float, help="override the topology's TDF")
+    p.add_argument(
+        "--clock",
+        choices=["wall", "exact"],
+        default="wall",
+        help="wall: dilated wall clock at the TDF (default); exact: every rank and node on "
+        "the event engine, synchronised - the same emulated figures on every run",
+    )
+    p.add_argument("--tdf", type=positive_float, help="override the topology's TDF (wall clock)")
     p.add_argument(
         "--ranks", type=positive_int, help="ranks on the first N hosts (default: every host)"
     )
@@ -412,6 +517,7 @@ def _run(args: argparse.Namespace) -> int:
             host=args.host,
             job_id=args.job,
             nproc_per_host=n,
+            exact=args.clock == "exact",
         )
 
 

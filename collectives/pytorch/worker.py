@@ -12,6 +12,17 @@ stream; each completes a ``torch.futures.Future`` (its value, or the operation's
 What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its environment:
 ``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``, ``ROCEV2_STORE`` (host:port),
 ``ROCEV2_JOB`` and the fabric's secret; rank r is the topology's r-th host.
+
+On the exact clock (``launch --clock exact``: ``ROCEV2_CLOCK=exact`` and ``ROCEV2_SYNC``, the
+coordinator's host:port) the thread is a process of the exact run instead
+(:func:`rocev2_emu.fabric.exact.exact_nodes`: the host on its own event engine, windows from
+the launcher's coordinator, the rendezvous store the coordinator's) and the training script is
+its application: while the script has no operation queued the engine is *paused*
+(:meth:`~rocev2_emu.runtime.exact.ExactEngine.pause`): nothing runs there and the fabric waits,
+so an operation starts at the emulated instant the one before it ended (the first: when the
+communicator was made), however long the script computed in wall time.  Every run of the same
+script then gives the same emulated figures, loaded machine or not.  When the script closes the
+group, the host keeps answering until every rank has closed and the launcher ends the run.
 """
 
 from __future__ import annotations
@@ -29,10 +40,11 @@ import trio
 
 from collectives.comm.communicator import Communicator, HostGroup, RankPlace
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
-from collectives.comm.store import TcpStore
+from collectives.comm.store import TcpStore, exact_store
 from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
+from rocev2_emu.fabric.exact import exact_nodes, process_groups, run_exact_process
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.topology.file import load
@@ -44,6 +56,9 @@ ENV_TDF = "ROCEV2_TDF"
 ENV_EPOCH = "ROCEV2_EPOCH"
 ENV_STORE = "ROCEV2_STORE"
 ENV_JOB = "ROCEV2_JOB"
+ENV_CLOCK = "ROCEV2_CLOCK"  # "exact": the rank is a process of an exact run
+ENV_SYNC = "ROCEV2_SYNC"  # host:port of the exact run's coordinator
+EXACT_CLOSE_SECONDS = 600.0  # wall seconds close() waits for the other ranks to close too
 ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
 
 Run = Callable[[Communicator], Awaitable[Any]]
@@ -66,14 +81,17 @@ class RankEnv:
     store: tuple[str, int]
     job: str
     params: dict[str, Any] = field(default_factory=dict)
+    sync: tuple[str, int] | None = None  # the exact run's coordinator (None: the wall clock)
 
     @classmethod
     def from_environ(cls, rank: int, world: int) -> RankEnv:
         env = os.environ
         path = env.get(ENV_TOPOLOGY)
-        store = env.get(ENV_STORE)
+        exact = env.get(ENV_CLOCK) == "exact"
+        store = env.get(ENV_SYNC if exact else ENV_STORE)
         if not path or not store:
-            missing = [n for n in (ENV_TOPOLOGY, ENV_STORE) if not env.get(n)]
+            needed = (ENV_TOPOLOGY, ENV_SYNC if exact else ENV_STORE)
+            missing = [n for n in needed if not env.get(n)]
             raise BackendError(
                 f"rocev2 backend: {', '.join(missing)} not set; start the ranks with "
                 "`rocev2-emu launch TOPOLOGY -- python SCRIPT`"
@@ -97,7 +115,10 @@ class RankEnv:
         except ValueError as exc:
             raise BackendError(f"rocev2 backend: bad launcher environment: {exc}") from exc
         job = env.get(ENV_JOB, "torch")
-        return cls(topo, topo.hosts[rank].name, rank, world, tdf, epoch, address, job, params)
+        host_name = topo.hosts[rank].name
+        if exact:
+            return cls(topo, host_name, rank, world, 1.0, 0.0, address, job, params, address)
+        return cls(topo, host_name, rank, world, tdf, epoch, address, job, params)
 
     def places(self) -> list[RankPlace]:
         """The first ``world`` hosts, one rank each, in topology order."""
@@ -170,20 +191,23 @@ class FabricWorker:
 
     def counters(self) -> dict[str, Any]:
         """The fabric's counters now: this rank's NIC and every switch (blocks, from the
-        torch thread: at most 10 s per switch)."""
-        if self._token is None:
+        torch thread: at most 10 wall seconds per switch; asked from this thread, so that the
+        deadlines are real seconds on the exact clock too, where the switches answer at the
+        emulated instant their processes have reached)."""
+        token, ctx = self._token, self._ctx
+        if token is None or ctx is None:
             raise RuntimeError(f"rocev2 backend: {self._dead()}")
-        result: dict[str, Any] = trio.from_thread.run(self._counters, trio_token=self._token)
-        return result
+        own = trio.from_thread.run_sync(host_stats, ctx, trio_token=token)
+        switches: dict[str, Any] = trio.run(self._switch_counters)
+        return merge_stats({self.env.host: own, **switches})
 
-    async def _counters(self) -> dict[str, Any]:
-        assert self._ctx is not None
-        stats = {self.env.host: host_stats(self._ctx)}
+    async def _switch_counters(self) -> dict[str, Any]:
+        stats = {}
         for node in self.env.topo.nodes.values():
             if node.kind is NodeKind.SWITCH:
                 with trio.move_on_after(10):
                     stats[node.name] = await control(node.address, {"cmd": "stats"})
-        return merge_stats(stats)
+        return stats
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking operations, let the queued ones finish, close the NIC, end the thread
@@ -193,6 +217,8 @@ class FabricWorker:
             if self._token is not None and self._send is not None and self._error is None:
                 with contextlib.suppress(trio.RunFinishedError):  # it has just ended
                     self._token.run_sync_soon(self._send.close)
+        if self.env.sync is not None:  # the exact clock: the NIC answers until all have closed
+            timeout = max(timeout, EXACT_CLOSE_SECONDS)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -202,7 +228,10 @@ class FabricWorker:
     # -- the trio thread --------------------------------------------------------------
     def _thread_main(self) -> None:
         try:
-            trio.run(self._main)
+            if self.env.sync is None:
+                trio.run(self._main)
+            else:
+                run_exact_process(self._main_exact)
         except BaseException as exc:
             self._error = exc
         finally:
@@ -247,6 +276,51 @@ class FabricWorker:
                         await self._run_one(comm, name, run, future)
                 comm.close()
                 nursery.cancel_scope.cancel()
+
+    async def _main_exact(self) -> None:
+        """The host as a process of the exact run (see the module), until the run ends."""
+        env = self.env
+        assert env.sync is not None
+        groups = process_groups(env.topo)
+        async with exact_nodes(env.topo, groups, [env.host], env.sync, True) as process:
+            ctx = process.contexts[env.host]
+            registry = process.registries[env.topo.nodes[env.host].address]
+            engine = process.engine
+            self._ctx = ctx
+            self.step_metrics = StepMetrics(registry, env.rank)
+            metrics = HostCollectiveMetrics(registry).rank(env.rank)
+            store = exact_store(env.topo.nodes[env.host].index, ctx.clock)
+            options = comm_options(env.topo, {"job_id": env.job, **env.params})
+            send, receive = trio.open_memory_channel[tuple[str, Run, Any]](math.inf)
+            async with trio.open_nursery() as nursery:
+                comm = await Communicator.create(
+                    ctx,
+                    store,
+                    env.places(),
+                    env.rank,
+                    HostGroup(1),
+                    nursery,
+                    options,
+                    metrics=metrics,
+                )
+                with self._lock:
+                    self._send = send
+                    self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                async with receive:
+                    while True:
+                        engine.pause()  # the script decides, in wall time
+                        try:
+                            name, run, future = await receive.receive()
+                        except trio.EndOfChannel:
+                            break
+                        finally:
+                            engine.resume()  # its operation starts at this instant
+                        await self._run_one(comm, name, run, future)
+                comm.close()
+                nursery.cancel_scope.cancel()
+            engine.finished()
+            await trio.sleep_forever()  # the NIC answers the others until the run ends
 
     async def _run_one(self, comm: Communicator, name: str, run: Run, future: Any) -> None:
         start, wall = comm.ctx.now(), time.monotonic()

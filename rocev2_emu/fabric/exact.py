@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import math
 import resource
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Final
 
 import trio
@@ -60,8 +62,9 @@ from rocev2_emu.runtime.sync import (
     MAX_CHANGE_LINKS,
     Coordinator,
     LinkChange,
-    RunOver,
+    SyncError,
     change_faults,
+    ended_normally,
 )
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
@@ -75,9 +78,13 @@ __all__ = [
     "FLOW_START",
     "Coordinator",
     "ExactFlowsJob",
+    "ExactProcess",
+    "SyncError",
+    "exact_nodes",
     "lookahead",
     "quiet_stats",
     "run_exact_node",
+    "run_exact_process",
 ]
 
 FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
@@ -188,11 +195,18 @@ def run_exact_node(
             hint = process_name(next(g for g in groups if names[0] in g))
         raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
     _enough_files(len(names), metrics)
+    run_exact_process(partial(_exact_process, topo, groups, names, sync, metrics))
+
+
+def run_exact_process(main: Callable[[], Awaitable[None]]) -> None:
+    """``main`` as (the trio run of) one process of an exact run: trio under MockClock with
+    the canonical scheduler, until the coordinator ends the run (its RunOver is the normal end;
+    anything else is raised)."""
     canonical_trio_scheduler()
     try:
-        trio.run(_exact_process, topo, groups, names, sync, metrics, clock=trio.testing.MockClock())
-    except BaseExceptionGroup as group:
-        if group.subgroup(RunOver) is None or group.subgroup(lambda e: not isinstance(e, RunOver)):
+        trio.run(main, clock=trio.testing.MockClock())
+    except BaseException as exc:
+        if not ended_normally(exc):
             raise
 
 
@@ -289,9 +303,41 @@ async def _exact_process(
     sync: tuple[str, int],
     metrics: bool,
 ) -> None:
-    """One process of an exact run: the nodes ``names`` on one engine, wired to each other on
-    its heap and to the other processes' nodes by UDP, from the socket of its first node's
-    address (where the others send)."""
+    """One node process of an exact run (:func:`exact_nodes`), until the run ends."""
+    async with exact_nodes(topo, groups, names, sync, metrics) as process:
+        for node in process.nodes:
+            print(
+                f"READY {node.name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+                f"control={node.address}:{CONTROL_PORT} clock=exact",
+                flush=True,
+            )
+        await trio.sleep_forever()
+
+
+@dataclass(slots=True)
+class ExactProcess:
+    """What :func:`exact_nodes` runs: the engine, its nodes, their hosts' contexts and
+    registries by name."""
+
+    engine: ExactEngine
+    nodes: list[Any]
+    contexts: dict[str, Context]
+    registries: dict[str, CollectorRegistry]
+
+
+@asynccontextmanager
+async def exact_nodes(
+    topo: Topology,
+    groups: list[list[str]],
+    names: list[str],
+    sync: tuple[str, int],
+    metrics: bool,
+) -> AsyncIterator[ExactProcess]:
+    """The nodes ``names`` of an exact run on one engine of this process, wired to each other
+    on its heap and to the other processes' nodes by UDP, from the socket of its first node's
+    address (where the others send), their control ports (and ``metrics``: /metrics) served;
+    the engine runs window by window while the body does (a node process waits; a torch rank
+    runs its training), and a RunOver ends both when the coordinator ends the run."""
     home = {n: process_name(g) for g in groups for n in g}
     socket_of = {process_name(g): topo.nodes[g[0]].address for g in groups}
     me = home[names[0]]
@@ -339,6 +385,7 @@ async def _exact_process(
     locals_: dict[str, Node] = {}
     ports: dict[tuple[str, int], Reply] = {}  # every node's control port, and /metrics
     registries: dict[str, CollectorRegistry] = {}
+    contexts: dict[str, Context] = {}
     async with trio.open_nursery() as nursery:
         for switch_node in (n for n in mine if n.kind is NodeKind.SWITCH):  # as the virtual
             name, address = switch_node.name, switch_node.address  # fabric adds them
@@ -357,6 +404,7 @@ async def _exact_process(
             ctx = await nursery.start(_host_context, cfg, engine)
             assert isinstance(ctx.driver, EngineNic)
             locals_[name] = ctx.driver.node
+            contexts[name] = ctx
             registry = nic_registry(ctx.driver, name)
             services = host_services(topo, ctx, name, registry)
             services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
@@ -381,12 +429,8 @@ async def _exact_process(
             serve_nodes(registries, METRICS_PORT)
         await WallServer(ports, secret).start()
         await nursery.start(engine.run)
-        for node in mine:
-            print(
-                f"READY {node.name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
-                f"control={node.address}:{CONTROL_PORT} clock=exact",
-                flush=True,
-            )
+        yield ExactProcess(engine, mine, contexts, registries)
+        nursery.cancel_scope.cancel()
 
 
 def link_changes(

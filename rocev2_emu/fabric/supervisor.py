@@ -85,10 +85,15 @@ async def _watch(
     stopping: trio.Event,
     scope: trio.CancelScope,
     job: FabricJob | None,
+    coordinator: Coordinator | None = None,
 ) -> None:
     code = await proc.wait()
+    if coordinator is not None and coordinator.finished:
+        return  # the exact run has ended: its nodes exit on their own
     if not stopping.is_set():
         await trio.sleep(0.2)  # let the drain task collect the last words
+        if stopping.is_set() or (coordinator is not None and coordinator.finished):
+            return  # the job ended meanwhile
         why = "\n".join(tail)
         if job is None:  # a fabric left running: the others go on, as in a real fabric
             how = "stopped" if code == -signal.SIGTERM else f"died with code {code}"
@@ -231,7 +236,14 @@ async def _supervise(
             for name, proc in procs.items():
                 nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
                 nursery.start_soon(
-                    _watch, name, proc, tails[name], stopping, nursery.cancel_scope, job
+                    _watch,
+                    name,
+                    proc,
+                    tails[name],
+                    stopping,
+                    nursery.cancel_scope,
+                    job,
+                    coordinator,
                 )
             if not quiet:
                 clock = "clock: exact" if coordinator is not None else f"clock: wall, TDF {tdf:g}"
@@ -422,8 +434,10 @@ def run_exact(
     beside: Callable[..., Awaitable[None]] | None = None,
     pace: float | None = None,
     workers: int | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[Any, str]:
-    """One process per node (``workers``: that many processes, each hosting a group of nodes) on
+    """One process per node (``workers``: that many processes, each hosting a group of nodes;
+    ``only``: these processes, the job starts the others - a torch rank's) on
     the exact clock, synchronised by a coordinator served here, and
     the job ``make_job(coordinator)`` on them: its outcome and how the run was synchronised
     (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`); a
@@ -436,7 +450,7 @@ def run_exact(
     job = make_job(coordinator)
     try:
         outcome = trio.run(
-            _supervise, topo, topo_path, 1.0, job, quiet, None, beside, coordinator, workers
+            _supervise, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
         )
     except BaseExceptionGroup as group:
         sync = group.subgroup(SyncError)

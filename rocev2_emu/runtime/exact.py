@@ -130,6 +130,9 @@ class ExactEngine(Engine):
         self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
         self._changes_seen = 0
         self._asked: list[ChangeWaiter] = []  # changes asked for without an instant
+        self._paused = False  # the application decides its next step (wall time): nothing runs
+        self._done = False  # the application has finished; the process serves the fabric only
+        self._until = -math.inf  # the end of the last window granted
         # what a change does here (the node process sets it: a switch's ports and routes)
         self.on_change: Callable[[LinkChange, float], None] | None = None
 
@@ -218,6 +221,28 @@ class ExactEngine(Engine):
         if not self._holds:
             self._wake_barrier()
 
+    # -- an application that decides in wall time (the torch backend) ------------------------
+    def pause(self) -> None:
+        """The application decides what it does next in wall time (a training script between
+        two collectives): no event runs here and the clock stays where it is until
+        :meth:`resume`, so what it does next happens at this instant whatever the wall clock
+        says.  The coordinator hears that the process is busy (a long pause is not a stall)."""
+        if not self._paused:
+            self._paused = True
+            self.hold()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self.release()
+
+    def finished(self) -> None:
+        """The application is done: the process only serves the fabric (its NIC answers) until
+        the run ends; the coordinator hears it (:meth:`Coordinator.apps_done`)."""
+        self.resume()
+        self._done = True
+        self._wake_barrier()
+
     def _wake_barrier(self) -> None:
         if self._poke is not None:
             self._poke.cancel()
@@ -300,6 +325,7 @@ class ExactEngine(Engine):
             and not self._replies
             and not self._changes
             and not self._changes_out
+            and not self._paused
         )
         ops, self._store_out = self._store_out, []
         changes, self._changes_out = self._changes_out, []
@@ -307,6 +333,8 @@ class ExactEngine(Engine):
             "next": nxt,
             "quiet": quiet,
             "held": bool(self._holds),
+            "busy": self._paused,
+            "done": self._done,
             "sent": self.sent,
             "received": self.received,
             "window": self.rounds,
@@ -315,9 +343,10 @@ class ExactEngine(Engine):
         }
 
     async def _barrier(self) -> float:
-        """Report, then wait for the next window (re-reporting when a kick or the end of a
-        clock hold changed what this process would say); the window's end.  The application
-        tasks have all run and blocked when it is called."""
+        """Report, then wait for the next window; its end.  A kick or the end of a clock hold
+        (what this process would report has changed) returns the end of the window granted
+        last instead, so the run loop takes what became due and reports afresh.  The
+        application tasks have all run and blocked when it is called."""
         settle = trio.testing.wait_all_tasks_blocked
         if trio.lowlevel.current_statistics().tasks_runnable:
             await settle()  # a task woken while the window ran (a control request's) first
@@ -331,15 +360,16 @@ class ExactEngine(Engine):
                 msg = await chan.recv()
             self._poke = None
             if scope.cancelled_caught:
-                await settle()
-                await chan.send(self._report())
-                continue
+                # back to the loop, in the window granted last: what the wake made due (an
+                # application's work posted at this instant) runs first, then a fresh report
+                return self._until
             if isinstance(msg, dict) and msg.get("stop") == DONE:
                 raise RunOver(self.name)
             if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
                 why = msg.get("stop") if isinstance(msg, dict) else msg
                 raise SyncError(f"{self.name}: the run was stopped: {why}")
             self.rounds += 1
+            self._until = float(msg["until"])
             self._inflight = math.inf
             for at, origin, seq, value, error in msg.get("store", ()):
                 reply = StoreReply(float(at), int(origin), int(seq), value, error)
@@ -381,6 +411,9 @@ class ExactEngine(Engine):
             # with the engine, not yet at its first wait when the grant came)
             await settle()
             events.now = max(events.now, trio.current_time() - self.origin)
+            if self._paused:  # the application's next step comes at this instant
+                until = await self._barrier()
+                continue
             events.woke = False
             if events.now < until:
                 if self._changes:  # rare: no call per pass in a run without changes

@@ -80,6 +80,15 @@ class RunOver(Exception):
 DONE: Final = "done"  # the stop reason of a run that ended normally
 
 
+def ended_normally(exc: BaseException) -> bool:
+    """``exc`` (what a process's trio run raised) is the coordinator's end of the run, a
+    RunOver alone or in groups, and nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        over, rest = exc.split(RunOver)
+        return over is not None and rest is None
+    return isinstance(exc, RunOver)
+
+
 def with_trailer(datagram: bytes, at: float, seq: int) -> bytes:
     return datagram + TRAILER.pack(at, seq)
 
@@ -283,12 +292,14 @@ class Coordinator:
                 "exact run (give every link a delay)"
             )
         self.names = list(names)
+        self.address: tuple[str, int] | None = None  # where it listens, once serving
         self.lookahead = lookahead
         self.secret = secret
         self.until = -math.inf  # the last window granted
         self.rounds = 0
         self.skipped = 0  # grants not sent: the process had nothing to do in the window
         self.held = True
+        self.finished = False
         self.now = 0.0  # the earliest next time of the last round (emulated time reached)
         self.reports: dict[str, Report] = {}
         self.connected = trio.Event()
@@ -296,6 +307,9 @@ class Coordinator:
         self._chans: dict[str, Any] = {}
         self._changed = trio.Event()
         self._holding: set[str] = set()
+        self._busy: set[str] = set()  # processes whose application decides in wall time
+        self._done: set[str] = set()  # processes whose application has finished
+        self._done_changed = trio.Event()
         self._poll = False
         self._granted: dict[str, int] = {}  # windows sent to each process
         self.store = StoreCore()  # the rendezvous store, a node of the run
@@ -306,6 +320,13 @@ class Coordinator:
         """No window from now on until :meth:`release` (those granted still run)."""
         self.held = True
 
+    async def apps_done(self, names: list[str]) -> None:
+        """Until the applications of processes ``names`` have all finished
+        (:meth:`~rocev2_emu.runtime.exact.ExactEngine.finished`)."""
+        while not set(names) <= self._done:
+            await self._done_changed.wait()
+            self._done_changed = trio.Event()
+
     def summary(self) -> str:
         """How the run was synchronised: its windows, and how many processes each woke."""
         n = len(self.names)
@@ -315,6 +336,7 @@ class Coordinator:
     async def finish(self) -> None:
         """The job is done: tell every node (each exits quietly)."""
         self.held = True
+        self.finished = True  # from now on a process that goes away has simply ended
         self.clear_progress()
         for chan in list(self._chans.values()):
             with trio.move_on_after(5.0):
@@ -336,6 +358,7 @@ class Coordinator:
         it."""
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         address = listeners[0].socket.getsockname()
+        self.address = (address[0], address[1])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._connection, listeners)
             task_status.started((address[0], address[1]))
@@ -378,10 +401,14 @@ class Coordinator:
                     continue
                 self.reports[name] = report
                 (self._holding.add if msg.get("held") else self._holding.discard)(name)
+                (self._busy.add if msg.get("busy") else self._busy.discard)(name)
+                if msg.get("done") and name not in self._done:
+                    self._done.add(name)
+                    self._done_changed.set()
                 if len(self.reports) == len(self.names):  # the round may be decided
                     self._changed.set()
         except ControlError as exc:
-            if name in self._chans:
+            if name in self._chans and not self.finished:
                 raise SyncError(f"node {name} went away ({exc})") from exc
         finally:
             with trio.CancelScope(shield=True):
@@ -411,7 +438,9 @@ class Coordinator:
         while True:
             with trio.move_on_after(STALL_SECONDS) as scope:
                 await self._changed.wait()
-            if scope.cancelled_caught and not self.held:
+            if scope.cancelled_caught and not self.held and not self._busy:
+                # (an application deciding in wall time - a training script computing - may
+                # take as long as it takes: its process is alive, its connection open)
                 raise SyncError(self._stalled())
             self._changed = trio.Event()
             if self.held or len(self.reports) < len(self.names):
