@@ -18,6 +18,7 @@ the tests compare the two.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -41,6 +42,12 @@ def main() -> None:
     p.add_argument("--bucket-mb", type=float, default=0.1, help="DDP's bucket_cap_mb")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--save", help="write rank 0's final parameters here (torch.save)")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="each rank writes its step reports to DIR/rankN.json (per step: the communication "
+        "and each collective's emulated seconds; on the exact clock the same on every run)",
+    )
     args = p.parse_args()
 
     if args.backend == "rocev2":
@@ -70,6 +77,7 @@ def main() -> None:
             "# step    loss  step_ms(wall)  collectives  comm_ms(emul)  exposed_ms   tax",
             flush=True,
         )
+    reports = []
     for i in range(args.steps):
         x = torch.randn(args.batch, 32, generator=gen)
         y = x @ target
@@ -81,6 +89,7 @@ def main() -> None:
         wall = (time.perf_counter() - t0) * 1e3
         if args.backend == "rocev2":
             s = rocev2.step()  # this step's collectives, and the tax under --compute-ms
+            reports.append(s.as_dict())
             figures = f"{len(s.ops):11d}  {s.communication * 1e3:13.3f}  " + (
                 f"{s.exposed * 1e3:10.3f}  {s.tax:4.2f}" if s.compute else f"{'-':>10}  {'-':>4}"
             )
@@ -103,6 +112,9 @@ def main() -> None:
     }
     if args.save and rank == 0:
         torch.save(state, args.save)
+    if args.report:
+        with open(f"{args.report}/rank{rank}.json", "w") as f:
+            json.dump(reports, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -132,7 +132,6 @@ class ExactEngine(Engine):
         self._asked: list[ChangeWaiter] = []  # changes asked for without an instant
         self._paused = False  # the application decides its next step (wall time): nothing runs
         self._done = False  # the application has finished; the process serves the fabric only
-        self._until = -math.inf  # the end of the last window granted
         # what a change does here (the node process sets it: a switch's ports and routes)
         self.on_change: Callable[[LinkChange, float], None] | None = None
 
@@ -316,7 +315,7 @@ class ExactEngine(Engine):
         deadline = trio.current_time() + trio.lowlevel.current_statistics().seconds_to_next_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
         nxt = min(nxt, self._inflight, self._reply_time(), self._change_time())
-        if self._holds:
+        if self._holds or events.pending:  # held, or work due at this instant (a wake's)
             nxt = min(nxt, events.now)
         quiet = (
             heap_next is None
@@ -343,10 +342,9 @@ class ExactEngine(Engine):
         }
 
     async def _barrier(self) -> float:
-        """Report, then wait for the next window; its end.  A kick or the end of a clock hold
-        (what this process would report has changed) returns the end of the window granted
-        last instead, so the run loop takes what became due and reports afresh.  The
-        application tasks have all run and blocked when it is called."""
+        """Report, then wait for the next window (re-reporting when a kick or the end of a
+        clock hold changed what this process would say); the window's end.  The application
+        tasks have all run and blocked when it is called."""
         settle = trio.testing.wait_all_tasks_blocked
         if trio.lowlevel.current_statistics().tasks_runnable:
             await settle()  # a task woken while the window ran (a control request's) first
@@ -360,16 +358,21 @@ class ExactEngine(Engine):
                 msg = await chan.recv()
             self._poke = None
             if scope.cancelled_caught:
-                # back to the loop, in the window granted last: what the wake made due (an
-                # application's work posted at this instant) runs first, then a fresh report
-                return self._until
+                # a fresh report, nothing run: the one sent may already be the basis of a
+                # window granted to the others, so this process keeps its promise (no event
+                # before the time it reported) until it hears from the coordinator; work the
+                # wake made due now makes the report say now, and the coordinator grants the
+                # window it has already granted again for it (a process that is not held never
+                # waits with work before the end of its window)
+                await settle()
+                await chan.send(self._report())
+                continue
             if isinstance(msg, dict) and msg.get("stop") == DONE:
                 raise RunOver(self.name)
             if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
                 why = msg.get("stop") if isinstance(msg, dict) else msg
                 raise SyncError(f"{self.name}: the run was stopped: {why}")
             self.rounds += 1
-            self._until = float(msg["until"])
             self._inflight = math.inf
             for at, origin, seq, value, error in msg.get("store", ()):
                 reply = StoreReply(float(at), int(origin), int(seq), value, error)

@@ -460,7 +460,18 @@ class Coordinator:
             if window.quiet:
                 self.quiet.set()
             if window.until <= self.until:
-                continue  # nothing can move (a held clock): wait for a report that changes it
+                # nothing can move (a held clock): wait for a report that changes it - or one
+                # from a process that has work before the end of the window it was granted
+                # (its clock held or paused until then, or woken while it waited): the same
+                # window again, for it alone
+                again = [
+                    name
+                    for name, report in self.reports.items()
+                    if report.next_time < self.until and name not in self._holding
+                ]
+                if again:
+                    await self._grant_again(again, window)
+                continue
             self.now = window.until - self.lookahead
             await self._paced(window.until)
             self._show()
@@ -531,6 +542,14 @@ class Coordinator:
             f"{self.until * 1e6:.3f} us) {where}; received {report.received}, quiet {report.quiet}"
             + ("" if store is None else f"; the store's next operation at t={store * 1e6:.3f} us")
         )
+
+    async def _grant_again(self, names: list[str], window: Window) -> None:
+        """The window granted last, again, to processes ``names`` only: they report again."""
+        self.rounds += 1
+        for name in names:
+            del self.reports[name]
+            self._granted[name] = self._granted.get(name, 0) + 1
+            await self._chans[name].send({"until": self.until, "expect": window.expect[name]})
 
     async def _grant(self, window: Window, *, everyone: bool = False) -> None:
         """Send the window to every process that has something to do in it: a process whose
