@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -426,7 +427,17 @@ def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) 
             topo, path, make_job, only=others, quiet=True, beside=map_task(topo, ui)
         )
     except SyncError as exc:
-        print(f"rocev2-emu launch: {exc}; the job stopped", file=sys.stderr, flush=True)
+        why = str(exc)
+        if job.failed is None:  # the coordinator may have heard of a dead rank first
+            codes = {rank: proc.returncode for rank, proc in job.procs.items()}
+            died = [
+                (rank, code) for rank, code in codes.items() if code is not None and _died(code)
+            ]
+            job.failed = died[0] if died else None
+        if job.failed is not None:
+            rank, code = job.failed
+            why = f"rank {rank} ({topo.hosts[rank].name}) exited with code {code}"
+        print(f"rocev2-emu launch: {why}; the job stopped", file=sys.stderr, flush=True)
         return exit_code(job.failed[1]) if job.failed is not None else 1
     f = job.fabric
     drops = sum(f.get("drops", {}).values())
@@ -438,6 +449,11 @@ def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) 
         flush=True,
     )
     return int(code)
+
+
+def _died(code: int) -> bool:
+    """A rank's return code says it ended on its own with an error (not stopped by us)."""
+    return code != 0 and code not in (-signal.SIGTERM, -signal.SIGKILL)
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,10 @@ of switch processes, three ranks (two under one leaf, one across the spines), at
 * DDP and FSDP2 train examples/ddp_train.py over the fabric and over Gloo from the same seed,
   and the parameters agree within float32 tolerance;
 * a killed rank makes the others raise at once, naming the rank, the operation and its number,
-  and ``launch`` exits with the killed rank's code.
+  and ``launch`` exits with the killed rank's code;
+* on the exact clock (``launch --clock exact``) four DDP ranks report the same emulated
+  communication, collective by collective, on every run - one of them beside two CPU burners -
+  and train as over Gloo; a rank that dies there stops the job in one line naming it.
 
 torch is the ``torch`` extra: under CI=true a missing torch fails these tests.
 """
@@ -25,6 +28,7 @@ from typing import Any
 import pytest
 
 from rocev2_emu.topology.generate import leaf_spine
+from tests.integration.test_exact import cpu_burners
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +47,14 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def launch(
-    topology: Path, program: list[str], env: dict[str, str] | None = None, ranks: int = 3
+    topology: Path,
+    program: list[str],
+    env: dict[str, str] | None = None,
+    ranks: int = 3,
+    options: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "rocev2_emu", "launch", str(topology), "--ranks", str(ranks)]
+    cmd += options
     return subprocess.run(
         [*cmd, "--", sys.executable, "-W", "ignore", *program],
         capture_output=True,
@@ -186,3 +195,64 @@ def test_a_killed_rank_raises_in_the_others(topology: Path, tmp_path: Path) -> N
         # the abort reached its collective (in flight, or the next): rank, operation, number
         named = rf"rank {rank}: all_reduce #\d+(?: failed)?: (?:job )?aborted: rank 1 \(h1\) exited"
         assert re.search(named, text), text[-2000:]
+
+
+def _ddp(topology: Path, out: Path, backend: str, clock: str) -> subprocess.CompletedProcess[str]:
+    out.mkdir()
+    program = ["examples/ddp_train.py", "--steps", "3", "--width", "64", "--bucket-mb", "0.01"]
+    program += ["--backend", backend, "--save", str(out / "params.pt")]
+    program += ["--report", str(out)] if backend == "rocev2" else []
+    options = ("--clock", clock, "--compute-ms", "5")
+    return launch(topology, program, ranks=4, options=options)
+
+
+def test_exact_ddp_reports_the_same_communication_on_every_run_loaded_or_not(
+    topology: Path, tmp_path: Path
+) -> None:
+    """Four DDP ranks on the exact clock, twice (the second beside two CPU burners): every
+    rank's step reports - each collective's emulated seconds - byte for byte the same; the
+    parameters as over Gloo."""
+    import torch
+
+    runs = []
+    for n in range(2):
+        with cpu_burners(2 if n else 0):
+            run = _ddp(topology, tmp_path / f"exact{n}", "rocev2", "exact")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "clock: exact" in run.stdout, run.stdout[-1000:]
+        runs.append([(tmp_path / f"exact{n}" / f"rank{r}.json").read_text() for r in range(4)])
+    assert runs[0] == runs[1]
+    for text in runs[0]:
+        steps = json.loads(text)
+        assert len(steps) == 3 and all(len(s["ops"]) >= 2 for s in steps), steps
+        assert all(s["communication"] > 0 for s in steps)
+        assert all(s["communication"] == sum(op[2] for op in s["ops"]) for s in steps)
+    gloo = _ddp(topology, tmp_path / "gloo", "gloo", "wall")
+    assert gloo.returncode == 0, gloo.stdout[-3000:] + gloo.stderr[-3000:]
+    ours, theirs = (torch.load(tmp_path / d / "params.pt") for d in ("exact0", "gloo"))
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_that_dies_on_the_exact_clock_stops_the_job_naming_it(
+    topology: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "die.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, torch, torch.distributed as dist
+            import collectives.pytorch
+            dist.init_process_group("rocev2")
+            t = torch.ones(1000)
+            dist.all_reduce(t)
+            if dist.get_rank() == 1:
+                os._exit(3)
+            dist.all_reduce(t)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    run = launch(topology, [str(script)], options=("--clock", "exact"))
+    assert run.returncode == 3, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "rank 1 (h1) exited with code 3" in run.stderr, run.stderr

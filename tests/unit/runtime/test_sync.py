@@ -8,6 +8,8 @@ import math
 import socket
 
 import pytest
+import trio
+import trio.testing
 
 from rocev2_emu.runtime.events import Core, Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink
@@ -17,9 +19,11 @@ from rocev2_emu.runtime.sync import (
     Coordinator,
     LinkChange,
     Report,
+    RunOver,
     SyncError,
     Window,
     change_faults,
+    ended_normally,
     next_window,
     split_trailer,
     with_trailer,
@@ -212,3 +216,78 @@ def _changes_at_their_instants(engine: ExactEngine) -> None:
     engine.change_links(2e-6, [("a", "b")], up=False)
     assert engine._report()["changes"] == [[2e-6, [["a", "b"]], False]]
     assert engine._report()["changes"] == []  # said once
+
+
+async def test_a_paused_engine_reports_now_busy_and_never_quiet_until_it_resumes() -> None:
+    """The torch backend pauses its engine while the script decides (wall time): the report
+    holds the windows at now and says busy (a long pause is no stall); done once finished."""
+    udp = UdpPort(("127.0.0.1", 0), None, batch=False)
+    try:
+        engine = ExactEngine("h0", udp, chan=None)  # type: ignore[arg-type]
+        engine.origin = trio.current_time()
+        engine.events.now = 3e-6
+        idle = engine._report()
+        assert idle["next"] == math.inf and idle["quiet"] and not idle["busy"]
+        engine.pause()
+        engine.pause()  # twice is once
+        paused = engine._report()
+        assert paused["next"] == 3e-6 and paused["held"] and paused["busy"]
+        assert not paused["quiet"] and not paused["done"]
+        engine.resume()
+        assert engine.holds == 0 and engine._report()["next"] == math.inf
+        engine.pause()
+        engine.finished()  # a finished application is not paused
+        done = engine._report()
+        assert done["done"] and not done["busy"] and engine.holds == 0
+    finally:
+        udp.close()
+
+
+async def test_a_process_with_work_before_the_end_of_its_window_gets_it_again() -> None:
+    """A process woken while it waited for a window (its clock was paused or held) may report
+    work before the end of the window it was granted, which no new window can move past: the
+    coordinator grants it that window again, alone; a process still held is not woken."""
+    c = Coordinator(["a", "b", "c"], 1e-6, b"")
+    chans = c._chans = {name: _Chan() for name in c.names}
+    c.connected.set()
+    c.held, c.until = False, 5e-6
+    c.reports = {
+        "a": Report(3e-6, False, {}, 0),  # woken: work at 3 us, granted until 5 us
+        "b": Report(3.5e-6, False, {}, 0),  # held (an out-of-band wait): it waits
+        "c": Report(9e-6, False, {"a": 2}, 0),
+    }
+    c._holding = {"b"}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c._rounds)
+        c._changed.set()
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert chans["a"].sent == [{"until": 5e-6, "expect": 2}]
+    assert chans["b"].sent == chans["c"].sent == []
+    assert "a" not in c.reports and c.until == 5e-6  # its fresh report decides what follows
+
+
+async def test_the_coordinator_waits_for_every_application_to_finish() -> None:
+    c = Coordinator(["h0", "h1", "sw"], 1e-6, b"")
+    c._chans = {name: _Chan() for name in c.names}
+    finished = trio.Event()
+
+    async def wait() -> None:
+        await c.apps_done(["h0", "h1"])
+        finished.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        for name in ("h0", "sw", "h1"):
+            await trio.testing.wait_all_tasks_blocked()
+            assert not finished.is_set()
+            c._done.add(name)
+            c._done_changed.set()
+        await finished.wait()
+
+
+def test_a_run_ends_normally_only_on_the_coordinators_word() -> None:
+    assert ended_normally(RunOver("h0"))
+    assert ended_normally(BaseExceptionGroup("", [BaseExceptionGroup("", [RunOver("h0")])]))
+    assert not ended_normally(BaseExceptionGroup("", [RunOver("h0"), SyncError("late")]))
+    assert not ended_normally(SyncError("late"))
