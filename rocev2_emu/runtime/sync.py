@@ -21,7 +21,11 @@ can still arrive inside a granted window once its frames are all in; the events 
 in the key order of :mod:`rocev2_emu.runtime.events`, which no split changes.  Idle stretches
 cost one round (the minimum jumps to the next event, wherever it is).  A round that could not
 move ``until`` (a process holds its clock at ``now`` for an out-of-band wait) is not granted:
-the coordinator waits for a report that changes it.
+the coordinator waits for a report that changes it - or, from a process that is not held and has
+work before the end of the window it holds (woken while it waited: a report is a promise, so it
+ran nothing), grants that window again to it alone.  A process whose application decides in wall
+time (a torch rank between collectives) reports ``busy`` as well as held: no stall is declared
+while one is; ``done`` says its application has finished (:meth:`Coordinator.apps_done`).
 
 **The wire**: a frame between processes is the VXLAN datagram of the process mode, unchanged,
 followed by a 16-byte trailer - its arrival time (IEEE 754 double, emulated seconds, the exact
