@@ -23,6 +23,7 @@ from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.tools.perftest import PerftestOptions
 from rocev2_emu.tools.perftest import run as run_perftest
+from rocev2_emu.tools.perftest.pair import run_exact_side, run_virtual_pair
 from rocev2_emu.verbs.oob import DEFAULT_OOB_PORT
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -137,8 +138,21 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "--delay-us",
         type=nonnegative_float,
-        default=0.0,
-        help="one-way link delay, emulated microseconds",
+        help="one-way link delay, emulated microseconds (default 0; on the event engine 1)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=["wall", "exact"],
+        default="wall",
+        help="wall: each side's NIC on the dilated wall clock (default); exact: both sides on "
+        "the event engine, synchronised by the server (start both sides with it) - the figures "
+        "of --virtual, whatever the machine's load",
+    )
+    p.add_argument(
+        "--virtual",
+        action="store_true",
+        help="both sides in this process in virtual time (no SERVER); the server's output, "
+        "then the client's",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the link's fault injection")
     p.add_argument("--pcap", help="write this NIC's frames (both directions) to a pcap file")
@@ -189,13 +203,31 @@ def _note_ignored(args: argparse.Namespace) -> None:
         print(f"# note: {flags} accepted and ignored by the emulator", file=sys.stderr)
 
 
+ENGINE_REFUSES = (  # the wall clock's: the pair's link on the engine has a rate, delay, loss
+    ("duplicate", "--duplicate"),
+    ("reorder", "--reorder"),
+    ("corrupt", "--corrupt"),
+    ("pcap", "--pcap"),
+    ("metrics_port", "--metrics-port"),
+    ("nic_addr", "--nic-addr"),
+)
+
+
 def _options(args: argparse.Namespace) -> PerftestOptions:
+    engine = args.virtual or args.clock == "exact"
+    if args.virtual and args.server is not None:
+        raise ValueError("--virtual runs both sides in this process: give no SERVER")
+    if engine:
+        for attr, flag in ENGINE_REFUSES:
+            if getattr(args, attr):
+                raise ValueError(f"{flag} is the wall clock's (--clock wall), not the engine's")
+    delay_us = args.delay_us if args.delay_us is not None else (1.0 if engine else 0.0)
     faults = LinkFaults(
         loss=args.loss,
         duplicate=args.duplicate,
         reorder=args.reorder,
         corrupt=args.corrupt,
-        delay=args.delay_us * 1e-6,
+        delay=delay_us * 1e-6 if not engine else 0.0,
         seed=args.seed,
     )
     nic_addr = args.nic_addr or ("127.0.0.2" if args.server is None else "127.0.0.3")
@@ -222,12 +254,19 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
         qp_timeout=args.qp_timeout,
         retry_cnt=args.retry_cnt,
         connect_timeout=args.connect_timeout,
+        clock="virtual" if args.virtual else args.clock,
+        delay_us=delay_us,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     _note_ignored(args)
-    return trio.run(run_perftest, _options(args))
+    opts = _options(args)
+    if opts.clock == "virtual":
+        return run_virtual_pair(opts)
+    if opts.clock == "exact":
+        return run_exact_side(opts)
+    return trio.run(run_perftest, opts)
 
 
 for _name in PERFTESTS:
@@ -238,6 +277,7 @@ for _name in PERFTESTS:
             partial(_configure, name=_name),
             _run,
             description="Run without SERVER to be the server; with SERVER (the server's "
-            "out-of-band address) to be the client. Figures are emulated.",
+            "out-of-band address) to be the client; --virtual for both in one process. Figures "
+            "are emulated.",
         )
     )

@@ -20,6 +20,7 @@ from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.exact import StoreWaiter, current_engine
 from rocev2_emu.verbs import RemoteVerbsError
+from rocev2_emu.verbs.oob import PeerExchange
 
 # The longest an operation waits for its answer when it names no deadline (set, add): the
 # store answers within microseconds of emulated time, so this is an answer lost, and the rank
@@ -75,6 +76,33 @@ class EmulatedStore:
 
     async def arrive(self, key: str, count: int, timeout: float) -> None:
         await self._op("arrive", key, count, timeout)
+
+
+class StoreChannel(PeerExchange):
+    """Two hosts' out-of-band channel through the emulated store (a perftest pair's on the
+    event engine): message n from ``me`` to ``peer`` is key ``{name}/{me}->{peer}/{n}``, so it
+    takes the store's emulated time there and back, the same in one process as over several.
+    ``recv`` waits at most ``timeout`` emulated seconds."""
+
+    def __init__(
+        self, store: EmulatedStore, name: str, me: str, peer: str, timeout: float = 60.0
+    ) -> None:
+        self.store = store
+        self.timeout = timeout
+        self._out = f"{name}/{me}->{peer}/"
+        self._in = f"{name}/{peer}->{me}/"
+        self._sent = self._received = 0
+
+    async def send(self, obj: Any) -> None:
+        self._sent += 1
+        await self.store.set(f"{self._out}{self._sent}", obj)
+
+    async def recv(self) -> Any:
+        self._received += 1
+        return await self.store.get(f"{self._in}{self._received}", self.timeout)
+
+    async def aclose(self) -> None:
+        """Nothing to close (the store's keys stay for the run)."""
 
 
 class VirtualStore:

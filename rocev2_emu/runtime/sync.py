@@ -355,12 +355,16 @@ class Coordinator:
         self._changed.set()
 
     async def serve(
-        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on a loopback port (given to ``task_status``), take every node, then run
-        rounds until cancelled; a node that goes away or stays silent is a SyncError naming
-        it."""
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        """Listen on ``host:port`` (0: a free loopback port; the address goes to
+        ``task_status``), take every node, then run rounds until cancelled; a node that goes
+        away or stays silent is a SyncError naming it."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
         address = listeners[0].socket.getsockname()
         self.address = (address[0], address[1])
         async with trio.open_nursery() as nursery:

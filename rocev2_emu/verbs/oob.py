@@ -101,7 +101,37 @@ class OobError(RemoteVerbsError, ControlError):
     """An out-of-band exchange failed: a verbs-level remote error and a control error."""
 
 
-class OobChannel(MessageChannel):
+class PeerExchange:
+    """The out-of-band conversation of two verbs users over any ``send``/``recv`` of msgpack
+    values: swapping QP descriptions, barriers (:class:`OobChannel` over TCP; an emulated run's
+    channel over its rendezvous store, :class:`~rocev2_emu.fabric.rendezvous.StoreChannel`)."""
+
+    async def send(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    async def recv(self) -> Any:
+        raise NotImplementedError
+
+    async def exchange(
+        self, local: list[QPInfo], extra: dict[str, Any] | None = None
+    ) -> tuple[list[QPInfo], dict[str, Any]]:
+        """Swap QP descriptions (and free-form parameters) with the peer."""
+        await self.send({"qps": [asdict(q) for q in local], "extra": extra or {}})
+        msg = await self.recv()
+        if isinstance(msg, dict) and "error" in msg:
+            raise OobError(f"out-of-band peer refused: {msg['error']}")
+        if not isinstance(msg, dict) or not isinstance(msg.get("qps"), list):
+            raise RemoteVerbsError(f"out-of-band peer sent {msg!r}, not a QP exchange")
+        return [QPInfo.from_wire(q) for q in msg["qps"]], dict(msg.get("extra") or {})
+
+    async def barrier(self, tag: str) -> None:
+        await self.send({"barrier": tag})
+        msg = await self.recv()
+        if msg != {"barrier": tag}:
+            raise RemoteVerbsError(f"out-of-band barrier {tag!r}: peer sent {msg!r}")
+
+
+class OobChannel(MessageChannel, PeerExchange):
     """A TCP stream carrying length-prefixed msgpack messages between two verbs users."""
 
     error = OobError
@@ -153,24 +183,6 @@ class OobChannel(MessageChannel):
             for listener in listeners:
                 await listener.aclose()
         raise OobError(f"no out-of-band peer connected to {host}:{port} within {timeout:g} s")
-
-    async def exchange(
-        self, local: list[QPInfo], extra: dict[str, Any] | None = None
-    ) -> tuple[list[QPInfo], dict[str, Any]]:
-        """Swap QP descriptions (and free-form parameters) with the peer."""
-        await self.send({"qps": [asdict(q) for q in local], "extra": extra or {}})
-        msg = await self.recv()
-        if isinstance(msg, dict) and "error" in msg:
-            raise OobError(f"out-of-band peer refused: {msg['error']}")
-        if not isinstance(msg, dict) or not isinstance(msg.get("qps"), list):
-            raise RemoteVerbsError(f"out-of-band peer sent {msg!r}, not a QP exchange")
-        return [QPInfo.from_wire(q) for q in msg["qps"]], dict(msg.get("extra") or {})
-
-    async def barrier(self, tag: str) -> None:
-        await self.send({"barrier": tag})
-        msg = await self.recv()
-        if msg != {"barrier": tag}:
-            raise RemoteVerbsError(f"out-of-band barrier {tag!r}: peer sent {msg!r}")
 
 
 async def connect_qp(chan: OobChannel, qp: QP, mr: MR | None = None, **attrs: Any) -> QPInfo:

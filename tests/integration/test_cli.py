@@ -227,3 +227,83 @@ def test_stop_ends_a_running_node(tmp_path: Path) -> None:
         if node.stdout is not None:
             node.stdout.close()
         auth.run_file(str(topo)).unlink(missing_ok=True)  # the secret the node made
+
+
+def _exact_pair(test: str, *flags: str) -> tuple[str, str]:
+    """Both sides of a pair on the exact clock: (client's output, server's)."""
+    common = [*flags, "-p", str(free_port()), "--clock", "exact", "--connect-timeout", "60"]
+    server = subprocess.Popen([*CLI, test, *common], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_until_listening(server)
+        client = subprocess.run(
+            [*CLI, test, "127.0.0.1", *common], capture_output=True, text=True, timeout=300
+        )
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert client.returncode == 0, client.stderr
+    assert server.returncode == 0
+    return client.stdout, out
+
+
+def _without_clock(text: str) -> list[str]:
+    """The lines but the header's clock, the server's banner (the rest of it: the test has
+    read up to its middle line) and the virtual pair's heading."""
+    skip = (" Emulation ", "*", "# ")
+    return [line for line in text.splitlines() if line and not line.startswith(skip)]
+
+
+@pytest.mark.parametrize(
+    ("test", "flags"),
+    [
+        ("write-bw", ("-n", "600", "--loss", "0.002")),
+        ("read-bw", ("-s", "8192", "-n", "300")),
+        ("write-lat", ("-n", "100", "--delay-us", "2")),
+    ],
+)
+def test_a_pair_on_the_exact_clock_prints_the_virtual_pairs_figures(
+    test: str, flags: tuple[str, ...]
+) -> None:
+    """Two processes on the exact clock, beside two CPU burners: the client's output line for
+    line the virtual pair's (only the header's clock differs), the server's too."""
+    from tests.integration.test_exact import cpu_burners
+
+    virtual = subprocess.run(
+        [*CLI, test, "--virtual", *flags], capture_output=True, text=True, timeout=300
+    )
+    assert virtual.returncode == 0, virtual.stderr
+    server_part, client_part = virtual.stdout.split("# the client\n")
+    with cpu_burners():
+        client, server = _exact_pair(test, *flags)
+    assert "clock exact" in client and "clock virtual" in client_part
+    assert _without_clock(client) == _without_clock(client_part)
+    assert _without_clock(server) == _without_clock(server_part)
+    assert re.search(r"^ (65536|8192|2)\s+\d+\s+[\d.]+", client, re.M), client
+
+
+def test_a_pair_on_the_exact_clock_with_different_links_is_refused_by_the_server() -> None:
+    port = str(free_port())
+    server = subprocess.Popen(
+        [*CLI, "write-bw", "-p", port, "--clock", "exact", "-n", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if "Waiting for client" in line:
+                break
+        client = subprocess.run(
+            [*CLI, "write-bw", "127.0.0.1", "-p", port, "--clock", "exact", "--loss", "0.1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 1 and "the client's link is" in err, err
+    assert client.returncode == 1 and "the server ended the pair" in client.stderr

@@ -27,10 +27,10 @@ from rocev2_emu.transport.work import (
     Sge,
     WrOpcode,
 )
-from rocev2_emu.verbs.oob import OobChannel
+from rocev2_emu.verbs.oob import PeerExchange
 
 
-async def bandwidth(side: Side, chan: OobChannel, opts: PerftestOptions) -> None:
+async def bandwidth(side: Side, chan: PeerExchange, opts: PerftestOptions) -> None:
     unit = "Gb/sec" if opts.report_gbits else "MB/sec"
     print(f" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
     for size in sizes(opts):
@@ -172,7 +172,7 @@ async def _receive_sends(side: Side, opts: PerftestOptions, size: int) -> tuple[
     return got, scaled, _peak(stamps, size, min(depth, max(1, got // 4)))
 
 
-async def latency(side: Side, chan: OobChannel, opts: PerftestOptions) -> None:
+async def latency(side: Side, chan: PeerExchange, opts: PerftestOptions) -> None:
     """Ping-pong RDMA WRITEs; each side polls its memory for the peer's iteration number."""
     print(
         " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]"

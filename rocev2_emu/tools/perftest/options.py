@@ -51,6 +51,17 @@ class PerftestOptions:
     qp_timeout: int = 14
     retry_cnt: int = 7
     connect_timeout: float = 60.0  # wall seconds to find the peer
+    clock: str = "wall"  # "wall" (dilated, TDF), "exact" (a pair of processes), "virtual"
+    delay_us: float = 1.0  # the engine's link delay (exact, virtual): its lookahead
+
+    def link_settings(self) -> dict[str, float]:
+        """The link both sides of a pair on the event engine must agree on."""
+        return {
+            "rate_gbps": self.rate_gbps,
+            "delay_us": self.delay_us,
+            "loss": self.faults.loss,
+            "seed": self.faults.seed,
+        }
 
     @property
     def is_server(self) -> bool:
@@ -102,6 +113,12 @@ def mismatch(params: object, opts: PerftestOptions) -> str | None:
         return f"the client's mtu = {params['mtu']} is not a path MTU"
     if params["size"] * params["qps"] > MAX_BUFFER:
         return f"the client asks for {params['size'] * params['qps']} bytes, over {MAX_BUFFER}"
+    if opts.clock != "wall" and params.get("link") != opts.link_settings():
+        return (
+            f"the client's link is {params.get('link')!r:.200}, this server's "
+            f"{opts.link_settings()}: start both sides with the same --rate, --delay-us, --loss "
+            "and --seed (each end's frames take its own link settings)"
+        )
     for key, what in (("tdf", "TDF"), ("rate_gbps", "link rate (Gbit/s)")):
         theirs, ours = params.get(key), getattr(opts, key)
         if theirs != ours:

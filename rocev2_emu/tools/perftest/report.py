@@ -59,9 +59,16 @@ def print_header(opts: PerftestOptions, batch_io: str = "off") -> None:
     print(f" Mtu             : {opts.mtu}[B]")
     print(" Link type       : Ethernet (RoCEv2 over VXLAN/UDP)")
     rate = f"{opts.rate_gbps:g} Gbit/s" if opts.rate_gbps else "unpaced"
-    print(f" Emulation       : TDF {opts.tdf:g}, link {rate}; figures in emulated time")
-    print(f" Batched I/O     : {batch_io} (UDP GSO/GRO; --no-batch-io: one datagram a call)")
-    print(" Data ex. method : Ethernet (msgpack over TCP)")
+    if opts.clock == "wall":
+        print(f" Emulation       : TDF {opts.tdf:g}, link {rate}; figures in emulated time")
+        print(f" Batched I/O     : {batch_io} (UDP GSO/GRO; --no-batch-io: one datagram a call)")
+        print(" Data ex. method : Ethernet (msgpack over TCP)")
+    else:
+        print(
+            f" Emulation       : clock {opts.clock}, link {rate}, {opts.delay_us:g} us; figures "
+            "in emulated time"
+        )
+        print(" Data ex. method : the fabric's rendezvous store (emulated, 2 us away)")
     print(LINE)
 
 

@@ -26,11 +26,11 @@ from rocev2_emu.tools.perftest.report import (
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.qp_state import local_ack_timeout
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig
-from rocev2_emu.verbs.oob import OobChannel, QPInfo
+from rocev2_emu.verbs.oob import OobChannel, PeerExchange, QPInfo
 
 
 async def run(opts: PerftestOptions) -> int:
-    """Run one perftest side; returns the process exit code."""
+    """Run one perftest side on the wall clock; returns the process exit code."""
     if opts.test not in TITLES:
         raise PerftestError(f"unknown test {opts.test!r}; choose from {sorted(TITLES)}")
     config = DeviceConfig(
@@ -51,60 +51,61 @@ async def run(opts: PerftestOptions) -> int:
                 timeout=opts.connect_timeout,
                 listening=waiting_for_client,
             )
-            params = await chan.recv()
-            problem = mismatch(params, opts)
-            if problem:
-                await chan.send({"error": problem})
-                raise PerftestError(problem)
-            for key in ("size", "iters", "duration", "all_sizes", "qps", "mtu", "tx_depth"):
-                setattr(opts, key, params[key])
         else:
             assert opts.server is not None
             chan = await OobChannel.connect(
                 opts.server, opts.oob_port, timeout=opts.connect_timeout, wait_for_listener=False
             )
-            await chan.send(
-                {
-                    "test": opts.test,
-                    "tdf": opts.tdf,
-                    "rate_gbps": opts.rate_gbps,
-                    **{
-                        k: getattr(opts, k)
-                        for k in (
-                            "size",
-                            "iters",
-                            "duration",
-                            "all_sizes",
-                            "qps",
-                            "mtu",
-                            "tx_depth",
-                        )
-                    },
-                }
-            )
-        side = await _setup(ctx, chan, opts)
-        print_header(opts, batch_mode(ctx.port))
-        print_addresses(side)
-        print(LINE)
-        await chan.barrier("connected")
         try:
-            if opts.test == "write_lat":
-                await latency(side, chan, opts)
-            elif opts.is_server and opts.test != "send_bw":
-                for size in sizes(opts):  # the client measures; we serve memory
-                    await chan.barrier(f"size-{size}")
-                await chan.barrier("done")
-                print(" (results are printed by the client)")
-                print(LINE)
-            else:
-                await bandwidth(side, chan, opts)
-            print_transport(ctx)
+            await converse(ctx, chan, opts, batch_mode(ctx.port))
         finally:
             await chan.aclose()
     return 0
 
 
-async def _setup(ctx: Context, chan: OobChannel, opts: PerftestOptions) -> Side:
+PARAMS = ("size", "iters", "duration", "all_sizes", "qps", "mtu", "tx_depth")  # the client's
+
+
+async def converse(ctx: Context, chan: PeerExchange, opts: PerftestOptions, batch_io: str) -> None:
+    """One side's whole test over a connected out-of-band channel: the client's parameters
+    to the server (checked there), the QPs swapped, the test, the transport's counters."""
+    if opts.is_server:
+        params = await chan.recv()
+        problem = mismatch(params, opts)
+        if problem:
+            await chan.send({"error": problem})
+            raise PerftestError(problem)
+        for key in PARAMS:
+            setattr(opts, key, params[key])
+    else:
+        await chan.send(
+            {
+                "test": opts.test,
+                "tdf": opts.tdf,
+                "rate_gbps": opts.rate_gbps,
+                **{k: getattr(opts, k) for k in PARAMS},
+                **({"link": opts.link_settings()} if opts.clock != "wall" else {}),
+            }
+        )
+    side = await _setup(ctx, chan, opts)
+    print_header(opts, batch_io)
+    print_addresses(side)
+    print(LINE)
+    await chan.barrier("connected")
+    if opts.test == "write_lat":
+        await latency(side, chan, opts)
+    elif opts.is_server and opts.test != "send_bw":
+        for size in sizes(opts):  # the client measures; we serve memory
+            await chan.barrier(f"size-{size}")
+        await chan.barrier("done")
+        print(" (results are printed by the client)")
+        print(LINE)
+    else:
+        await bandwidth(side, chan, opts)
+    print_transport(ctx)
+
+
+async def _setup(ctx: Context, chan: PeerExchange, opts: PerftestOptions) -> Side:
     max_size = max(sizes(opts))
     per_qp = max_size * (2 if opts.test == "write_lat" else 1)
     buf = np.zeros(per_qp * opts.qps, dtype=np.uint8)
