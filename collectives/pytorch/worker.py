@@ -34,13 +34,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from collectives.comm.communicator import Communicator, HostGroup, RankPlace
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
-from collectives.comm.store import TcpStore, exact_store
+from collectives.comm.store import Store, TcpStore, exact_store
 from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
@@ -62,6 +63,14 @@ EXACT_CLOSE_SECONDS = 600.0  # wall seconds close() waits for the other ranks to
 ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
 
 Run = Callable[[Communicator], Awaitable[Any]]
+
+
+class Pausable(Protocol):
+    """An exact run's engine, as the rank's thread uses it."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 class BackendError(RuntimeError):
@@ -248,34 +257,9 @@ class FabricWorker:
         env = self.env
         opts = NodeOptions(tdf=env.tdf, epoch=env.epoch)
         async with host_node(env.topo, env.host, opts) as (ctx, registry):
-            self._ctx = ctx
-            self.step_metrics = StepMetrics(registry, env.rank)
-            metrics = HostCollectiveMetrics(registry).rank(env.rank)
             store = await TcpStore.connect(*env.store)
             abort_store = await TcpStore.connect(*env.store)
-            options = comm_options(env.topo, {"job_id": env.job, **env.params})
-            send, receive = trio.open_memory_channel[tuple[str, Run, Any]](math.inf)
-            async with trio.open_nursery() as nursery:
-                comm = await Communicator.create(
-                    ctx,
-                    store,
-                    env.places(),
-                    env.rank,
-                    HostGroup(1),
-                    nursery,
-                    options,
-                    metrics=metrics,
-                    abort_store=abort_store,
-                )
-                with self._lock:
-                    self._send = send
-                    self._token = trio.lowlevel.current_trio_token()
-                self._ready.set()
-                async with receive:
-                    async for name, run, future in receive:
-                        await self._run_one(comm, name, run, future)
-                comm.close()
-                nursery.cancel_scope.cancel()
+            await self._serve(ctx, registry, store, abort_store, None)
 
     async def _main_exact(self) -> None:
         """The host as a process of the exact run (see the module), until the run ends."""
@@ -285,42 +269,57 @@ class FabricWorker:
         async with exact_nodes(env.topo, groups, [env.host], env.sync, True) as process:
             ctx = process.contexts[env.host]
             registry = process.registries[env.topo.nodes[env.host].address]
-            engine = process.engine
-            self._ctx = ctx
-            self.step_metrics = StepMetrics(registry, env.rank)
-            metrics = HostCollectiveMetrics(registry).rank(env.rank)
             store = exact_store(env.topo.nodes[env.host].index, ctx.clock)
-            options = comm_options(env.topo, {"job_id": env.job, **env.params})
-            send, receive = trio.open_memory_channel[tuple[str, Run, Any]](math.inf)
-            async with trio.open_nursery() as nursery:
-                comm = await Communicator.create(
-                    ctx,
-                    store,
-                    env.places(),
-                    env.rank,
-                    HostGroup(1),
-                    nursery,
-                    options,
-                    metrics=metrics,
-                )
-                with self._lock:
-                    self._send = send
-                    self._token = trio.lowlevel.current_trio_token()
-                self._ready.set()
-                async with receive:
-                    while True:
-                        engine.pause()  # the script decides, in wall time
-                        try:
-                            name, run, future = await receive.receive()
-                        except trio.EndOfChannel:
-                            break
-                        finally:
-                            engine.resume()  # its operation starts at this instant
-                        await self._run_one(comm, name, run, future)
-                comm.close()
-                nursery.cancel_scope.cancel()
-            engine.finished()
+            await self._serve(ctx, registry, store, None, process.engine)
+            process.engine.finished()
             await trio.sleep_forever()  # the NIC answers the others until the run ends
+
+    async def _serve(
+        self,
+        ctx: Context,
+        registry: CollectorRegistry,
+        store: Store,
+        abort_store: Store | None,
+        engine: Pausable | None,
+    ) -> None:
+        """The rank's communicator, then the script's operations in order until it closes;
+        ``engine``: the exact run's, paused while no operation is queued."""
+        env = self.env
+        self._ctx = ctx
+        self.step_metrics = StepMetrics(registry, env.rank)
+        metrics = HostCollectiveMetrics(registry).rank(env.rank)
+        options = comm_options(env.topo, {"job_id": env.job, **env.params})
+        send, receive = trio.open_memory_channel[tuple[str, Run, Any]](math.inf)
+        async with trio.open_nursery() as nursery:
+            comm = await Communicator.create(
+                ctx,
+                store,
+                env.places(),
+                env.rank,
+                HostGroup(1),
+                nursery,
+                options,
+                metrics=metrics,
+                abort_store=abort_store,
+            )
+            with self._lock:
+                self._send = send
+                self._token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+            async with receive:
+                while True:
+                    if engine is not None:
+                        engine.pause()  # the script decides, in wall time
+                    try:
+                        name, run, future = await receive.receive()
+                    except trio.EndOfChannel:
+                        break
+                    finally:
+                        if engine is not None:
+                            engine.resume()  # its operation starts at this instant
+                    await self._run_one(comm, name, run, future)
+            comm.close()
+            nursery.cancel_scope.cancel()
 
     async def _run_one(self, comm: Communicator, name: str, run: Run, future: Any) -> None:
         start, wall = comm.ctx.now(), time.monotonic()

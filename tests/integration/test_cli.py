@@ -26,30 +26,37 @@ pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "rocev2_emu"]
 
 
+def serve_and_ask(
+    server_argv: list[str], client_argv: list[str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """A perftest server started, its client run once it listens: (client, server), each with
+    its output (the server's stdout from after its "Waiting for client" line)."""
+    server = subprocess.Popen(
+        server_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until_listening(server)
+        client = subprocess.run(client_argv, capture_output=True, text=True, timeout=timeout)
+        out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    return client, subprocess.CompletedProcess(server_argv, server.returncode, out, err)
+
+
 def run_pair(
     test: str, *flags: str, client_flags: tuple[str, ...] = (), top: tuple[str, ...] = ()
 ) -> tuple[str, str]:
     """``top``: flags before the command (``--no-batch-io``)."""
     port = str(free_port())
     common = [*flags, "-p", port, "--tdf", "20", "--connect-timeout", "30"]
-    server = subprocess.Popen(
-        [*CLI, *top, test, *common, "--nic-addr", "127.0.0.41"], stdout=subprocess.PIPE, text=True
+    client, server = serve_and_ask(
+        [*CLI, *top, test, *common, "--nic-addr", "127.0.0.41"],
+        [*CLI, *top, test, "127.0.0.1", *common, *client_flags, "--nic-addr", "127.0.0.42"],
     )
-    try:
-        wait_until_listening(server)
-        client = subprocess.run(
-            [*CLI, *top, test, "127.0.0.1", *common, *client_flags, "--nic-addr", "127.0.0.42"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        out, _ = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
     assert client.returncode == 0, client.stderr
-    assert server.returncode == 0
-    return client.stdout, out
+    assert server.returncode == 0, server.stderr
+    return client.stdout, server.stdout
 
 
 @pytest.mark.parametrize("test", ["write-bw", "read-bw", "send-bw"])
@@ -232,19 +239,10 @@ def test_stop_ends_a_running_node(tmp_path: Path) -> None:
 def _exact_pair(test: str, *flags: str) -> tuple[str, str]:
     """Both sides of a pair on the exact clock: (client's output, server's)."""
     common = [*flags, "-p", str(free_port()), "--clock", "exact", "--connect-timeout", "60"]
-    server = subprocess.Popen([*CLI, test, *common], stdout=subprocess.PIPE, text=True)
-    try:
-        wait_until_listening(server)
-        client = subprocess.run(
-            [*CLI, test, "127.0.0.1", *common], capture_output=True, text=True, timeout=300
-        )
-        out, _ = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
+    client, server = serve_and_ask([*CLI, test, *common], [*CLI, test, "127.0.0.1", *common], 300)
     assert client.returncode == 0, client.stderr
-    assert server.returncode == 0
-    return client.stdout, out
+    assert server.returncode == 0, server.stderr
+    return client.stdout, server.stdout
 
 
 def _without_clock(text: str) -> list[str]:
@@ -283,27 +281,9 @@ def test_a_pair_on_the_exact_clock_prints_the_virtual_pairs_figures(
 
 
 def test_a_pair_on_the_exact_clock_with_different_links_is_refused_by_the_server() -> None:
-    port = str(free_port())
-    server = subprocess.Popen(
-        [*CLI, "write-bw", "-p", port, "--clock", "exact", "-n", "10"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    exact = ["-p", str(free_port()), "--clock", "exact", "-n", "10"]
+    client, server = serve_and_ask(
+        [*CLI, "write-bw", *exact], [*CLI, "write-bw", "127.0.0.1", *exact, "--loss", "0.1"]
     )
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if "Waiting for client" in line:
-                break
-        client = subprocess.run(
-            [*CLI, "write-bw", "127.0.0.1", "-p", port, "--clock", "exact", "--loss", "0.1"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        _, err = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-    assert server.returncode == 1 and "the client's link is" in err, err
+    assert server.returncode == 1 and "the client's link is" in server.stderr, server.stderr
     assert client.returncode == 1 and "the server ended the pair" in client.stderr
