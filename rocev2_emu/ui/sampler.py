@@ -156,7 +156,7 @@ class Sampler:
                 tx = self._tx(sender, sending_node, switches, hosts)
                 reply = switches.get(sender[0], {}) if sender else hosts.get(sending_node, {})
                 t = float(reply.get("now", now))  # when the sender counted its bytes
-                port = switches.get(sender[0], {}).get("ports", [])[sender[1]] if sender else None
+                port = self._port(sender, switches)
                 before = last["links"][len(links)] if last else {}
                 prev, dt = before.get(f"{key}_tx"), t - before.get(f"{key}_t", t)
                 rate = (
@@ -245,6 +245,15 @@ class Sampler:
                     row["util"] = min(max(gained, default=0.0) / dt, 1.0)
                 out[name] = row
         return out
+
+    @staticmethod
+    def _port(sender: tuple[str, int] | None, switches: dict[str, Any]) -> dict[str, Any] | None:
+        """A switch port's state as its switch answered (None: a host's end, or a switch that
+        did not answer this time - shown as missing, never a failed sample)."""
+        if sender is None:
+            return None
+        ports = switches.get(sender[0], {}).get("ports") or []
+        return ports[sender[1]] if sender[1] < len(ports) else None
 
     @staticmethod
     def _tx(

@@ -155,3 +155,19 @@ def test_nodes_are_asked_one_after_another_and_rates_use_each_senders_time() -> 
     sample = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert sample["links"][0]["ab_util"] == 0.5  # 50 Gbit/s by h0's clock, not the switch's
     assert sample["t"] == 6e-3
+
+
+def test_a_switch_that_does_not_answer_is_shown_missing_not_a_failed_sample() -> None:
+    """An exact run's switch may not answer a sample (its process not yet started: the torch
+    ranks still joining); the sample goes on without it (it crashed the map once)."""
+    topo = parse(tomllib.loads(single_switch(2)), "two.toml")
+    names = {topo.nodes[n].address: n for n in topo.nodes}
+
+    async def ask(address: str, msg: dict[str, Any]) -> Any:
+        if names[address] == "sw0":
+            raise OSError("connection refused")
+        return {"now": 0.0, "nic_tx_bytes": 0}
+
+    sample = trio.run(Sampler(topo, ask).sample)
+    for link in sample["links"]:  # the switch's end: no queue, no pause, no rate
+        assert link["ba_queue"] == 0 and link["ba_paused"] is False and link["ba_tx"] is None
