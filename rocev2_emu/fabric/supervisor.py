@@ -456,14 +456,14 @@ def run_exact(
         sync = group.subgroup(SyncError)
         if sync is None:
             raise
-        raise SyncError(str(_first(sync))) from None
+        raise SyncError(str(first_exception(sync))) from None
     if outcome is None:
         raise SyncError("a node died during the job")
     return outcome, coordinator.summary()
 
 
-def _first(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
+def first_exception(exc: BaseException) -> BaseException:
+    """The first exception inside ``exc`` (itself when it is no group), however nested."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc

@@ -34,6 +34,7 @@ from rocev2_emu.fabric.exact import (
     run_exact_process,
 )
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
+from rocev2_emu.fabric.supervisor import first_exception
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
 from rocev2_emu.tools.perftest.options import TITLES, PerftestError, PerftestOptions
 from rocev2_emu.tools.perftest.report import waiting_for_client
@@ -155,9 +156,7 @@ def run_exact_side(opts: PerftestOptions) -> int:
             coordinator.join()  # its own error says more than a closed connection
             if coordinator.error is not None:
                 raise PerftestError(f"the pair stopped: {coordinator.error}") from None
-        first = exc
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
+        first = first_exception(exc)
         if isinstance(first, PerftestError):
             raise first from None
         if isinstance(first, SyncError | ControlError):
@@ -215,9 +214,7 @@ class _CoordinatorThread:
         try:
             trio.run(self._run)
         except BaseException as exc:  # the main thread reports it
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
-            self.error = exc
+            self.error = first_exception(exc)
         finally:
             self._ready.set()
 
