@@ -23,8 +23,8 @@ from collectives.bench import nccl as bench
 from collectives.bench import virtual as virtual_bench
 from collectives.comm import ops
 from collectives.jobs.job import run_virtual
-from collectives.jobs.launch import run_attached, run_exact_job, run_local
-from rocev2_emu.cli.args import nonnegative_int, positive_float, positive_int
+from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
+from rocev2_emu.cli.args import host_port, nonnegative_int, positive_float, positive_int
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric.exact import process_layout
@@ -106,6 +106,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "synchronised: the --virtual run's figures, on any machine)",
     )
     g.add_argument(
+        "--sync",
+        type=host_port,
+        metavar="HOST:PORT",
+        help="with --clock exact --attach: serve the run's coordinator here, where its node "
+        "processes (rocev2-emu node ... --clock exact --sync HOST:PORT: the compose testbed's "
+        "containers) join it",
+    )
+    g.add_argument(
         "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
     )
     g.add_argument(
@@ -170,6 +178,7 @@ class BenchOptions:
     virtual: bool = False
     attach: bool = False
     clock: str = "wall"
+    sync: tuple[str, int] | None = None  # --clock exact --attach: where the coordinator listens
     tdf: float | None = None
     pace: float | None = None  # --clock exact: wall seconds per emulated second, at least
     workers: int | None = None  # --clock exact: processes hosting the nodes (None: one each)
@@ -251,8 +260,15 @@ def main(which: str, args: BenchOptions) -> int:
         raise ValueError(
             "--workers groups the processes of an exact run: give --clock exact (or --virtual)"
         )
-    if exact and args.attach:
-        raise ValueError("--clock exact starts its own fabric: not with --attach")
+    if exact and args.attach and not args.sync:
+        raise ValueError(
+            "--clock exact --attach needs --sync HOST:PORT: where this run serves its "
+            "coordinator, which the nodes (rocev2-emu node ... --clock exact --sync) join"
+        )
+    if args.sync and not (exact and args.attach):
+        raise ValueError("--sync serves the coordinator of --clock exact --attach: give both")
+    if exact and args.attach and args.workers is not None:
+        raise ValueError("--workers: the attached nodes' processes are started elsewhere")
     tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
     if exact:
@@ -262,6 +278,9 @@ def main(which: str, args: BenchOptions) -> int:
         )
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
+        if exact and args.sync is not None:
+            host, port = args.sync
+            mode = f"attached: {process_layout(topo, None)} joining {host}:{port}, clock: exact"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
         f"{len(topo.hosts)} hosts, {ranks} ranks), {mode}"
@@ -277,6 +296,11 @@ def main(which: str, args: BenchOptions) -> int:
     synced = ""
     if args.virtual:
         results, fabric = run_virtual(topo, "bench", params)
+    elif exact and args.attach:
+        assert args.sync is not None
+        results, fabric, synced = run_attached_exact(
+            topo, "bench", params, args.sync, pace=args.pace
+        )
     elif exact:
         results, fabric, synced = run_exact_job(
             topo,

@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 import secrets
 import socket
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,16 @@ from collectives.jobs.job import places_for, run_virtual
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
-from rocev2_emu.fabric.exact import Coordinator, quiet_stats
+from rocev2_emu.fabric.exact import (
+    Coordinator,
+    lookahead,
+    process_groups,
+    process_name,
+    quiet_stats,
+)
 from rocev2_emu.fabric.report import merge_stats, stats_delta
-from rocev2_emu.fabric.supervisor import run_exact, run_processes
+from rocev2_emu.fabric.supervisor import first_exception, run_exact, run_processes
+from rocev2_emu.runtime.sync import SyncError
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology
@@ -129,17 +138,29 @@ class ExactCollectiveJob:
     kept by the coordinator), then the run goes window by window until every rank is done and
     the fabric is quiet - the virtual run's job, result for result."""
 
-    def __init__(self, name: str, params: dict[str, Any], coordinator: Coordinator) -> None:
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        coordinator: Coordinator,
+        join_timeout: float = 60.0,
+    ) -> None:
         self.name = name
         self.params = params
         self.coordinator = coordinator
+        self.join_timeout = join_timeout  # wall seconds for every node process to join
 
     async def run(
         self, topo: Topology, tdf: float, epoch: float
     ) -> tuple[dict[int, Any], dict[str, Any]]:
         coordinator = self.coordinator
-        with trio.fail_after(60):
+        with trio.move_on_after(self.join_timeout):
             await coordinator.connected.wait()
+        if not coordinator.connected.is_set():
+            raise SyncError(
+                f"node processes not joined within {self.join_timeout:g} s: "
+                + ", ".join(coordinator.missing())
+            )
         start = {"cmd": "collective", "name": self.name, "params": self.params, "store": "exact"}
         for h in topo.hosts:
             reply = await control(h.address, start)
@@ -182,6 +203,47 @@ def run_exact_job(
     )
     results, fabric = outcome
     return results, fabric, synced
+
+
+ATTACHED_JOIN_TIMEOUT = 300.0  # wall seconds: containers starting on a busy machine
+
+
+def run_attached_exact(
+    topo: Topology,
+    name: str,
+    params: dict[str, Any],
+    listen: tuple[str, int],
+    *,
+    pace: float | None = None,
+) -> tuple[dict[int, Any], dict[str, Any], str]:
+    """Job ``name`` on node processes started elsewhere on the exact clock (the compose
+    testbed's containers: ``rocev2-emu node ... --clock exact --sync HOST:PORT``): the
+    coordinator is served here on ``listen``, every node process joins it (proving the
+    fabric's secret) within :data:`ATTACHED_JOIN_TIMEOUT`, and the job runs as
+    :func:`run_exact_job` runs it - the virtual run's results; once it is done the coordinator
+    ends the run and the node processes exit.  (results by rank, fabric counters, how the run
+    was synchronised); a SyncError (one line) when it could not go on."""
+    attach(topo)
+    names = [process_name(g) for g in process_groups(topo)]
+    terminal = sys.stderr if sys.stderr.isatty() else None
+    coordinator = Coordinator(names, lookahead(topo), fabric_secret(), pace=pace, progress=terminal)
+    job = ExactCollectiveJob(name, params, coordinator, ATTACHED_JOIN_TIMEOUT)
+
+    async def main() -> tuple[dict[int, Any], dict[str, Any]]:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(coordinator.serve, *listen))
+            outcome = await job.run(topo, 1.0, 0.0)
+            nursery.cancel_scope.cancel()
+        return outcome
+
+    try:
+        results, fabric = trio.run(main)
+    except BaseExceptionGroup as group:
+        sync = group.subgroup(SyncError)
+        if sync is None:
+            raise
+        raise SyncError(str(first_exception(sync))) from None
+    return results, fabric, coordinator.summary()
 
 
 def own_address(towards: str) -> str:

@@ -57,3 +57,11 @@ def port_number(text: str) -> int:
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"{text} is not a port (1 to 65535)")
     return value
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (HOST an address or a name, PORT 1-65535)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 172.30.0.251:7470)")
+    return host, int(port)

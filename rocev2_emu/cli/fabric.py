@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.cli.args import positive_float, positive_int
+from rocev2_emu.cli.args import host_port, nonnegative_float, positive_float, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import control, nodes, supervisor
@@ -160,13 +160,24 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--clock", choices=["wall", "exact"], default="wall", help="(wall)")
     p.add_argument(
-        "--sync", metavar="HOST:PORT", help="the coordinator of an exact run (--clock exact)"
+        "--sync",
+        type=host_port,
+        metavar="HOST:PORT",
+        help="the coordinator of an exact run (--clock exact)",
     )
     p.add_argument(
         "--workers",
         type=positive_int,
         metavar="N",
         help="with --clock exact: the run's nodes are in N processes; NAME lists this one's",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=nonnegative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --clock exact: wait up to this long for the coordinator to listen (a "
+        "container started before the job that serves it; 0: it must listen already)",
     )
 
 
@@ -179,10 +190,17 @@ def _node(args: argparse.Namespace) -> int:
     if args.clock == "exact":
         if not args.sync:
             raise ValueError("--clock exact needs --sync HOST:PORT (rocev2-emu up starts it)")
-        host, _, port = args.sync.rpartition(":")
         names = args.name.split(",")
         metrics = not args.no_metrics
-        run_exact_node(topo, names, (host, int(port)), metrics=metrics, workers=args.workers)
+        run_exact_node(
+            topo,
+            names,
+            args.sync,
+            metrics=metrics,
+            workers=args.workers,
+            metrics_addr=args.metrics_addr,
+            join_timeout=args.join_timeout,
+        )
         return 0
     trio.run(nodes.run_node, topo, args.name, opts)
     return 0

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 import resource
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -36,7 +38,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.control import auth
-from rocev2_emu.control.channel import open_channel, stop_soon
+from rocev2_emu.control.channel import ControlError, MessageChannel, prove_secret, stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
@@ -181,10 +183,15 @@ def run_exact_node(
     *,
     metrics: bool = True,
     workers: int | None = None,
+    metrics_addr: str | None = None,
+    join_timeout: float = 0.0,
 ) -> None:
     """``rocev2-emu node TOPOLOGY NAME[,NAME...] --clock exact``: these nodes (one process of
     :func:`process_groups` with ``workers``) until the coordinator ends the run (``metrics``:
-    serving /metrics, in emulated time)."""
+    serving /metrics, in emulated time; ``metrics_addr``: there rather than at the node's
+    address, for a process of one node - a container's 0.0.0.0).  ``join_timeout``: wall
+    seconds to wait for the coordinator to listen (a container started before the job that
+    serves it); 0: it must listen already."""
     unknown = [n for n in names if n not in topo.nodes]
     if unknown:
         raise ValueError(f"{topo.path}: no node named {unknown[0]!r}")
@@ -194,8 +201,11 @@ def run_exact_node(
         if workers is None:  # one node, or the hosts of one server
             hint = process_name(next(g for g in groups if names[0] in g))
         raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
+    if metrics_addr is not None and len(names) > 1:
+        raise ValueError("--metrics-addr: a process of several nodes serves each at its address")
     _enough_files(len(names), metrics)
-    run_exact_process(partial(_exact_process, topo, groups, names, sync, metrics))
+    where = JoinOptions(metrics_addr, join_timeout)
+    run_exact_process(partial(_exact_process, topo, groups, names, sync, metrics, where))
 
 
 def run_exact_process(main: Callable[[], Awaitable[None]]) -> None:
@@ -296,15 +306,24 @@ def refusals(table: Table) -> Table:
     return {cmd: (table[cmd][0], _refuse) for cmd in REFUSED if cmd in table}
 
 
+@dataclass(frozen=True, slots=True)
+class JoinOptions:
+    """How a node process started from outside (a container) joins its run."""
+
+    metrics_addr: str | None = None  # where its one node serves /metrics (None: its address)
+    join_timeout: float = 0.0  # wall seconds to wait for the coordinator to listen
+
+
 async def _exact_process(
     topo: Topology,
     groups: list[list[str]],
     names: list[str],
     sync: tuple[str, int],
     metrics: bool,
+    join: JoinOptions,
 ) -> None:
     """One node process of an exact run (:func:`exact_nodes`), until the run ends."""
-    async with exact_nodes(topo, groups, names, sync, metrics) as process:
+    async with exact_nodes(topo, groups, names, sync, metrics, join) as process:
         for node in process.nodes:
             print(
                 f"READY {node.name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
@@ -332,6 +351,7 @@ async def exact_nodes(
     names: list[str],
     sync: tuple[str, int],
     metrics: bool,
+    join: JoinOptions = JoinOptions(),
 ) -> AsyncIterator[ExactProcess]:
     """The nodes ``names`` of an exact run on one engine of this process, wired to each other
     on its heap and to the other processes' nodes by UDP, from the socket of its first node's
@@ -343,7 +363,7 @@ async def exact_nodes(
     me = home[names[0]]
     mine = [topo.nodes[n] for n in topo.nodes if n in names]  # the topology's order
     secret = auth.current()
-    chan = await open_channel(sync[0], sync[1], timeout=30, wait_for_listener=False, secret=secret)
+    chan = await _join(sync, secret, join.join_timeout)
     chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
     hosts = [n.index for n in mine if n.kind is NodeKind.HOST]
     await chan.send({"hello": me, "origin": hosts})
@@ -426,11 +446,38 @@ async def exact_nodes(
                     far = (socket_of[home[peer]], LINK_UDP_PORT)
                     engine.link(RemoteLink(locals_[end], port, link.vni, home[peer], far, faults))
         if metrics:
-            serve_nodes(registries, METRICS_PORT)
+            served = registries
+            if join.metrics_addr is not None:  # one node (run_exact_node checked)
+                served = {join.metrics_addr: next(iter(registries.values()))}
+            serve_nodes(served, METRICS_PORT)
         await WallServer(ports, secret).start()
         await nursery.start(engine.run)
         yield ExactProcess(engine, mine, contexts, registries)
         nursery.cancel_scope.cancel()
+
+
+async def _join(sync: tuple[str, int], secret: bytes, timeout: float) -> MessageChannel:
+    """The channel to the run's coordinator at ``sync``, proving the fabric's secret: at once,
+    or trying again for up to ``timeout`` wall seconds while nothing listens there yet (a
+    container's job not started yet).  This process's trio clock is the engine's, which stands
+    still before the run, so the connection and the waits are a thread's, on the wall clock."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = await trio.to_thread.run_sync(partial(socket.create_connection, sync, 5.0))
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                waited = f" within {timeout:g} s" if timeout else ""
+                raise ControlError(
+                    f"no coordinator at {sync[0]}:{sync[1]}{waited} ({exc.strerror or exc}): "
+                    "the process serving the run (rocev2-emu up, bench, the testbed's job) "
+                    "must be running"
+                ) from exc
+        await trio.to_thread.run_sync(time.sleep, 0.25)
+    chan = MessageChannel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), 30.0)
+    await prove_secret(chan, secret, f"{sync[0]}:{sync[1]}")
+    return chan
 
 
 def link_changes(

@@ -331,6 +331,10 @@ class Coordinator:
             await self._done_changed.wait()
             self._done_changed = trio.Event()
 
+    def missing(self) -> list[str]:
+        """The processes that have not joined yet."""
+        return sorted(set(self.names) - set(self._chans))
+
     def summary(self) -> str:
         """How the run was synchronised: its windows, and how many processes each woke."""
         n = len(self.names)
