@@ -2,8 +2,10 @@
 ``/metrics`` server.
 
 :func:`pump_metrics` yields, for one pump, the kernel's drops at its UDP socket, its late
-wake-ups, the TDF the process runs at (``rocev2_emulation_tdf``, so every dashboard can say
-which time scale it shows) and the batched I/O its socket uses (``rocev2_batch_io{mode}``).
+wake-ups, the emulated time its clock has reached (``rocev2_emulated_seconds_total``: the
+dashboards divide rates by its rate, so they show them per emulated second on any clock), the
+TDF the process runs at (``rocev2_emulation_tdf``) and the batched I/O its socket uses
+(``rocev2_batch_io{mode}``).
 The NIC's and the switch's collectors add these to their own families; both read plain
 counters at scrape time, so the data path pays nothing for metrics.
 """
@@ -62,6 +64,13 @@ def pump_metrics(pump: Driven, node: str) -> Iterator[CounterMetricFamily | Gaug
         "Datagrams the kernel dropped at this node's UDP socket",
         node,
         pump.port.kernel_drops(),
+    )
+    yield node_counter(
+        "rocev2_emulated_seconds",
+        "Emulated time this node's clock has reached: a rate over wall time divided by this "
+        "counter's rate is a rate per emulated second (the dashboards' panels)",
+        node,
+        max(pump.clock.now_threadsafe(), 0.0),
     )
     tdf = GaugeMetricFamily(
         "rocev2_emulation_tdf", "Time-dilation factor of this process", labels=["node"]

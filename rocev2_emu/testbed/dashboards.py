@@ -5,6 +5,10 @@ unit set: **Fabric** (switch ports: throughput per link, egress queue depth, ECN
 frames sent and received per priority, watchdog storms, drops by reason), **Transport** (NICs:
 CNPs sent and handled, DCQCN rate, target and alpha per QP, retransmissions, sequence errors,
 timeouts) and **Collectives** (ranks: operation latency p50 / p99, bus bandwidth, errors).
+Every rate is per *emulated* second: Prometheus's ``rate()`` is per wall second, so each is
+divided by the rate of the serving node's own clock (``rocev2_emulated_seconds_total``, matched
+on ``instance``) - right on the exact clock (however fast or paced the run), on the wall clock
+at any TDF, and blank where the clock stood still.
 The datasource is provisioned with the fixed uid ``rocev2-prometheus`` and every panel names
 it, so no ``${DS_...}`` placeholder is left for an import dialog.  :mod:`rocev2_emu.testbed.compose`
 writes them under ``deploy/grafana``; the test against a real Prometheus runs every ``expr``.
@@ -17,6 +21,31 @@ from typing import Any
 
 DATASOURCE_UID = "rocev2-prometheus"
 RATE = "[30s]"
+# the emulated seconds each scrape target's clock advanced per wall second (where it did):
+# Prometheus's rates are per wall second, the fabric's per emulated second
+CLOCK_RATE = f"(rate(rocev2_emulated_seconds_total{RATE}) > 0)"
+
+
+def per_emulated_second(expr: str) -> str:
+    """``expr``, a rate per wall second keeping the ``instance`` label, per emulated second of
+    the node that served it (whatever the clock: exact, dilated, paced)."""
+    return f"{expr} / on(instance) group_left() {CLOCK_RATE}"
+
+
+def rate_of(counter: str) -> str:
+    """A counter's rate per emulated second."""
+    return per_emulated_second(f"rate({counter}{RATE})")
+
+
+def bits_rate(counter: str) -> str:
+    """A byte counter's rate per emulated second, in bits."""
+    return per_emulated_second(f"rate({counter}{RATE}) * 8")
+
+
+def summed_rate(by: str, counter: str) -> str:
+    """A counter's rate per emulated second, summed by the labels ``by`` of each node."""
+    return per_emulated_second(f"sum by (instance, {by}) (rate({counter}{RATE}))")
+
 
 # (title, unit, [(expr, legend)])
 Panel = tuple[str, str, list[tuple[str, str]]]
@@ -25,7 +54,12 @@ FABRIC: list[Panel] = [
     (
         "Link throughput (switch egress)",
         "bps",
-        [(f"rate(rocev2_switch_tx_bytes_total{RATE}) * 8", "{{node}} -> {{peer}}")],
+        [
+            (
+                bits_rate("rocev2_switch_tx_bytes_total"),
+                "{{node}} -> {{peer}}",
+            )
+        ],
     ),
     (
         "Egress queue depth",
@@ -38,7 +72,7 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (node, peer) (rate(rocev2_switch_ecn_marked_packets_total{RATE}))",
+                summed_rate("node, peer", "rocev2_switch_ecn_marked_packets_total"),
                 "{{node}} -> {{peer}}",
             )
         ],
@@ -48,7 +82,7 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (node, priority) (rate(rocev2_switch_pfc_tx_frames_total{RATE}))",
+                summed_rate("node, priority", "rocev2_switch_pfc_tx_frames_total"),
                 "{{node}} prio {{priority}}",
             )
         ],
@@ -58,21 +92,21 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (node, priority) (rate(rocev2_switch_pfc_rx_frames_total{RATE}))",
+                summed_rate("node, priority", "rocev2_switch_pfc_rx_frames_total"),
                 "{{node}} prio {{priority}}",
             ),
             (
-                f"sum by (node, priority) (rate(rocev2_nic_rx_pause_frames_total{RATE}))",
+                summed_rate("node, priority", "rocev2_nic_rx_pause_frames_total"),
                 "NIC {{node}} prio {{priority}}",
             ),
         ],
     ),
     (
-        "Time paused (fraction of each second)",
+        "Time paused (fraction of each emulated second)",
         "percentunit",
         [
             (
-                f"sum by (node, peer) (rate(rocev2_switch_paused_seconds_total{RATE}))",
+                summed_rate("node, peer", "rocev2_switch_paused_seconds_total"),
                 "{{node}} -> {{peer}}",
             )
         ],
@@ -96,7 +130,7 @@ FABRIC: list[Panel] = [
         "pps",
         [
             (
-                f"sum by (node, reason) (rate(rocev2_switch_dropped_packets_total{RATE}))",
+                summed_rate("node, reason", "rocev2_switch_dropped_packets_total"),
                 "{{node}} {{reason}}",
             )
         ],
@@ -108,8 +142,11 @@ TRANSPORT: list[Panel] = [
         "CNPs sent (notification point) and handled (reaction point)",
         "pps",
         [
-            (f"rate(rocev2_nic_np_cnp_sent_total{RATE})", "{{node}} sent"),
-            (f"rate(rocev2_nic_rp_cnp_handled_total{RATE})", "{{node}} handled"),
+            (rate_of("rocev2_nic_np_cnp_sent_total"), "{{node}} sent"),
+            (
+                rate_of("rocev2_nic_rp_cnp_handled_total"),
+                "{{node}} handled",
+            ),
         ],
     ),
     (
@@ -126,14 +163,20 @@ TRANSPORT: list[Panel] = [
     (
         "Retransmitted packets (go-back-N)",
         "pps",
-        [(f"rate(rocev2_nic_retransmitted_packets_total{RATE})", "{{node}}")],
+        [(rate_of("rocev2_nic_retransmitted_packets_total"), "{{node}}")],
     ),
     (
         "Sequence errors",
         "pps",
         [
-            (f"rate(rocev2_nic_packet_seq_err_total{RATE})", "{{node}} NAK seq err"),
-            (f"rate(rocev2_nic_out_of_sequence_total{RATE})", "{{node}} out of sequence"),
+            (
+                rate_of("rocev2_nic_packet_seq_err_total"),
+                "{{node}} NAK seq err",
+            ),
+            (
+                rate_of("rocev2_nic_out_of_sequence_total"),
+                "{{node}} out of sequence",
+            ),
         ],
     ),
     (
@@ -147,7 +190,7 @@ TRANSPORT: list[Panel] = [
     (
         "NIC throughput",
         "bps",
-        [(f"rate(rocev2_nic_tx_bytes_total{RATE}) * 8", "{{node}} tx")],
+        [(bits_rate("rocev2_nic_tx_bytes_total"), "{{node}} tx")],
     ),
 ]
 
@@ -187,7 +230,12 @@ COLLECTIVES: list[Panel] = [
     (
         "Bytes reduced or gathered",
         "Bps",
-        [(f"sum by (rank) (rate(rocev2_collective_bytes_total{RATE}))", "rank {{rank}}")],
+        [
+            (
+                summed_rate("rank", "rocev2_collective_bytes_total"),
+                "rank {{rank}}",
+            )
+        ],
     ),
     ("Errors", "short", [("sum by (rank) (rocev2_collective_errors_total)", "rank {{rank}}")]),
     (

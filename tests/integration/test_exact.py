@@ -515,3 +515,62 @@ def test_the_map_samples_every_node_of_an_exact_run(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.timeout(600)
+def test_node_processes_started_by_hand_join_an_attached_exact_bench(tmp_path: Path) -> None:
+    """What the compose testbed does, with local processes: every node started first with
+    ``--clock exact --sync ADDR:PORT --join-timeout`` (waiting for a coordinator nothing serves
+    yet), then ``bench all-reduce --attach --clock exact --sync ADDR:PORT`` serves it - the
+    table is the virtual run's, beside two CPU burners, and every node process exits 0 when the
+    job ends.  A node whose coordinator never comes gives up after its timeout, in one line."""
+    from rocev2_emu.control import auth
+    from rocev2_emu.topology.file import load
+
+    topo = tmp_path / "single-switch.toml"
+    topo.write_text((ROOT / "examples" / "topologies" / "single-switch.toml").read_text())
+    auth.write(tmp_path / auth.BESIDE_TOPOLOGY, auth.new(), exclusive=True)  # the fabric's
+    sync = f"127.0.0.1:{_free_port()}"
+    sizes = ["-b", "1K", "-e", "64K", "-n", "1", "-w", "1"]
+    bench = [*EXE, "bench", "all-reduce", "--topology", str(topo), *sizes]
+    virtual = _run([*bench, "--virtual"], 300)
+    assert virtual.returncode == 0, virtual.stderr[-2000:]
+    node = [*EXE, "node", str(topo)]
+    exact = ["--clock", "exact", "--sync", sync]
+    names = list(load(topo).nodes)
+    nodes = {
+        name: subprocess.Popen(
+            [*node, name, *exact, "--join-timeout", "120"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    }
+    try:
+        with cpu_burners():
+            attached = _run([*bench, "--attach", *exact], 300)
+        assert attached.returncode == 0, attached.stderr[-2000:]
+        assert f"joining {sync}, clock: exact" in attached.stdout.splitlines()[0]
+        assert _table(attached.stdout) == _table(virtual.stdout)
+        for name, proc in nodes.items():
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, (name, err[-2000:])
+            assert out.startswith(f"READY {name} "), out
+    finally:
+        for proc in nodes.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+    alone = _run([*node, names[0], *exact, "--join-timeout", "0.5"], 60)
+    assert alone.returncode == 1
+    assert f"no coordinator at {sync} within 0.5 s" in alone.stderr, alone.stderr[-2000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -208,6 +208,7 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
             "rocev2_switch_buffer_bytes",
             "rocev2_switch_pfc_watchdog_storms_detected_total",
             "rocev2_emulation_tdf",
+            "rocev2_emulated_seconds_total",
         ):
             assert name in names, name
         out, err = proc.communicate(timeout=240)

@@ -1,6 +1,8 @@
-"""The docker-compose testbed for real: containers, the all-reduce job, a link taken down
-mid-run, and the testbed's own Prometheus (built by compose from Debian's package, no image
-registry) scraping every node for the dashboards.
+"""The docker-compose testbed for real: on the exact clock (docker-compose.yml), the job's
+figures equal the virtual run's beside CPU burners, Prometheus scraping the run; on the wall
+clock (docker-compose.wall.yml), the all-reduce job, a link taken down mid-run, and the
+testbed's own Prometheus (built by compose from Debian's package, no image registry) scraping
+every node for the dashboards.
 
 Needs a Docker engine, docker-compose and a base image (``.ci/run`` installs and builds them;
 ``ROCEV2_BASE_IMAGE`` names the base image, else the public slim Python image).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from rocev2_emu.testbed import dashboards
 from rocev2_emu.testbed.compose import TRAIN_STEPS
 from rocev2_emu.topology.file import load
 from tests.conftest import require_tool
+from tests.integration.test_exact import cpu_burners
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +41,7 @@ PROJECT = "rocev2ci"
 JOB = ["bench", "all-reduce", "--attach", "--topology", "/etc/rocev2-emu/topology.toml"]
 JOB += ["-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1"]
 SIZES = [8, 64, 512, 4096, 32768, 262144]
+EXACT_ABSENT: tuple[str, ...] = ()  # dashboard series an exact run does not have
 
 
 def _missing(what: str) -> None:
@@ -56,6 +61,11 @@ def _compose(
     *argv: str, timeout: float = 300, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     return _run("docker-compose", "-p", PROJECT, *argv, timeout=timeout, check=check)
+
+
+def _wall(*argv: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """docker-compose on the wall-clock testbed (the same project, services and Prometheus)."""
+    return _compose("-f", "docker-compose.wall.yml", *argv, timeout=timeout, check=check)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,18 +170,18 @@ def _wait_healthy(
 # a compose job, a link failure and a Prometheus query per dashboard panel: about two minutes
 # on a quiet machine, so past the default per-test timeout on a busy one (a hang still ends it)
 @pytest.mark.timeout(600)
-def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: str) -> None:
+def test_wall_testbed_job_link_down_and_prometheus(image: str, prometheus: str) -> None:
     topo = load(ROOT / "deploy" / "topology.toml")
     names = list(topo.nodes)
     link = [sys.executable, "-m", "rocev2_emu", "link", "deploy/topology.toml", "leaf0", "spine0"]
     try:
-        _compose("up", "-d", *names)
-        _wait_healthy(names)
+        _wall("up", "-d", *names)
+        _wait_healthy(names, compose=_wall)
         started = time.time()
         outcome: dict[str, subprocess.CompletedProcess[str]] = {}
 
         def job() -> None:
-            outcome["job"] = _compose("run", "--rm", "job", *JOB, timeout=400, check=False)
+            outcome["job"] = _wall("run", "--rm", "job", *JOB, timeout=400, check=False)
 
         runner = threading.Thread(target=job)
         runner.start()
@@ -188,18 +198,8 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         time.sleep(5)  # two more scrapes after the job
 
         # every expression of every provisioned dashboard returns data for the run's window
-        empty = []
-        for name in ("fabric", "transport", "collectives"):
-            text = (ROOT / "deploy" / "grafana" / "dashboards" / f"{name}.json").read_text()
-            for expr in dashboards.expressions(text):
-                if dashboards.TRAINING_ONLY in expr:
-                    continue  # a PyTorch job's series: test_torch.py scrapes those
-                got = _query(
-                    prometheus, "query_range", query=expr, start=started, end=time.time(), step=1
-                )
-                if not got:
-                    empty.append(f"{name}: {expr}")
-        assert not empty, empty
+        gaps = _dashboard_gaps(prometheus, started)
+        assert not gaps, gaps
         # and some are the values the run is known to have produced
         moved = _query(prometheus, "query", query='rocev2_collective_bytes_total{op="all_reduce"}')
         per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in moved}
@@ -222,15 +222,94 @@ def test_compose_testbed_job_link_down_and_prometheus(image: str, prometheus: st
         _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
 
 
+def _dashboard_gaps(prometheus: str, started: float, skip: tuple[str, ...] = ()) -> list[str]:
+    """The expressions of the provisioned dashboards that return no data for the window from
+    ``started`` to now (a PyTorch job's series left out: test_torch.py scrapes those)."""
+    empty = []
+    for name in ("fabric", "transport", "collectives"):
+        text = (ROOT / "deploy" / "grafana" / "dashboards" / f"{name}.json").read_text()
+        for expr in dashboards.expressions(text):
+            if dashboards.TRAINING_ONLY in expr or any(s in expr for s in skip):
+                continue
+            got = _query(
+                prometheus, "query_range", query=expr, start=started, end=time.time(), step=1
+            )
+            if not got:
+                empty.append(f"{name}: {expr}")
+    return empty
+
+
+# the testbed's own job (1 KiB - 4 MiB, 5 iterations) on 14 exact containers beside two CPU
+# burners, and the same benchmark in virtual time: a few minutes on a busy machine
+@pytest.mark.timeout(900)
+def test_exact_testbed_job_prints_the_virtual_figures(image: str, prometheus: str) -> None:
+    """docker-compose.yml as it is: every node a container on the exact clock, joining the
+    coordinator its job serves - the job's table and fabric summary are the virtual run's,
+    line for line, while two processes burn the CPUs; the nodes end with the job (exit 0);
+    Prometheus scraped the run."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    command = re.search(r"\n  job:\n    image: \S+\n    command: (\[.*\])\n", text)
+    assert command is not None
+    argv = json.loads(command.group(1))
+    assert argv[:5] == ["bench", "all-reduce", "--attach", "--clock", "exact"], argv
+    sizes = argv[argv.index("-b") :]
+    topo = load(ROOT / "deploy" / "topology.toml")
+    try:
+        started = time.time()
+        with cpu_burners():
+            result = _compose("run", "--rm", "job", timeout=800, check=False)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "# clock: exact," in result.stderr, result.stderr[-2000:]
+        virtual = _run(
+            sys.executable,
+            "-m",
+            "rocev2_emu",
+            "bench",
+            "all-reduce",
+            "--virtual",
+            "--topology",
+            "deploy/topology.toml",
+            *sizes,
+            timeout=300,
+        )
+        exact_lines = result.stdout.splitlines()
+        assert "attached: one process per node joining 172.30.0.251:7470" in exact_lines[0]
+        assert exact_lines[1:] == virtual.stdout.splitlines()[1:]
+        assert "# Out of bounds values : 0 OK" in result.stdout
+        # every node's container ended with the run, quietly
+        for name in topo.nodes:
+            cid = _compose("ps", "-a", "-q", name).stdout.split()
+            assert len(cid) == 1, (name, cid)
+            state = _run("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", cid[0])
+            assert state.stdout.split() == ["exited", "0"], (name, state.stdout)
+        # Prometheus scraped the run: every rank's collective bytes (the nodes have ended, so
+        # their series are stale now; the last scrape may come up to an interval before the end)
+        moved = _query(
+            prometheus,
+            "query",
+            query='max_over_time(rocev2_collective_bytes_total{op="all_reduce"}[30m])',
+        )
+        per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in moved}
+        bench_sizes = [1 << k for k in range(10, 23, 2)]
+        iters = int(argv[argv.index("-n") + 1]) + int(argv[argv.index("-w") + 1])
+        assert sorted(per_rank) == [str(r) for r in range(8)], per_rank
+        assert all(0 < v <= sum(bench_sizes) * 2 * iters for v in per_rank.values()), per_rank
+        gaps = _dashboard_gaps(prometheus, started, skip=EXACT_ABSENT)
+        assert not gaps, gaps
+    finally:
+        _compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+
+
 @pytest.mark.timeout(300)
 def test_a_fresh_clone_starts_without_a_secret_file(image: str) -> None:
-    """docker-compose.yml as a fresh clone has it, with no deploy/fabric.secret: compose reads
-    the file, the one-shot secret service makes the secret (mode 0600, beside the topology),
-    the nodes start with its copy, and the host's ``rocev2-emu link`` proves the same secret
-    to them."""
+    """The testbed as a fresh clone has it, with no deploy/fabric.secret: compose reads both
+    files, the one-shot secret service makes the secret (mode 0600, beside the topology), the
+    wall-clock nodes start with its copy, and the host's ``rocev2-emu link`` proves the same
+    secret to them (the exact testbed's nodes get theirs the same way: the other test)."""
     where = Path(tempfile.mkdtemp(prefix="fresh-clone-"))
-    tracked = _run("git", "ls-files", "docker-compose.yml", "deploy").stdout.split()
-    assert "docker-compose.yml" in tracked and "deploy/topology.toml" in tracked, tracked
+    files = ["docker-compose.yml", "docker-compose.wall.yml"]
+    tracked = _run("git", "ls-files", *files, "deploy").stdout.split()
+    assert set(files) <= set(tracked) and "deploy/topology.toml" in tracked, tracked
     for rel in tracked:
         (where / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / rel, where / rel)
@@ -239,7 +318,7 @@ def test_a_fresh_clone_starts_without_a_secret_file(image: str) -> None:
 
     def compose(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["docker-compose", "-p", "rocev2fresh", *argv],
+            ["docker-compose", "-p", "rocev2fresh", "-f", "docker-compose.wall.yml", *argv],
             cwd=where,
             capture_output=True,
             text=True,
@@ -251,6 +330,9 @@ def test_a_fresh_clone_starts_without_a_secret_file(image: str) -> None:
     try:
         config = compose("config", "-q", check=False)
         assert config.returncode == 0, config.stderr[-2000:]
+        exact = ["docker-compose", "-p", "rocev2fresh", "config", "-q"]
+        checked = subprocess.run(exact, cwd=where, capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stderr[-2000:]
         started = compose("up", "-d", *names, check=False)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         _wait_healthy(names, compose=compose)
@@ -385,7 +467,7 @@ def test_swarm_stack_runs_the_job(image: str) -> None:
     where = Path(tmp_dir := tempfile.mkdtemp(prefix="stack-"))
     shutil.copy(ROOT / "deploy" / "topology-swarm.toml", where / "topology-swarm.toml")
     text = (ROOT / "deploy" / "docker-stack.yml").read_text()
-    short = text.replace('"-e", "4M"', '"-e", "64K"').replace('"-n", "5"', '"-n", "2"')
+    short = text.replace('"-e", "4M"', '"-e", "64K"')
     assert short != text
     (where / "docker-stack.yml").write_text(short)
     auth.write(where / auth.BESIDE_TOPOLOGY, auth.new())  # the stack's env_file

@@ -1,5 +1,6 @@
 """What a new user and the reliability checks hit (issue 28): a flag whose extra is missing is
-refused before anything starts, and a host that cannot reach the rendezvous store says where."""
+refused before anything starts, a host that cannot reach the rendezvous store says where, and
+an attached exact job names the node processes that never joined or the flags it cannot take."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 
 from collectives.jobs.job import run_host_ranks
+from collectives.jobs.launch import ExactCollectiveJob
 from rocev2_emu.cli import main
+from rocev2_emu.runtime.sync import Coordinator, SyncError
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs import RemoteVerbsError
@@ -47,3 +50,35 @@ async def test_an_unreachable_store_is_one_error_naming_it(
         port = s.getsockname()[1]
     with pytest.raises(RemoteVerbsError, match=f"rendezvous store at 127.0.0.1:{port}: "):
         await run_host_ranks(None, topo, "h0", ("127.0.0.1", port), "bench", {})  # type: ignore[arg-type]
+
+
+async def test_an_attached_exact_job_names_the_node_processes_that_never_joined(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(single_switch(2))
+    coordinator = Coordinator(["sw0", "h0", "h1"], 1e-6, b"")
+    job = ExactCollectiveJob("bench", {}, coordinator, join_timeout=0.2)
+    with pytest.raises(SyncError, match=r"not joined within 0.2 s: h0, h1, sw0$"):
+        await job.run(load(path), 1.0, 0.0)
+
+
+def test_bench_refuses_what_an_attached_exact_run_cannot_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(single_switch(2))
+    bench = ["bench", "all-reduce", "--topology", str(path)]
+    for flags, said in (
+        (["--attach", "--clock", "exact"], "--clock exact --attach needs --sync HOST:PORT"),
+        (["--sync", "127.0.0.1:7470"], "--sync serves the coordinator of --clock exact --attach"),
+        (
+            ["--clock", "exact", "--attach", "--sync", "127.0.0.1:7470", "--workers", "2"],
+            "--workers: the attached nodes' processes are started elsewhere",
+        ),
+    ):
+        assert main([*bench, *flags]) == 1
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*bench, "--sync", "7470"])
+    assert "is not HOST:PORT" in capsys.readouterr().err

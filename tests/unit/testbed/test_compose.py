@@ -12,7 +12,7 @@ import pytest
 
 from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
-from rocev2_emu.testbed.compose import generate
+from rocev2_emu.testbed.compose import SYNC_PORT, generate
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.model import TopologyError
 
@@ -25,7 +25,7 @@ def test_checked_in_testbed_is_the_generators_output(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the files name the topology by this relative path
     written = generate(SHIPPED, str(tmp_path))
-    assert len(written) == 15
+    assert len(written) == 16
     for path in written:
         if path.name == "fabric.secret":
             continue  # made per testbed, never checked in
@@ -35,19 +35,40 @@ def test_checked_in_testbed_is_the_generators_output(
         )
 
 
-def test_compose_file_runs_every_node_and_waits_for_health() -> None:
+def test_compose_file_runs_every_node_on_the_exact_clock_joining_the_jobs_coordinator() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     assert "\nversion:" not in text and not text.startswith("version:")  # v1 and v2 alike
+    topo = load(ROOT / "deploy" / "topology.toml")
+    job = text.split("\n  job:\n")[1].split("\n  prometheus:\n")[0]
+    job_ip = re.search(r"ipv4_address: (\S+)", job)
+    assert job_ip is not None
+    sync = f"{job_ip.group(1)}:{SYNC_PORT}"
+    for node in topo.nodes.values():
+        block = re.search(rf"\n  {node.name}:\n((?:    .*\n)*)", text)
+        assert block is not None, node.name
+        assert f"ipv4_address: {node.address}" in block.group(1)
+        assert node.address.startswith("172.30.0.")
+        assert f'"--clock", "exact", "--sync", "{sync}", "--join-timeout"' in block.group(1)
+    # the job serves the coordinator the nodes join: it waits for them to start, not to be
+    # healthy (a node serves only once it has joined)
+    assert f'"--attach", "--clock", "exact", "--sync", "{sync}"' in job
+    assert job.count("condition: service_started") == len(topo.nodes)
+    assert "service_healthy" not in job
+    prom = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert all(f'"{n.address}:9100"' in prom for n in topo.nodes.values())
+
+
+def test_wall_compose_file_keeps_a_fabric_up_and_waits_for_health() -> None:
+    text = (ROOT / "docker-compose.wall.yml").read_text()
+    assert "\nversion:" not in text and not text.startswith("version:")
     topo = load(ROOT / "deploy" / "topology.toml")
     for node in topo.nodes.values():
         assert f"\n  {node.name}:\n" in text
         assert f"ipv4_address: {node.address}" in text
-        assert node.address.startswith("172.30.0.")
+    assert "exact" not in text.split("\nservices:\n")[1]
     job = text.split("\n  job:\n")[1].split("\n  prometheus:\n")[0]
     assert job.count("condition: service_healthy") == len(topo.nodes)
     assert '"--attach"' in job
-    prom = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
-    assert all(f'"{n.address}:9100"' in prom for n in topo.nodes.values())
 
 
 def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_runs(
@@ -75,6 +96,7 @@ def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_
         assert f"    env_file: ./{auth.BESIDE_TOPOLOGY}\n" in block.group(1), service
     for name, services in (
         ("docker-compose.yml", [*topo.nodes, "job"]),
+        ("docker-compose.wall.yml", [*topo.nodes, "job"]),
         ("docker-compose.training.yml", list(topo.nodes)),
     ):
         text = (ROOT / name).read_text()
@@ -133,7 +155,13 @@ def test_the_default_compose_path_pulls_nothing() -> None:
     # every service the default `docker compose up` starts is built here (the nodes' image by
     # `docker build`, Prometheus by compose from Debian's package); Grafana, whose image comes
     # from a registry, only runs with --profile grafana
-    text = (ROOT / "docker-compose.yml").read_text()
+    for name in ("docker-compose.yml", "docker-compose.wall.yml"):
+        _built_here((ROOT / name).read_text())
+    dockerfile = (ROOT / "deploy" / "prometheus" / "Dockerfile").read_text()
+    assert "apt-get install" in dockerfile and "prometheus" in dockerfile
+
+
+def _built_here(text: str) -> None:
     services = text.split("\nservices:\n", 1)[1].split("\nnetworks:\n", 1)[0]
     blocks = re.split(r"\n(?=  \w[\w-]*:\n)", "\n" + services)
     checked = 0
@@ -148,5 +176,3 @@ def test_the_default_compose_path_pulls_nothing() -> None:
         assert built, f"{name} would be pulled: {image.group(1)}"
         checked += 1
     assert checked == 17  # the secret service, 14 nodes, the job, Prometheus
-    dockerfile = (ROOT / "deploy" / "prometheus" / "Dockerfile").read_text()
-    assert "apt-get install" in dockerfile and "prometheus" in dockerfile
