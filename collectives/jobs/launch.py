@@ -35,6 +35,7 @@ from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.exact import (
     Coordinator,
+    SyncError,
     lookahead,
     process_groups,
     process_name,
@@ -42,7 +43,6 @@ from rocev2_emu.fabric.exact import (
 )
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import first_exception, run_exact, run_processes
-from rocev2_emu.runtime.sync import SyncError
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology

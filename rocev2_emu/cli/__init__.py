@@ -22,6 +22,7 @@ from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.services import load_plugins
 from rocev2_emu.runtime.ports import BATCH_IO_ENV
+from rocev2_emu.runtime.sync import SyncError
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-ERRORS = (PerftestError, VerbsError, ControlError, OSError, ValueError, RuntimeError)
+ERRORS = (PerftestError, VerbsError, ControlError, SyncError, OSError, ValueError, RuntimeError)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

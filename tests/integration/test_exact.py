@@ -538,16 +538,21 @@ def test_node_processes_started_by_hand_join_an_attached_exact_bench(tmp_path: P
     node = [*EXE, "node", str(topo)]
     exact = ["--clock", "exact", "--sync", sync]
     names = list(load(topo).nodes)
-    nodes = {
-        name: subprocess.Popen(
-            [*node, name, *exact, "--join-timeout", "120"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in names
-    }
+
+    def start_nodes() -> dict[str, subprocess.Popen[str]]:
+        return {
+            name: subprocess.Popen(
+                [*node, name, *exact, "--join-timeout", "120"],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in names
+        }
+
+    nodes = start_nodes()
+    started = list(nodes.values())  # every process this test starts, reaped at the end
     try:
         with cpu_burners():
             attached = _run([*bench, "--attach", *exact], 300)
@@ -558,11 +563,29 @@ def test_node_processes_started_by_hand_join_an_attached_exact_bench(tmp_path: P
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, (name, err[-2000:])
             assert out.startswith(f"READY {name} "), out
+        # a node that goes away in the run stops the job in one line naming it
+        nodes = start_nodes()
+        job = subprocess.Popen(
+            [*bench, "--attach", *exact, "-e", "4M", "-n", "5"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started += [*nodes.values(), job]
+        victim = nodes[names[-1]]
+        assert victim.stdout is not None
+        assert victim.stdout.readline().startswith("READY ")  # it has joined the run
+        victim.kill()
+        _, err = job.communicate(timeout=120)  # a wall-clock deadline, not a hang
+        assert job.returncode == 1, err[-2000:]
+        assert f"error: node {names[-1]} went away" in err, err[-2000:]
+        assert "Traceback" not in err, err[-2000:]
     finally:
-        for proc in nodes.values():
+        for proc in started:
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate(timeout=10)
+            proc.communicate(timeout=10)  # reaped, its pipes closed
     alone = _run([*node, names[0], *exact, "--join-timeout", "0.5"], 60)
     assert alone.returncode == 1
     assert f"no coordinator at {sync} within 0.5 s" in alone.stderr, alone.stderr[-2000:]
