@@ -22,6 +22,7 @@ from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import fabric_stats, report, write_json
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.collector import engine_collector
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.progress import ProgressLine
@@ -39,7 +40,8 @@ def run_virtual_time(seed: int, main: Callable[..., Awaitable[T]], *args: Any) -
     were created (:func:`~rocev2_emu.runtime.determinism.canonical_trio_scheduler`); ``seed``
     is the topology's, which seeds the cores and links."""
     canonical_trio_scheduler()
-    return trio.run(main, *args, clock=trio.testing.MockClock(autojump_threshold=0))
+    with engine_collector():
+        return trio.run(main, *args, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @asynccontextmanager
