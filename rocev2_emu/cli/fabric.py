@@ -378,7 +378,12 @@ def _topology(args: argparse.Namespace) -> int:
 
 def _compose_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology")
-    p.add_argument("--out", default=".", help="where docker-compose.yml and deploy/ go (.)")
+    p.add_argument(
+        "--out",
+        default=".",
+        help="where docker-compose.yml (the exact clock), docker-compose.wall.yml (the wall "
+        "clock), docker-compose.training.yml and deploy/ go (.)",
+    )
     p.add_argument("--subnet", default="172.30.0.0/24", help="the bridge network's subnet")
 
 
@@ -432,7 +437,8 @@ register(Command("topology", "generate a topology file on stdout", _topology_arg
 register(
     Command(
         "compose",
-        "write the docker-compose testbed (and Prometheus config) for a topology",
+        "write the docker-compose testbeds (exact and wall clock, training; Prometheus and "
+        "Grafana config) for a topology",
         _compose_args,
         _compose,
     )
