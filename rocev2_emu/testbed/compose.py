@@ -246,23 +246,9 @@ def compose_file(topo: Topology, source: str, subnet: str) -> str:
     ]
     for node in topo.nodes.values():
         out += _node_service(node, sync)
-    out += [
-        "  job:",
-        f"    image: {IMAGE}",
-        f"    command: {_list(exact_job_command(sync))}",
-        *_with_secret(),
-    ]
-    for node in topo.nodes.values():  # started, not healthy: they serve once they have joined
-        out += [f"      {node.name}:", "        condition: service_started"]
-    out += [
-        "    healthcheck:",
-        "      disable: true",
-        "    networks:",
-        "      fabric:",
-        f"        ipv4_address: {extra['job']}",
-        *_monitoring(extra, subnet),
-    ]
-    return "\n".join(out)
+    # the job waits for the nodes started, not healthy: they serve once they have joined
+    out += _job_service(topo, exact_job_command(sync), "service_started", extra)
+    return "\n".join([*out, *_monitoring(extra, subnet)])
 
 
 def wall_file(topo: Topology, source: str, subnet: str) -> str:
@@ -283,23 +269,25 @@ def wall_file(topo: Topology, source: str, subnet: str) -> str:
     ]
     for node in topo.nodes.values():
         out += _node_service(node)
-    out += [
-        "  job:",
-        f"    image: {IMAGE}",
-        f"    command: {_list(JOB_COMMAND)}",
-        *_with_secret(),
-    ]
+    out += _job_service(topo, JOB_COMMAND, "service_healthy", extra)
+    return "\n".join([*out, *_monitoring(extra, subnet)])
+
+
+def _job_service(
+    topo: Topology, command: list[str], condition: str, extra: dict[str, ipaddress.IPv4Address]
+) -> list[str]:
+    """The job's service: ``command``, once every node's container meets ``condition``."""
+    out = ["  job:", f"    image: {IMAGE}", f"    command: {_list(command)}", *_with_secret()]
     for node in topo.nodes.values():
-        out += [f"      {node.name}:", "        condition: service_healthy"]
-    out += [
+        out += [f"      {node.name}:", f"        condition: {condition}"]
+    return [
+        *out,
         "    healthcheck:",
         "      disable: true",
         "    networks:",
         "      fabric:",
         f"        ipv4_address: {extra['job']}",
-        *_monitoring(extra, subnet),
     ]
-    return "\n".join(out)
 
 
 def training_file(topo: Topology, source: str, subnet: str) -> str:
