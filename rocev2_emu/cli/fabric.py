@@ -186,6 +186,10 @@ def _node(args: argparse.Namespace) -> int:
     opts = nodes.NodeOptions(
         args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
     )
+    exact_only = [f for f in ("sync", "join_timeout", "workers") if getattr(args, f)]
+    if args.clock != "exact" and exact_only:
+        flags = ", ".join("--" + f.replace("_", "-") for f in exact_only)
+        raise ValueError(f"{flags}: for a node of an exact run (--clock exact)")
     auth.use(auth.load_or_create(args.topology)[0])  # a node by hand makes the fabric's secret
     if args.clock == "exact":
         if not args.sync:

@@ -82,3 +82,17 @@ def test_bench_refuses_what_an_attached_exact_run_cannot_take(
     with pytest.raises(SystemExit):
         main([*bench, "--sync", "7470"])
     assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_a_wall_clock_node_refuses_the_exact_runs_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(single_switch(2))
+    node = ["node", str(path), "h0"]
+    assert main([*node, "--sync", "127.0.0.1:7470", "--join-timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "--sync, --join-timeout: for a node of an exact run (--clock exact)" in err, err
+    with pytest.raises(SystemExit):
+        main([*node, "--clock", "exact", "--sync", "127.0.0.1:7470", "--join-timeout", "-1"])
+    assert "must be >= 0" in capsys.readouterr().err
