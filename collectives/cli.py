@@ -271,16 +271,15 @@ def main(which: str, args: BenchOptions) -> int:
         raise ValueError("--workers: the attached nodes' processes are started elsewhere")
     tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
     mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
+    paced = f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
     if exact:
-        where = process_layout(topo, args.workers)
-        mode = f"{where}, clock: exact" + (
-            f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
-        )
+        mode = f"{process_layout(topo, args.workers)}, clock: exact{paced}"
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
         if exact and args.sync is not None:
             host, port = args.sync
-            mode = f"attached: {process_layout(topo, None)} joining {host}:{port}, clock: exact"
+            where = f"{process_layout(topo, None)} joining {host}:{port}"
+            mode = f"attached: {where}, clock: exact{paced}"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
         f"{len(topo.hosts)} hosts, {ranks} ranks), {mode}"
