@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import secrets
 import socket
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -36,13 +35,10 @@ from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.exact import (
     Coordinator,
     SyncError,
-    lookahead,
-    process_groups,
-    process_name,
     quiet_stats,
 )
 from rocev2_emu.fabric.report import merge_stats, stats_delta
-from rocev2_emu.fabric.supervisor import first_exception, run_exact, run_processes
+from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology
@@ -224,9 +220,7 @@ def run_attached_exact(
     ends the run and the node processes exit.  (results by rank, fabric counters, how the run
     was synchronised); a SyncError (one line) when it could not go on."""
     attach(topo)
-    names = [process_name(g) for g in process_groups(topo)]
-    terminal = sys.stderr if sys.stderr.isatty() else None
-    coordinator = Coordinator(names, lookahead(topo), fabric_secret(), pace=pace, progress=terminal)
+    coordinator = coordinator_for(topo, fabric_secret(), pace=pace)
     job = ExactCollectiveJob(name, params, coordinator, ATTACHED_JOIN_TIMEOUT)
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:
@@ -236,13 +230,7 @@ def run_attached_exact(
             nursery.cancel_scope.cancel()
         return outcome
 
-    try:
-        results, fabric = trio.run(main)
-    except BaseExceptionGroup as group:
-        sync = group.subgroup(SyncError)
-        if sync is None:
-            raise
-        raise SyncError(str(first_exception(sync))) from None
+    results, fabric = run_synced(main)
     return results, fabric, coordinator.summary()
 
 

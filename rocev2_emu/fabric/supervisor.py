@@ -444,22 +444,37 @@ def run_exact(
     SyncError (one line) when the run could not go on (a node died or went silent).
     ``pace``: at least that many wall seconds per emulated second; a terminal on stderr gets
     the progress line."""
+    coordinator = coordinator_for(topo, b"", pace=pace, workers=workers)
+    job = make_job(coordinator)
+    outcome = run_synced(
+        _supervise, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
+    )
+    if outcome is None:
+        raise SyncError("a node died during the job")
+    return outcome, coordinator.summary()
+
+
+def coordinator_for(
+    topo: Topology, secret: bytes, *, pace: float | None = None, workers: int | None = None
+) -> Coordinator:
+    """The coordinator of an exact run of ``topo`` (one process per node, or ``workers``
+    processes), proving ``secret``; a terminal on stderr gets its progress line."""
     terminal = sys.stderr if sys.stderr.isatty() else None
     names = [process_name(g) for g in process_groups(topo, workers)]
-    coordinator = Coordinator(names, lookahead(topo), b"", pace=pace, progress=terminal)
-    job = make_job(coordinator)
+    return Coordinator(names, lookahead(topo), secret, pace=pace, progress=terminal)
+
+
+def run_synced(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``trio.run(main, *args)`` for the side of an exact run that serves its coordinator: a
+    SyncError anywhere inside (a node died or went silent) comes out as one SyncError, its
+    line, whatever groups trio wrapped it in."""
     try:
-        outcome = trio.run(
-            _supervise, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
-        )
+        return trio.run(main, *args)
     except BaseExceptionGroup as group:
         sync = group.subgroup(SyncError)
         if sync is None:
             raise
         raise SyncError(str(first_exception(sync))) from None
-    if outcome is None:
-        raise SyncError("a node died during the job")
-    return outcome, coordinator.summary()
 
 
 def first_exception(exc: BaseException) -> BaseException:
