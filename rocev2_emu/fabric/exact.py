@@ -450,7 +450,7 @@ async def exact_nodes(
             if join.metrics_addr is not None:  # one node (run_exact_node checked)
                 served = {join.metrics_addr: next(iter(registries.values()))}
             serve_nodes(served, METRICS_PORT)
-        await WallServer(ports, secret).start()
+        await WallServer(ports, secret, engine.interrupt).start()
         await nursery.start(engine.run)
         yield ExactProcess(engine, mine, contexts, registries)
         nursery.cancel_scope.cancel()

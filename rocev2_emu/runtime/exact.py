@@ -13,11 +13,14 @@ checked (sender, VNI, sequence) and put on the heap at their arrival time.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 import trio.testing
@@ -29,7 +32,9 @@ from rocev2_emu.runtime.events import Core, Node, Wire
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
+    BLOCK_SECONDS,
     DONE,
+    TRIO_EVERY,
     LinkChange,
     RunOver,
     SyncError,
@@ -132,6 +137,17 @@ class ExactEngine(Engine):
         self._asked: list[ChangeWaiter] = []  # changes asked for without an instant
         self._paused = False  # the application decides its next step (wall time): nothing runs
         self._done = False  # the application has finished; the process serves the fabric only
+        self.fast = False  # the last grant came with every task still blocked (_barrier)
+        # another thread's request for trio (a control request) interrupts a grant's wait in
+        # the kernel: interrupt() makes this pipe readable (open for the process's life, as
+        # its link socket)
+        self._interrupt_r = self._interrupt_w = -1
+        if self.chan is not None:
+            self._interrupt_r, self._interrupt_w = os.pipe()
+            os.set_blocking(self._interrupt_r, False)
+            os.set_blocking(self._interrupt_w, False)
+            self.chan.watch(self._interrupt_r)
+        self._trio_seen = 0.0  # when trio last ran its tasks (wall, time.monotonic)
         # what a change does here (the node process sets it: a switch's ports and routes)
         self.on_change: Callable[[LinkChange, float], None] | None = None
 
@@ -242,6 +258,18 @@ class ExactEngine(Engine):
         self._done = True
         self._wake_barrier()
 
+    def interrupt(self) -> None:
+        """From another thread, before it asks trio for something (a control request): a
+        grant awaited in the kernel (:meth:`_barrier`) is awaited in trio from now on, so
+        that the request is served at once."""
+        with contextlib.suppress(OSError):  # full: it has been written already
+            os.write(self._interrupt_w, b"\0")
+
+    def _drain_interrupts(self) -> None:
+        with contextlib.suppress(OSError):  # empty
+            while os.read(self._interrupt_r, 4096):
+                pass
+
     def _wake_barrier(self) -> None:
         if self._poke is not None:
             self._poke.cancel()
@@ -265,8 +293,10 @@ class ExactEngine(Engine):
             self.sent[link.peer_name] += len(outbox)
             outbox.clear()
 
-    async def _send_backlog(self) -> None:
+    async def _send_backlog(self) -> bool:
+        """Send the frames for other processes; True if it had to wait for room."""
         backlog, udp = self._backlog, self.udp
+        waited = False
         i = 0
         while i < len(backlog):
             data, peer = backlog[i]
@@ -274,7 +304,9 @@ class ExactEngine(Engine):
                 i += 1
             else:
                 await udp.wait_writable()
+                waited = True
         backlog.clear()
+        return waited
 
     def _pull(self) -> None:
         """Every datagram the socket holds, onto the heap (checked)."""
@@ -301,18 +333,26 @@ class ExactEngine(Engine):
             self.received += 1
             events.arrive(link.node, link.port, at, seq, frame)
 
-    async def _take_in(self, expect: int) -> None:
-        """Until every frame the others sent this process is on the heap."""
+    async def _take_in(self, expect: int) -> bool:
+        """Until every frame the others sent this process is on the heap; True if it had to
+        wait for one (they are usually there: each was sent before its sender reported)."""
         self._pull()
+        waited = False
         while self.received < expect:
             await self.udp.wait_readable()
+            waited = True
             self._pull()
+        return waited
 
     # -- the windows -----------------------------------------------------------------------
-    def _report(self) -> dict[str, Any]:
+    def _report(self, to_deadline: float | None = None) -> dict[str, Any]:
+        """What this process tells the coordinator (``to_deadline``: trio's seconds to its
+        next deadline, when the caller has them)."""
         events = self.events
         heap_next = events.next_event_time()
-        deadline = trio.current_time() + trio.lowlevel.current_statistics().seconds_to_next_deadline
+        if to_deadline is None:
+            to_deadline = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        deadline = trio.current_time() + to_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
         nxt = min(nxt, self._inflight, self._reply_time(), self._change_time())
         if self._holds or events.pending:  # held, or work due at this instant (a wake's)
@@ -344,19 +384,45 @@ class ExactEngine(Engine):
     async def _barrier(self) -> float:
         """Report, then wait for the next window (re-reporting when a kick or the end of a
         clock hold changed what this process would say); the window's end.  The application
-        tasks have all run and blocked when it is called."""
+        tasks have all run and blocked when it is called, and the engine has not yielded to
+        trio since they did (only its own wakes may have made one runnable).
+
+        The grant is first awaited in the kernel, trio standing still, when nothing else can
+        happen here meanwhile: no task runnable, nothing waited for since all blocked, and
+        trio seen within :data:`TRIO_EVERY` (so control requests and thread calls are still
+        served).  A grant taken that way leaves every task blocked as it was, and the next
+        window runs with no scheduling pass of trio (:attr:`fast`); one that does not come
+        within :data:`BLOCK_SECONDS` (a held run) is awaited in trio."""
+        statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
-        if trio.lowlevel.current_statistics().tasks_runnable:
+        stats = statistics()
+        if stats.tasks_runnable:
             await settle()  # a task woken while the window ran (a control request's) first
-        await self._send_backlog()
+            self._trio_seen = time.monotonic()
+            stats = statistics()  # (none runnable now: all blocked)
+        waited = await self._send_backlog()
         chan = self.chan
         assert chan is not None
-        await chan.send(self._report())
+        waited = await chan.send(self._report(stats.seconds_to_next_deadline)) or waited
+        if not waited and not self._holds and time.monotonic() - self._trio_seen < TRIO_EVERY:
+            # (held - an out-of-band wait, a paused application - no window comes until trio
+            # has run the task that releases it)
+            came, msg = chan.recv_blocking(BLOCK_SECONDS)
+            if came and isinstance(msg, dict) and "until" in msg and "stop" not in msg:
+                until = self._granted(msg)
+                waited = await self._take_in(int(msg["expect"]))
+                # (a change's waiter the grant set is a task made runnable: trio runs it)
+                self.fast = not waited and not msg.get("changes")
+                return until
+            if came:  # the run's end, or an error: said below
+                return self._stopped(msg)
+            self._drain_interrupts()
         while True:
             with trio.CancelScope() as scope:
                 self._poke = scope
                 msg = await chan.recv()
             self._poke = None
+            self._trio_seen = time.monotonic()
             if scope.cancelled_caught:
                 # a fresh report, nothing run: the one sent may already be the basis of a
                 # window granted to the others, so this process keeps its promise (no event
@@ -367,31 +433,41 @@ class ExactEngine(Engine):
                 await settle()
                 await chan.send(self._report())
                 continue
-            if isinstance(msg, dict) and msg.get("stop") == DONE:
-                raise RunOver(self.name)
             if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
-                why = msg.get("stop") if isinstance(msg, dict) else msg
-                raise SyncError(f"{self.name}: the run was stopped: {why}")
-            self.rounds += 1
-            self._inflight = math.inf
-            for at, origin, seq, value, error in msg.get("store", ()):
-                reply = StoreReply(float(at), int(origin), int(seq), value, error)
-                self._replies_seen += 1
-                heapq.heappush(self._replies, (reply.at, self._replies_seen, reply))
-            for item in msg.get("changes", ()):
-                change = LinkChange.from_wire(item)
-                if change.at is None:
-                    raise SyncError(f"{self.name}: a link change came without its instant")
-                for waiter in self._asked:  # the first ask of this change: its instant
-                    if waiter.change.at_instant(0.0) == change.at_instant(0.0):
-                        waiter.at = change.at
-                        waiter.event.set()
-                        self._asked.remove(waiter)
-                        break
-                self._changes_seen += 1
-                heapq.heappush(self._changes, (change.at, self._changes_seen, change))
+                return self._stopped(msg)
+            until = self._granted(msg)
             await self._take_in(int(msg["expect"]))
-            return float(msg["until"])
+            return until
+
+    def _stopped(self, msg: Any) -> NoReturn:
+        """What the coordinator said instead of a window: the run's end, or why it stopped."""
+        if isinstance(msg, dict) and msg.get("stop") == DONE:
+            raise RunOver(self.name)
+        why = msg.get("stop") if isinstance(msg, dict) else msg
+        raise SyncError(f"{self.name}: the run was stopped: {why}")
+
+    def _granted(self, msg: dict[str, Any]) -> float:
+        """Take in a window's grant (the store's replies, the changes to the fabric); the
+        window's end.  Its frames are taken in next (:meth:`_take_in`)."""
+        self.rounds += 1
+        self._inflight = math.inf
+        for at, origin, seq, value, error in msg.get("store", ()):
+            reply = StoreReply(float(at), int(origin), int(seq), value, error)
+            self._replies_seen += 1
+            heapq.heappush(self._replies, (reply.at, self._replies_seen, reply))
+        for item in msg.get("changes", ()):
+            change = LinkChange.from_wire(item)
+            if change.at is None:
+                raise SyncError(f"{self.name}: a link change came without its instant")
+            for waiter in self._asked:  # the first ask of this change: its instant
+                if waiter.change.at_instant(0.0) == change.at_instant(0.0):
+                    waiter.at = change.at
+                    waiter.event.set()
+                    self._asked.remove(waiter)
+                    break
+            self._changes_seen += 1
+            heapq.heappush(self._changes, (change.at, self._changes_seen, change))
+        return float(msg["until"])
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The engine as a trio task under MockClock (no autojump: this loop moves the clock),
@@ -411,8 +487,13 @@ class ExactEngine(Engine):
         while True:
             # every task runs until it blocks before time moves: one woken in the window, and
             # after a barrier one a control request started (it may be in the batch trio runs
-            # with the engine, not yet at its first wait when the grant came)
-            await settle()
+            # with the engine, not yet at its first wait when the grant came) - unless the
+            # grant came with trio standing still (every task still blocked: _barrier)
+            if self.fast:
+                self.fast = False
+            else:
+                await settle()
+                self._trio_seen = time.monotonic()
             events.now = max(events.now, trio.current_time() - self.origin)
             if self._paused:  # the application's next step comes at this instant
                 until = await self._barrier()
@@ -460,9 +541,17 @@ class WallServer:
     node: a process hosting a hundred nodes (``--workers``) would otherwise carry a hundred
     event loops beside its engine."""
 
-    def __init__(self, ports: dict[tuple[str, int], Reply], secret: bytes) -> None:
+    def __init__(
+        self,
+        ports: dict[tuple[str, int], Reply],
+        secret: bytes,
+        interrupt: Callable[[], None] | None = None,
+    ) -> None:
+        """``interrupt``: called (in the server's thread) before each request is handed to
+        the emulation's trio run (:meth:`ExactEngine.interrupt`)."""
         self.ports = ports
         self.secret = secret
+        self.interrupt = interrupt
         self._token: trio.lowlevel.TrioToken | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -494,12 +583,15 @@ class WallServer:
                 nursery.start_soon(trio.serve_listeners, handler, listeners)
 
     def _connection(self, reply: Reply) -> Callable[[trio.SocketStream], Awaitable[None]]:
-        token = self._token
+        token, interrupt = self._token, self.interrupt
+
+        def call(msg: Any) -> Any:
+            if interrupt is not None:
+                interrupt()
+            return trio.from_thread.run(reply, msg, trio_token=token)
 
         async def bridge(msg: Any) -> Any:
-            return await trio.to_thread.run_sync(
-                lambda: trio.from_thread.run(reply, msg, trio_token=token)
-            )
+            return await trio.to_thread.run_sync(call, msg)
 
         async def connection(stream: trio.SocketStream) -> None:
             await serve_requests(stream, bridge, timeout=3600.0, secret=self.secret)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import socket
 import struct
 import time
@@ -259,6 +260,13 @@ def next_window(reports: dict[str, Report], lookahead: float) -> Window:
 
 
 STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run stops
+# Between windows a node process waits for its grant in the kernel, trio standing still, when
+# nothing else can happen in it meanwhile (rocev2_emu.runtime.exact.ExactEngine._barrier) - at
+# most BLOCK_SECONDS at a time, and only if trio has run its tasks within TRIO_EVERY (control
+# requests and threads' calls are served at least that often); otherwise, or if no grant came,
+# it waits in trio.
+TRIO_EVERY: Final = 0.02  # wall seconds
+BLOCK_SECONDS: Final = 0.01  # wall seconds
 
 
 class Coordinator:
@@ -626,44 +634,87 @@ class SyncLink:
         self.sock.setblocking(False)
         self._buf = bytearray(chan._buf)  # what the handshake read ahead
         chan._buf.clear()
+        self._chunk = bytearray(65536)  # what one read takes (no 64 KiB object per read)
+        self._chunk_view = memoryview(self._chunk)
+        self._poller = select.poll()  # for recv_blocking
+        self._poller.register(self.sock, select.POLLIN)
 
-    async def send(self, obj: Any) -> None:
+    async def send(self, obj: Any) -> bool:
+        """Send ``obj``; True if it had to wait for room (trio ran other tasks meanwhile)."""
         body = msgpack.packb(obj, use_bin_type=True)
         data = memoryview(LENGTH.pack(len(body)) + body)
+        waited = False
         while data:
             try:
                 sent = self.sock.send(data)
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self.sock)
+                waited = True
                 continue
             except OSError as exc:
                 raise ControlError(f"sync peer went away: {exc}") from exc
             data = data[sent:]
+        return waited
+
+    def _message(self) -> tuple[bool, Any]:
+        """(True, the next whole message) if the buffer holds one, else (False, None)."""
+        buf = self._buf
+        if len(buf) >= LENGTH.size:
+            (n,) = LENGTH.unpack_from(buf)
+            if n > MAX_MESSAGE:
+                raise ControlError(f"a sync message of {n} bytes (> {MAX_MESSAGE})")
+            if len(buf) >= LENGTH.size + n:
+                body = bytes(buf[LENGTH.size : LENGTH.size + n])
+                del buf[: LENGTH.size + n]
+                try:
+                    return True, msgpack.unpackb(body, raw=False)
+                except Exception as exc:  # msgpack raises several types
+                    raise ControlError(f"malformed sync message: {exc}") from exc
+        return False, None
+
+    def _read(self) -> bool:
+        """What the socket holds into the buffer; False if it held nothing yet."""
+        try:
+            n = self.sock.recv_into(self._chunk)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ControlError(f"sync peer went away: {exc}") from exc
+        if not n:
+            raise ControlError("sync peer closed the connection")
+        self._buf += self._chunk_view[:n]
+        return True
 
     async def recv(self) -> Any:
-        buf = self._buf
         while True:
-            if len(buf) >= LENGTH.size:
-                (n,) = LENGTH.unpack_from(buf)
-                if n > MAX_MESSAGE:
-                    raise ControlError(f"a sync message of {n} bytes (> {MAX_MESSAGE})")
-                if len(buf) >= LENGTH.size + n:
-                    body = bytes(buf[LENGTH.size : LENGTH.size + n])
-                    del buf[: LENGTH.size + n]
-                    try:
-                        return msgpack.unpackb(body, raw=False)
-                    except Exception as exc:  # msgpack raises several types
-                        raise ControlError(f"malformed sync message: {exc}") from exc
-            try:
-                chunk = self.sock.recv(65536)
-            except BlockingIOError:
+            whole, msg = self._message()
+            if whole:
+                return msg
+            if not self._read():
                 await trio.lowlevel.wait_readable(self.sock)
+
+    def watch(self, fd: int) -> None:
+        """A file that interrupts :meth:`recv_blocking` when it becomes readable (a request
+        for trio from another thread)."""
+        self._poller.register(fd, select.POLLIN)
+
+    def recv_blocking(self, timeout: float) -> tuple[bool, Any]:
+        """(True, the next message) if one comes within ``timeout`` wall seconds, waiting in
+        the kernel with trio standing still (no other task runs, nothing else is served
+        meanwhile); (False, None) if none came, or a watched file became readable - the
+        caller then waits in trio."""
+        deadline = time.monotonic() + timeout
+        mine = self.sock.fileno()
+        while True:
+            whole, msg = self._message()
+            if whole:
+                return True, msg
+            if self._read():
                 continue
-            except OSError as exc:
-                raise ControlError(f"sync peer went away: {exc}") from exc
-            if not chunk:
-                raise ControlError("sync peer closed the connection")
-            buf += chunk
+            left = deadline - time.monotonic()
+            ready = self._poller.poll(left * 1000.0) if left > 0 else []
+            if not ready or any(fd != mine for fd, _ in ready):
+                return False, None
 
     async def aclose(self) -> None:
         self.sock.close()
