@@ -121,6 +121,7 @@ class ExactEngine(Engine):
         self._by_vni: dict[int, RemoteLink] = {}
         self.sent: dict[str, int] = {}
         self.received = 0
+        self.received_from: dict[str, int] = {}  # frames received from each other process
         self.rounds = 0
         self._inflight = math.inf  # the earliest arrival of what was sent since the last report
         self._holds = 0
@@ -157,6 +158,7 @@ class ExactEngine(Engine):
         self.links.append(link)
         self._by_vni[link.vni] = link
         self.sent.setdefault(link.peer_name, 0)
+        self.received_from.setdefault(link.peer_name, 0)
         return link
 
     # -- the rendezvous store (rocev2_emu.control.kvstore; the coordinator keeps it) ----------
@@ -331,14 +333,19 @@ class ExactEngine(Engine):
                 )
             link.expect += 1
             self.received += 1
+            self.received_from[link.peer_name] += 1
             events.arrive(link.node, link.port, at, seq, frame)
 
-    async def _take_in(self, expect: int) -> bool:
-        """Until every frame the others sent this process is on the heap; True if it had to
-        wait for one (they are usually there: each was sent before its sender reported)."""
+    async def _take_in(self, expect: Any) -> bool:
+        """Until every frame the others sent this process is on the heap (``expect``: how many
+        each other process has sent it so far, the grant's); True if it had to wait for one
+        (they are usually there: each was sent before its sender reported)."""
+        if not isinstance(expect, dict):
+            raise SyncError(f"{self.name}: a grant's frame counts {expect!r:.60}")
         self._pull()
+        got = self.received_from
         waited = False
-        while self.received < expect:
+        while any(got.get(sender, 0) < n for sender, n in expect.items()):
             await self.udp.wait_readable()
             waited = True
             self._pull()
@@ -410,7 +417,7 @@ class ExactEngine(Engine):
             came, msg = chan.recv_blocking(BLOCK_SECONDS)
             if came and isinstance(msg, dict) and "until" in msg and "stop" not in msg:
                 until = self._granted(msg)
-                waited = await self._take_in(int(msg["expect"]))
+                waited = await self._take_in(msg["expect"])
                 # (a change's waiter the grant set is a task made runnable: trio runs it)
                 self.fast = not waited and not msg.get("changes")
                 return until
@@ -436,7 +443,7 @@ class ExactEngine(Engine):
             if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
                 return self._stopped(msg)
             until = self._granted(msg)
-            await self._take_in(int(msg["expect"]))
+            await self._take_in(msg["expect"])
             return until
 
     def _stopped(self, msg: Any) -> NoReturn:

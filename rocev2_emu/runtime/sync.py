@@ -14,7 +14,10 @@ engine (:mod:`rocev2_emu.runtime.events`).  A *round*:
 2. once every process has reported, the coordinator grants the next window to all:
    ``until = min(everything reported) + lookahead``, where the lookahead is the smallest delay
    of a link between processes, and tells each process how many frames it must have received
-   before it runs it (the sum of what the others sent it).
+   from each other process before it runs it (what that one has sent it so far): counted per
+   sender, because the datagrams of one sender reach a receiver in the order they were sent,
+   but a frame sent in the last window may still be on its way (a bridge, a busy kernel)
+   when another process's frame of the next one arrives.
 
 Why that is exact: a frame sent at ``t >= min`` arrives at ``t + delay >= until``, so nothing
 can still arrive inside a granted window once its frames are all in; the events of one node run
@@ -243,20 +246,25 @@ class Window:
     until: float
     expect: dict[str, int] = field(default_factory=dict)  # frames each process must have
     quiet: bool = False  # nothing left in the fabric (only application deadlines, or none)
+    # each process's due frames by sender: {receiver: {sender: frames sent it so far}}
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def next_window(reports: dict[str, Report], lookahead: float) -> Window:
     """The window every process may run once each has reported (see the module)."""
     earliest = min((r.next_time for r in reports.values()), default=math.inf)
     expect = dict.fromkeys(reports, 0)
-    for r in reports.values():
+    sources: dict[str, dict[str, int]] = {name: {} for name in reports}
+    for sender, r in reports.items():
         for peer, n in r.sent.items():
             if peer in expect:
                 expect[peer] += n
+                if n:
+                    sources[peer][sender] = n
     quiet = all(r.quiet for r in reports.values()) and all(
         r.received == expect[name] for name, r in reports.items()
     )
-    return Window(earliest + lookahead, expect, quiet)
+    return Window(earliest + lookahead, expect, quiet, sources)
 
 
 STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run stops
@@ -569,7 +577,8 @@ class Coordinator:
         for name in names:
             del self.reports[name]
             self._granted[name] = self._granted.get(name, 0) + 1
-            await self._chans[name].send({"until": self.until, "expect": window.expect[name]})
+            grant = {"until": self.until, "expect": window.sources.get(name, {})}
+            await self._chans[name].send(grant)
 
     async def _grant(self, window: Window, *, everyone: bool = False) -> None:
         """Send the window to every process that has something to do in it: a process whose
@@ -604,7 +613,7 @@ class Coordinator:
                 self.reports[name] = report
                 self.skipped += 1
                 continue
-            grant: dict[str, Any] = {"until": window.until, "expect": window.expect[name]}
+            grant: dict[str, Any] = {"until": window.until, "expect": window.sources.get(name, {})}
             if name in replies:
                 grant["store"] = replies[name]
             if changes:

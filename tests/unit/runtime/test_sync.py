@@ -53,6 +53,9 @@ def test_a_window_ends_one_lookahead_after_the_earliest_next_event() -> None:
     window = next_window(reports, 1e-6)
     assert window.until == pytest.approx(3e-6)
     assert window.expect == {"a": 1, "b": 3, "c": 2}  # what the others sent each
+    # and by sender: a frame of the last window still on its way is waited for, whatever
+    # another process's frame of the next one did meanwhile
+    assert window.sources == {"a": {"b": 1}, "b": {"a": 3}, "c": {"b": 2}}
     assert not window.quiet
 
 
@@ -124,6 +127,37 @@ def test_frames_from_another_process_land_on_the_heap_in_order_and_a_gap_stops_t
         udp.close()
         peer.close()
         stranger.close()
+
+
+async def test_a_window_waits_for_each_senders_frames_not_for_a_total() -> None:
+    """n2's frame of the next window overtakes n1's of this one (a bridge, a busy kernel):
+    the window starts only once n1's is in, as the grant's count from n1 says."""
+    engine, udp, one, stranger = _engine_with_a_link()
+    two = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    two.bind(("127.0.0.1", 0))
+    node = engine.nodes[0]
+    engine.link(RemoteLink(node, 1, 6, "n2", two.getsockname(), None))
+    taken = trio.Event()
+
+    async def take_in() -> None:
+        await engine._take_in({"n1": 1})
+        taken.set()
+
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                two.sendto(_datagram(6, 1, 3e-6), udp.address)  # the next window's, first
+                await trio.lowlevel.wait_readable(udp.sock)
+                nursery.start_soon(take_in)
+                await trio.testing.wait_all_tasks_blocked()  # it took that one in, and waits
+                assert engine.received == 1 and not taken.is_set()
+                one.sendto(_datagram(5, 1), udp.address)
+                await taken.wait()
+        assert engine.received_from == {"n1": 1, "n2": 1}
+    finally:
+        for sock in (one, two, stranger):
+            sock.close()
+        udp.close()
 
 
 @pytest.mark.parametrize("case", ["stranger", "unknown vni", "short"])
@@ -262,7 +296,7 @@ async def test_a_process_with_work_before_the_end_of_its_window_gets_it_again() 
         c._changed.set()
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
-    assert chans["a"].sent == [{"until": 5e-6, "expect": 2}]
+    assert chans["a"].sent == [{"until": 5e-6, "expect": {"c": 2}}]
     assert chans["b"].sent == chans["c"].sent == []
     assert "a" not in c.reports and c.until == 5e-6  # its fresh report decides what follows
 
