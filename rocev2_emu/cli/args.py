@@ -59,6 +59,14 @@ def port_number(text: str) -> int:
     return value
 
 
+def sync_address(text: str) -> tuple[str, int] | str:
+    """``HOST:PORT``, or the absolute path of a Unix socket (what ``rocev2-emu up`` gives the
+    node processes it starts on this machine)."""
+    if text.startswith("/"):
+        return text
+    return host_port(text)
+
+
 def host_port(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (HOST an address or a name, PORT 1-65535)."""
     host, _, port = text.rpartition(":")

@@ -11,7 +11,12 @@ from typing import Any
 
 import trio
 
-from rocev2_emu.cli.args import host_port, nonnegative_float, positive_float, positive_int
+from rocev2_emu.cli.args import (
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    sync_address,
+)
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import control, nodes, supervisor
@@ -161,9 +166,10 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clock", choices=["wall", "exact"], default="wall", help="(wall)")
     p.add_argument(
         "--sync",
-        type=host_port,
+        type=sync_address,
         metavar="HOST:PORT",
-        help="the coordinator of an exact run (--clock exact)",
+        help="the coordinator of an exact run (--clock exact); or the path of its Unix socket "
+        "(rocev2-emu up gives one to the node processes it starts)",
     )
     p.add_argument(
         "--workers",

@@ -64,6 +64,7 @@ from rocev2_emu.runtime.sync import (
     MAX_CHANGE_LINKS,
     Coordinator,
     LinkChange,
+    SyncAddress,
     SyncError,
     change_faults,
     ended_normally,
@@ -179,7 +180,7 @@ def process_name(group: list[str]) -> str:
 def run_exact_node(
     topo: Topology,
     names: list[str],
-    sync: tuple[str, int],
+    sync: SyncAddress,
     *,
     metrics: bool = True,
     workers: int | None = None,
@@ -318,7 +319,7 @@ async def _exact_process(
     topo: Topology,
     groups: list[list[str]],
     names: list[str],
-    sync: tuple[str, int],
+    sync: SyncAddress,
     metrics: bool,
     join: JoinOptions,
 ) -> None:
@@ -349,7 +350,7 @@ async def exact_nodes(
     topo: Topology,
     groups: list[list[str]],
     names: list[str],
-    sync: tuple[str, int],
+    sync: SyncAddress,
     metrics: bool,
     join: JoinOptions = JoinOptions(),
 ) -> AsyncIterator[ExactProcess]:
@@ -456,28 +457,43 @@ async def exact_nodes(
         nursery.cancel_scope.cancel()
 
 
-async def _join(sync: tuple[str, int], secret: bytes, timeout: float) -> MessageChannel:
+async def _join(sync: SyncAddress, secret: bytes, timeout: float) -> MessageChannel:
     """The channel to the run's coordinator at ``sync``, proving the fabric's secret: at once,
     or trying again for up to ``timeout`` wall seconds while nothing listens there yet (a
     container's job not started yet).  This process's trio clock is the engine's, which stands
     still before the run, so the connection and the waits are a thread's, on the wall clock."""
     deadline = time.monotonic() + timeout
+    where = sync if isinstance(sync, str) else f"{sync[0]}:{sync[1]}"
     while True:
         try:
-            sock = await trio.to_thread.run_sync(partial(socket.create_connection, sync, 5.0))
+            sock = await trio.to_thread.run_sync(partial(_connect, sync))
             break
         except OSError as exc:
             if time.monotonic() >= deadline:
                 waited = f" within {timeout:g} s" if timeout else ""
                 raise ControlError(
-                    f"no coordinator at {sync[0]}:{sync[1]}{waited} ({exc.strerror or exc}): "
+                    f"no coordinator at {where}{waited} ({exc.strerror or exc}): "
                     "the process serving the run (rocev2-emu up, bench, the testbed's job) "
                     "must be running"
                 ) from exc
         await trio.to_thread.run_sync(time.sleep, 0.25)
     chan = MessageChannel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), 30.0)
-    await prove_secret(chan, secret, f"{sync[0]}:{sync[1]}")
+    await prove_secret(chan, secret, where)
     return chan
+
+
+def _connect(sync: SyncAddress) -> socket.socket:
+    """A connection to the coordinator: TCP to ``(host, port)``, or its Unix socket."""
+    if not isinstance(sync, str):
+        return socket.create_connection(sync, 5.0)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(sync)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def link_changes(

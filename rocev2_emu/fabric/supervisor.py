@@ -20,6 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -37,7 +38,7 @@ from rocev2_emu.fabric.exact import (
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
-from rocev2_emu.runtime.sync import Coordinator, SyncError
+from rocev2_emu.runtime.sync import Coordinator, SyncAddress, SyncError
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -120,10 +121,11 @@ def _node_command(
     name: str,
     tdf: float,
     epoch: float,
-    sync: tuple[str, int] | None = None,
+    sync: SyncAddress | None = None,
     workers: int | None = None,
 ) -> list[str]:
-    exact = [] if sync is None else ["--clock", "exact", "--sync", f"{sync[0]}:{sync[1]}"]
+    where = sync if sync is None or isinstance(sync, str) else f"{sync[0]}:{sync[1]}"
+    exact = [] if where is None else ["--clock", "exact", "--sync", where]
     if workers is not None:
         exact += ["--workers", str(workers)]
     return [
@@ -218,7 +220,7 @@ async def _supervise(
             sync = None
             if coordinator is not None:
                 coordinator.secret = secret
-                sync = await nursery.start(coordinator.serve)
+                sync = await nursery.start(partial(coordinator.serve, local=True))
             tails: dict[str, deque[str]] = {}
             groups = process_groups(topo, workers if coordinator is not None else None)
             for name in map(process_name, groups):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import heapq
 import math
 import socket
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
 
+from rocev2_emu.control.channel import ControlError
 from rocev2_emu.runtime.events import Core, Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
@@ -325,3 +327,24 @@ def test_a_run_ends_normally_only_on_the_coordinators_word() -> None:
     assert ended_normally(BaseExceptionGroup("", [BaseExceptionGroup("", [RunOver("h0")])]))
     assert not ended_normally(BaseExceptionGroup("", [RunOver("h0"), SyncError("late")]))
     assert not ended_normally(SyncError("late"))
+
+
+async def test_a_local_run_s_nodes_join_over_a_unix_socket_removed_afterwards() -> None:
+    """``serve(local=True)`` (what ``rocev2-emu up`` does for its own node processes) gives a
+    Unix socket's path; a node joins there, proving the secret, and the folder goes with the
+    coordinator."""
+    from rocev2_emu.fabric.exact import _join
+
+    coordinator = Coordinator(["a"], 1e-6, b"the fabric's secret")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            where = await nursery.start(partial(coordinator.serve, local=True))
+            assert isinstance(where, str) and await trio.Path(where).exists()
+            chan = await _join(where, b"the fabric's secret", 0.0)
+            await chan.send({"hello": "a", "origin": []})
+            await coordinator.connected.wait()
+            with pytest.raises(ControlError, match="no coordinator at /"):
+                await _join(where + "-not-there", b"the fabric's secret", 0.0)
+            await chan.aclose()
+            nursery.cancel_scope.cancel()
+    assert not await trio.Path(where).parent.exists()
