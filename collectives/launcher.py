@@ -54,7 +54,7 @@ from collectives.comm.store import StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats
+from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats, sync_label
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import run_exact, run_processes
 from rocev2_emu.topology.file import load
@@ -173,7 +173,7 @@ class RankLauncher:
         hosts = self.hosts(topo)
         master = free_port()
         assert coordinator.address is not None
-        sync = f"{coordinator.address[0]}:{coordinator.address[1]}"
+        sync = sync_label(coordinator.address)
         async with trio.open_nursery() as ranks:
             for rank in range(len(hosts)):
                 env = self.rank_env(topo, 1.0, 0.0, rank, 0, master)

@@ -68,6 +68,7 @@ from rocev2_emu.runtime.sync import (
     SyncError,
     change_faults,
     ended_normally,
+    sync_label,
 )
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
@@ -88,6 +89,7 @@ __all__ = [
     "quiet_stats",
     "run_exact_node",
     "run_exact_process",
+    "sync_label",
 ]
 
 FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
@@ -463,7 +465,7 @@ async def _join(sync: SyncAddress, secret: bytes, timeout: float) -> MessageChan
     container's job not started yet).  This process's trio clock is the engine's, which stands
     still before the run, so the connection and the waits are a thread's, on the wall clock."""
     deadline = time.monotonic() + timeout
-    where = sync if isinstance(sync, str) else f"{sync[0]}:{sync[1]}"
+    where = sync_label(sync)
     while True:
         try:
             sock = await trio.to_thread.run_sync(partial(_connect, sync))

@@ -38,7 +38,7 @@ from rocev2_emu.fabric.exact import (
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
-from rocev2_emu.runtime.sync import Coordinator, SyncAddress, SyncError
+from rocev2_emu.runtime.sync import Coordinator, SyncAddress, SyncError, sync_label
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -124,8 +124,7 @@ def _node_command(
     sync: SyncAddress | None = None,
     workers: int | None = None,
 ) -> list[str]:
-    where = sync if sync is None or isinstance(sync, str) else f"{sync[0]}:{sync[1]}"
-    exact = [] if where is None else ["--clock", "exact", "--sync", where]
+    exact = [] if sync is None else ["--clock", "exact", "--sync", sync_label(sync)]
     if workers is not None:
         exact += ["--workers", str(workers)]
     return [

@@ -84,6 +84,11 @@ TRAILER: Final = struct.Struct("!dQ")  # arrival time (emulated s), the link's s
 SyncAddress = tuple[str, int] | str
 
 
+def sync_label(address: SyncAddress) -> str:
+    """``address`` as ``node --sync`` takes it and messages name it: HOST:PORT or the path."""
+    return address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+
+
 class SyncError(Exception):
     """The synchronised run cannot go on (a dead or silent process, a broken link)."""
 
@@ -251,27 +256,28 @@ class Window:
     """What the coordinator decided for one round."""
 
     until: float
-    expect: dict[str, int] = field(default_factory=dict)  # frames each process must have
     quiet: bool = False  # nothing left in the fabric (only application deadlines, or none)
     # each process's due frames by sender: {receiver: {sender: frames sent it so far}}
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def frames_due(self, name: str) -> int:
+        """How many frames process ``name`` must have received before it runs the window."""
+        return sum(self.sources.get(name, {}).values())
 
 
 def next_window(reports: dict[str, Report], lookahead: float) -> Window:
     """The window every process may run once each has reported (see the module)."""
     earliest = min((r.next_time for r in reports.values()), default=math.inf)
-    expect = dict.fromkeys(reports, 0)
     sources: dict[str, dict[str, int]] = {name: {} for name in reports}
     for sender, r in reports.items():
         for peer, n in r.sent.items():
-            if peer in expect:
-                expect[peer] += n
-                if n:
-                    sources[peer][sender] = n
-    quiet = all(r.quiet for r in reports.values()) and all(
-        r.received == expect[name] for name, r in reports.items()
+            if peer in sources and n:
+                sources[peer][sender] = n
+    window = Window(earliest + lookahead, sources=sources)
+    window.quiet = all(r.quiet for r in reports.values()) and all(
+        r.received == window.frames_due(name) for name, r in reports.items()
     )
-    return Window(earliest + lookahead, expect, quiet, sources)
+    return window
 
 
 STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run stops
@@ -629,7 +635,7 @@ class Coordinator:
                 not everyone
                 and report is not None
                 and report.next_time >= window.until
-                and report.received == window.expect[name]
+                and report.received == window.frames_due(name)
                 and name not in replies
                 and name not in self._holding
             ):

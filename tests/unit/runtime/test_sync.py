@@ -54,7 +54,7 @@ def test_a_window_ends_one_lookahead_after_the_earliest_next_event() -> None:
     }
     window = next_window(reports, 1e-6)
     assert window.until == pytest.approx(3e-6)
-    assert window.expect == {"a": 1, "b": 3, "c": 2}  # what the others sent each
+    assert {n: window.frames_due(n) for n in reports} == {"a": 1, "b": 3, "c": 2}
     # and by sender: a frame of the last window still on its way is waited for, whatever
     # another process's frame of the next one did meanwhile
     assert window.sources == {"a": {"b": 1}, "b": {"a": 3}, "c": {"b": 2}}
@@ -221,9 +221,9 @@ async def test_a_link_change_goes_to_every_process_with_the_next_window_not_too_
     change = LinkChange(5e-6, (("sw0", "sw1"),), False)
     c._take_changes("h0", [change])
     # every process would be skipped (nothing before the window's end): the change wakes all
-    await c._grant(Window(6e-6, dict.fromkeys(c.names, 0)))
+    await c._grant(Window(6e-6))
     assert all(chan.sent[-1]["changes"] == [change.wire()] for chan in chans.values())
-    await c._grant(Window(7e-6, dict.fromkeys(c.names, 0)), everyone=True)
+    await c._grant(Window(7e-6), everyone=True)
     assert all("changes" not in chan.sent[-1] for chan in chans.values())  # handed out once
     with pytest.raises(SyncError, match=r"node h0: a link change at t=5\.000 us comes after"):
         c._take_changes("h0", [change])  # the run reached 7 us
