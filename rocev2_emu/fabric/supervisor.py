@@ -36,6 +36,7 @@ from rocev2_emu.fabric.exact import (
     process_name,
 )
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
+from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime.sync import Coordinator, SyncAddress, SyncError, sync_label
@@ -55,7 +56,7 @@ class FabricJob(Protocol):
         ...
 
 
-async def _read_ready(name: str, proc: trio.Process, ready: dict[str, str]) -> None:
+async def _read_ready(name: str, proc: NodeProcess, ready: dict[str, str]) -> None:
     """The READY line of each node of process ``name`` (its nodes, comma-separated)."""
     assert proc.stdout is not None
     nodes = name.split(",")
@@ -81,7 +82,7 @@ async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> Non
 
 async def _watch(
     name: str,
-    proc: trio.Process,
+    proc: NodeProcess,
     tail: deque[str],
     stopping: trio.Event,
     scope: trio.CancelScope,
@@ -116,7 +117,7 @@ async def _watch(
         scope.cancel()
 
 
-def _node_command(
+def _node_argv(
     topo_path: str,
     name: str,
     tdf: float,
@@ -124,13 +125,11 @@ def _node_command(
     sync: SyncAddress | None = None,
     workers: int | None = None,
 ) -> list[str]:
+    """The ``rocev2-emu`` arguments of node process ``name``."""
     exact = [] if sync is None else ["--clock", "exact", "--sync", sync_label(sync)]
     if workers is not None:
         exact += ["--workers", str(workers)]
     return [
-        sys.executable,
-        "-m",
-        "rocev2_emu",
         "node",
         topo_path,
         name,
@@ -144,8 +143,24 @@ def _node_command(
     ]
 
 
+async def _start(
+    argv: list[str], env: dict[str, str], blanks: Blanks | None, name: str
+) -> NodeProcess:
+    """Node process ``name``, ``rocev2-emu ARGV``: a blank forked before the run if one is
+    left (:mod:`~rocev2_emu.fabric.forked`; named ``name``), else a new ``python -m rocev2_emu``."""
+    forked = None if blanks is None else blanks.start(argv, env, name)
+    if forked is not None:
+        return forked
+    return await trio.lowlevel.open_process(
+        [sys.executable, "-m", "rocev2_emu", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
 async def _wait_ready(
-    procs: dict[str, trio.Process], tails: dict[str, deque[str]]
+    procs: dict[str, NodeProcess], tails: dict[str, deque[str]]
 ) -> dict[str, str]:
     ready: dict[str, str] = {}
     try:
@@ -197,18 +212,19 @@ async def _supervise(
     beside: Callable[..., Awaitable[None]] | None = None,
     coordinator: Coordinator | None = None,
     workers: int | None = None,
+    blanks: Blanks | None = None,
 ) -> Any:
     """Start every node (``only``: these), run ``job`` (or wait for Ctrl-C), stop; the job's
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
     (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
     ``coordinator``: an exact run - it is served here and every node synchronises with it;
     ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.exact.process_groups`)
-    rather than one each."""
+    rather than one each; ``blanks``: forked children to run them in (:func:`_supervised`)."""
     refuse_taken(topo, topo_path, [n for n in topo.nodes if only is None or n in only])
     if coordinator is None:
         refuse_split_servers(topo, None if only is None else list(only))
     epoch = time.monotonic()
-    procs: dict[str, trio.Process] = {}
+    procs: dict[str, NodeProcess] = {}
     stopping = trio.Event()
     outcome: Any = None
     secret, created = auth.load_or_create(topo_path)
@@ -221,16 +237,9 @@ async def _supervise(
                 coordinator.secret = secret
                 sync = await nursery.start(partial(coordinator.serve, local=True))
             tails: dict[str, deque[str]] = {}
-            groups = process_groups(topo, workers if coordinator is not None else None)
-            for name in map(process_name, groups):
-                if only is not None and name not in only:
-                    continue
-                procs[name] = await trio.lowlevel.open_process(
-                    _node_command(topo_path, name, tdf, epoch, sync, workers),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=env,
-                )
+            for name in _process_names(topo, only, coordinator is not None, workers):
+                argv = _node_argv(topo_path, name, tdf, epoch, sync, workers)
+                procs[name] = await _start(argv, env, blanks, name)
                 tails[name] = deque(maxlen=8)
                 nursery.start_soon(_drain, procs[name].stderr, tails[name])
             ready = await _wait_ready(procs, tails)
@@ -273,12 +282,41 @@ async def _supervise(
     return outcome
 
 
-async def _named_death(procs: dict[str, trio.Process], exc: Exception) -> Exception:
+def _process_names(
+    topo: Topology, only: Collection[str] | None, exact: bool, workers: int | None
+) -> list[str]:
+    """The node processes :func:`_supervise` starts (each named by its nodes)."""
+    names = map(process_name, process_groups(topo, workers if exact else None))
+    return [name for name in names if only is None or name in only]
+
+
+def _supervised(
+    run: Callable[..., Any],
+    topo: Topology,
+    topo_path: str,
+    tdf: float,
+    job: FabricJob | None,
+    quiet: bool,
+    only: Collection[str] | None = None,
+    beside: Callable[..., Awaitable[None]] | None = None,
+    coordinator: Coordinator | None = None,
+    workers: int | None = None,
+) -> Any:
+    """``run(_supervise, ...)`` (``trio.run``, or :func:`run_synced`) with a blank child
+    forked for each node process before the event loop starts."""
+    count = len(_process_names(topo, only, coordinator is not None, workers))
+    with Blanks(count) as blanks:
+        return run(
+            _supervise, topo, topo_path, tdf, job, quiet, only, beside, coordinator, workers, blanks
+        )
+
+
+async def _named_death(procs: dict[str, NodeProcess], exc: Exception) -> Exception:
     """``exc``, a job's failed request; or, when a node process ended (the request failed as
     it died: a ``stop``, a crash), an error naming the process, which is what the user needs."""
     with trio.move_on_after(2) as waiting:  # its exit may be a moment behind its connections
 
-        async def ended(proc: trio.Process) -> None:
+        async def ended(proc: NodeProcess) -> None:
             await proc.wait()
             waiting.cancel()
 
@@ -292,7 +330,7 @@ async def _named_death(procs: dict[str, trio.Process], exc: Exception) -> Except
     return exc
 
 
-async def _stop(procs: dict[str, trio.Process]) -> None:
+async def _stop(procs: dict[str, NodeProcess]) -> None:
     for proc in procs.values():
         if proc.returncode is None:
             proc.terminate()
@@ -317,7 +355,7 @@ def run_processes(
     """One process per node (``only``: for these nodes; the job runs the others), ``job``,
     then stop; what the job returned (None: a node died and the job could not go on).
     ``beside``: a task alongside once the nodes are ready (the map of ``--ui``)."""
-    return trio.run(_supervise, topo, topo_path, tdf, job, quiet, only, beside)
+    return _supervised(trio.run, topo, topo_path, tdf, job, quiet, only, beside)
 
 
 def run_flow_job(
@@ -337,7 +375,7 @@ def run_flow_job(
     if exact:
         results, fabric, _ = _run_exact(topo, topo_path, flows, beside, t0, workers=workers)
         return results, fabric
-    outcome = trio.run(_supervise, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
+    outcome = _supervised(trio.run, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
     if outcome is None:
         raise RuntimeError("a node died during the job")
     assert isinstance(outcome, tuple)
@@ -385,7 +423,7 @@ def up(
     tdf = tdf or topo.tdf
     try:
         job = FlowsJob(flows) if flows else None
-        outcome = trio.run(_supervise, topo, topo_path, tdf, job, False, None, beside)
+        outcome = _supervised(trio.run, topo, topo_path, tdf, job, False, None, beside)
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:
@@ -447,8 +485,8 @@ def run_exact(
     the progress line."""
     coordinator = coordinator_for(topo, b"", pace=pace, workers=workers)
     job = make_job(coordinator)
-    outcome = run_synced(
-        _supervise, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
+    outcome = _supervised(
+        run_synced, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
     )
     if outcome is None:
         raise SyncError("a node died during the job")

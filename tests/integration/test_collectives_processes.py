@@ -20,6 +20,7 @@ from collectives.jobs.launch import run_local
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import leaf_spine, to_toml
 from rocev2_emu.topology.model import Topology
+from tests.integration.procs import node_pid
 
 pytestmark = pytest.mark.integration
 BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]
@@ -49,7 +50,7 @@ def test_every_op_dtype_and_awkward_size_is_right_with_one_percent_loss() -> Non
     assert fabric["retransmitted"] > 0  # the loss was real, and go-back-N recovered it
 
 
-def _kill_host_when_busy(topo: Topology, path: str, host: str) -> None:
+def _kill_host_when_busy(topo: Topology, host: str) -> None:
     """Kill -9 the node process of ``host`` once its ranks have finished an all-reduce (its
     metrics say so): the job is running, whatever the machine's load made of the start-up."""
     url = f"http://{topo.nodes[host].address}:9100/metrics"
@@ -63,22 +64,13 @@ def _kill_host_when_busy(topo: Topology, path: str, host: str) -> None:
         if any(float(v) > 0 for v in done.findall(body)):
             break
         time.sleep(0.05)
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"node" in argv and path.encode() in argv and host.encode() in argv:
-            os.kill(int(pid), signal.SIGKILL)
-            return
+    os.kill(node_pid(os.getpid(), host), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
 def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline(op: str) -> None:
     topo, path = leaf_spine_file()
-    killer = threading.Thread(target=_kill_host_when_busy, args=(topo, path, "h3"), daemon=True)
+    killer = threading.Thread(target=_kill_host_when_busy, args=(topo, "h3"), daemon=True)
     killer.start()
     params = {"rank": -1, "at": 10**6, "count": 16384, "qp_timeout": 6, "timeout": 0.02, "op": op}
     results, _ = run_local(topo, path, 1000.0, "stop", params)  # a hang fails on the timeout

@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.procs import node_pid
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +154,7 @@ def test_a_node_that_dies_stops_the_exact_run_naming_it(tmp_path: Path) -> None:
     topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")
     flows = str(ROOT / "examples" / "flows" / "incast-4to1-long.toml")
     with _up_until_ready([topo, "--clock", "exact", "--flows", flows], "h2") as proc:
-        victim = _pid_of("h2")
+        victim = node_pid(proc.pid, "h2")
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
         assert proc.returncode == 1
@@ -310,23 +311,6 @@ def test_a_links_loss_set_from_outside_an_exact_run_is_the_virtual_run_lossy_fro
     assert exact.read_bytes().decode() == virtual.read_bytes().decode()
     assert fabric.get("retransmitted", 0) > 0, at  # the loss struck
     assert all(r.status.startswith("ok") for r in results)
-
-
-def _pid_of(name: str) -> int:
-    """The pid of this test's node process ``name`` (rocev2-emu node TOPOLOGY NAME ...)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"node" in argv and name.encode() in argv and b"exact" in argv:
-                return int(entry.name)
-        time.sleep(0.1)
-    raise AssertionError(f"no node process {name}")
 
 
 def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
