@@ -554,21 +554,34 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     run's summary: with the frame-hops), and end the run."""
     await coordinator.quiet.wait()
     coordinator.hold()
-    stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
-    fabric = merge_stats(stats)
-    hops: dict[str, int] = {}  # by process: the nodes of one share its engine, asked once
-    asked: set[str] = set()
-    for node in topo.nodes.values():
-        if node.name in asked:
-            continue
-        state = await control(node.address, {"cmd": "engine"})
-        process = str(state.get("process", node.name))
-        hops[process] = int(state["frame_hops"])
-        asked.update(process.split(","))  # its nodes (process_name joins them)
-        asked.add(node.name)
-    fabric["frame_hops"] = sum(hops.values())
+    nodes = list(topo.nodes.values())
+    replies = await _ask_each([n.address for n in nodes], {"cmd": "stats"})
+    fabric = merge_stats({n.name: reply for n, reply in zip(nodes, replies, strict=True)})
+    # the frame-hops by process: the nodes of one share its engine, asked once (its first)
+    firsts = [topo.nodes[name.split(",")[0]].address for name in coordinator.names]
+    states = await _ask_each(firsts, {"cmd": "engine"})
+    fabric["frame_hops"] = sum(int(state["frame_hops"]) for state in states)
     await coordinator.finish()
     return fabric
+
+
+CONCURRENT_REQUESTS: Final = 32  # control requests in flight at once (a server admits 256)
+
+
+async def _ask_each(addresses: list[str], msg: dict[str, Any]) -> list[Any]:
+    """``msg`` to each node at ``addresses`` (up to :data:`CONCURRENT_REQUESTS` at once; the
+    clock is held): their replies, in that order."""
+    replies: list[Any] = [None] * len(addresses)
+    limit = trio.CapacityLimiter(CONCURRENT_REQUESTS)
+
+    async def ask(i: int, address: str) -> None:
+        async with limit:
+            replies[i] = await control(address, msg)
+
+    async with trio.open_nursery() as nursery:
+        for i, address in enumerate(addresses):
+            nursery.start_soon(ask, i, address)
+    return replies
 
 
 async def _ask(
