@@ -34,6 +34,17 @@ def topo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def described(pids: set[int]) -> str:
+    """Each process's name, state and parent (from /proc), for a failed assertion."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            out.append(f"{pid}: {Path(f'/proc/{pid}/stat').read_text().split()[1:4]}")
+        except OSError:
+            out.append(f"{pid}: gone")
+    return "; ".join(out)
+
+
 def test_up_keeps_its_secret_private_and_serves_only_clients_that_hold_it(topo: Path) -> None:
     secret_file = auth.run_file(str(topo))
     assert not secret_file.exists()
@@ -41,7 +52,7 @@ def test_up_keeps_its_secret_private_and_serves_only_clients_that_hold_it(topo: 
         assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
         secret = auth.read(secret_file)
         nodes = children(proc.pid)
-        assert len(nodes) == 3
+        assert len(nodes) == 3, described(nodes)
         for pid in nodes:  # given through a pipe (forked) or the environment, never argv
             assert secret.hex().encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
@@ -50,13 +61,13 @@ def test_up_keeps_its_secret_private_and_serves_only_clients_that_hold_it(topo: 
         assert "refused this client" in intruder.stderr
         assert "authentication failed" in intruder.stderr
         assert len(intruder.stderr.strip().splitlines()) == 1, intruder.stderr
-        assert len(children(proc.pid)) == 3 and proc.poll() is None  # h1 still runs
+        assert proc.poll() is None and children(proc.pid) == nodes, described(nodes)  # h1 runs
         faults = run("link", str(topo), "sw0", "h0", "--loss", "1", env=ENV | {auth.ENV: "00" * 32})
         assert faults.returncode == 1 and "refused this client" in faults.stderr
 
         assert run("stop", str(topo), "h1").returncode == 0  # found beside nothing: the run file
     assert not secret_file.exists()
-    assert not [pid for pid in nodes if alive(pid)]
+    assert not [pid for pid in nodes if alive(pid)], described(nodes)
 
 
 def test_a_client_of_a_fabric_that_is_not_running_says_so(topo: Path) -> None:

@@ -59,6 +59,10 @@ def fabric(topo: Path, env: dict[str, str] = ENV) -> Iterator[subprocess.Popen[s
         for line in proc.stdout:
             if "Ctrl-C stops the fabric" in line:
                 break
+        else:  # it ended before it was up: say why
+            proc.wait(timeout=60)
+            assert proc.stderr is not None
+            raise AssertionError(f"up ended with code {proc.returncode}: {proc.stderr.read()}")
         yield proc
     finally:
         if proc.poll() is None:
