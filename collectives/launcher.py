@@ -20,7 +20,11 @@ code (128 + N for a signal N).  Ctrl-C stops every process.  The fabric's counte
 at the end.
 
 ``--host NAME`` runs only that host's rank, over switches already running (the compose
-testbed's training service, a container per host): :func:`run_one_rank`.
+testbed's training service, a container per host): :func:`run_one_rank`.  With ``--clock
+exact`` (:func:`run_one_rank_exact`) the first host's launcher serves the run's coordinator on
+its address, port :data:`SYNC_PORT`, which the other nodes (``rocev2-emu node ... --clock exact
+--sync ADDR:PORT``) and every rank join; it ends the run once every rank has closed its group
+and prints the fabric's counters - the same emulated figures as ``launch --clock exact``.
 
 ``--clock exact``: the switches (and any host without a rank) are node processes of an exact
 run (:func:`rocev2_emu.fabric.supervisor.run_exact`) and each rank's process is one too (its
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,7 +61,7 @@ from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats, sync_label
 from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.fabric.supervisor import run_exact, run_processes
+from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology, refuse_split_servers
@@ -65,6 +70,7 @@ from rocev2_emu.verbs import FABRIC_SECRET_ENV, fabric_secret
 GRACE = 30.0  # wall seconds the other ranks get to exit after the first failure
 STORE_PORT = 29400  # launch --host: the rendezvous store, on the first host (torchrun's port)
 MASTER_PORT = 29500  # launch --host: torch's own store (MASTER_PORT), on the first host too
+SYNC_PORT = 29600  # launch --host --clock exact: the run's coordinator, on the first host
 RENDEZVOUS_SECONDS = 300.0  # launch --host: how long the ranks wait for each other
 
 
@@ -323,6 +329,67 @@ async def run_one_rank(
     return exit_code(code)
 
 
+async def run_one_rank_exact(job: RankLauncher, topo: Topology, host: str, job_id: str) -> int:
+    """``launch --host HOST --clock exact``: that host's rank as a process of an exact run.
+    The first host's launcher serves the coordinator on its address (:data:`SYNC_PORT`; the
+    run's rendezvous store is the coordinator's), waits up to :data:`RENDEZVOUS_SECONDS` for
+    every process of the run to join (the ranks, and ``rocev2-emu node ... --clock exact
+    --sync ADDR:PORT`` for each other node), starts the clock, and once every rank's
+    application has finished reads the fabric's counters (:attr:`RankLauncher.fabric`) and
+    ends the run; another host's launcher runs its rank, whose process waits as long for the
+    coordinator to listen.  The rank's exit code; a SyncError (one line) when the run could
+    not go on."""
+    hosts = job.hosts(topo)
+    if host not in hosts:
+        raise ValueError(f"--host {host}: not one of the job's hosts ({', '.join(hosts)})")
+    rank = hosts.index(host)
+    where = topo.nodes[hosts[0]].address
+    job.job, job.topo = job_id, topo
+    env = job.rank_env(topo, 1.0, 0.0, rank, 0, MASTER_PORT, where)
+    env.pop("ROCEV2_STORE")  # the coordinator keeps the store
+    env.update(
+        {
+            "ROCEV2_CLOCK": "exact",
+            "ROCEV2_SYNC": f"{where}:{SYNC_PORT}",
+            "ROCEV2_JOIN_TIMEOUT": repr(RENDEZVOUS_SECONDS),
+        }
+    )
+    if rank != 0:
+        async with trio.open_nursery() as streams:
+            proc = await job.spawn(rank, env, streams)
+            try:
+                code = await proc.wait()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await job.kill(proc)
+        if code != 0:  # the coordinator stops the run: the other ranks raise
+            print(f"rocev2-emu launch: rank {rank} ({host}) exited with code {code}", file=job.err)
+        return exit_code(code)
+    coordinator = job.coordinator
+    assert coordinator is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(coordinator.serve, where, SYNC_PORT))
+        async with trio.open_nursery() as ranks:
+            proc = await job.spawn(rank, env, ranks)
+            job.procs[rank] = proc
+            ranks.start_soon(job._watch_exact, rank, proc)
+            with trio.move_on_after(RENDEZVOUS_SECONDS):
+                await coordinator.connected.wait()
+            if not coordinator.connected.is_set():
+                missing = ", ".join(coordinator.missing())
+                raise SyncError(
+                    f"not joined within {RENDEZVOUS_SECONDS:g} s: {missing} (each rank: launch "
+                    "--host NAME --clock exact; each other node: rocev2-emu "
+                    f"node TOPOLOGY NAME --clock exact --sync {where}:{SYNC_PORT})"
+                )
+            coordinator.release()  # every process is in: the clock starts
+            await coordinator.apps_done(hosts)
+            job.fabric = await quiet_stats(topo, coordinator)
+            job._over = True
+        nursery.cancel_scope.cancel()
+    return 0 if job.failed is None else exit_code(job.failed[1])
+
+
 def exit_code(code: int) -> int:
     """A process's return code as a shell reports it: 128 + N for signal N."""
     return 128 - code if code < 0 else code
@@ -383,7 +450,7 @@ def launch(
         if ui is not None:
             raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
         if exact:
-            raise ValueError("launch --host runs on the wall clock (--clock wall)")
+            return _launch_one_exact(topo, job, host, job_id)
         return trio.run(run_one_rank, job, topo, host, tdf, job_id)
     if exact:
         return _launch_exact(topo, path, job, ui)
@@ -427,19 +494,49 @@ def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) 
             topo, path, make_job, only=others, quiet=True, beside=map_task(topo, ui)
         )
     except SyncError as exc:
-        why = str(exc)
-        if job.failed is None:  # the coordinator may have heard of a dead rank first
-            codes = {rank: proc.returncode for rank, proc in job.procs.items()}
-            died = [
-                (rank, code) for rank, code in codes.items() if code is not None and _died(code)
-            ]
-            job.failed = died[0] if died else None
-        if job.failed is not None:
-            rank, code = job.failed
-            why = f"rank {rank} ({topo.hosts[rank].name}) exited with code {code}"
-        print(f"rocev2-emu launch: {why}; the job stopped", file=sys.stderr, flush=True)
-        return exit_code(job.failed[1]) if job.failed is not None else 1
-    f = job.fabric
+        return _stopped(topo, job, exc)
+    _print_fabric(job.fabric, synced)
+    return int(code)
+
+
+def _launch_one_exact(topo: Topology, job: RankLauncher, host: str, job_id: str) -> int:
+    """``launch --host HOST --clock exact`` (:func:`run_one_rank_exact`): the rank's code; the
+    first host's launcher prints the fabric's counters."""
+    first = host == job.hosts(topo)[0]
+    if first:
+        job.coordinator = coordinator_for(topo, fabric_secret())
+        where = topo.nodes[host].address
+        print(
+            f"# rocev2-emu launch: rank 0 of {len(job.hosts(topo))} on {topo.name}, clock: "
+            f"exact, coordinator on {where}:{SYNC_PORT}, job {job_id}",
+            flush=True,
+        )
+    try:
+        code = run_synced(run_one_rank_exact, job, topo, host, job_id)
+    except SyncError as exc:
+        return _stopped(topo, job, exc)
+    if job.coordinator is not None:
+        _print_fabric(job.fabric, job.coordinator.summary())
+    return int(code)
+
+
+def _stopped(topo: Topology, job: RankLauncher, exc: SyncError) -> int:
+    """An exact run that could not go on: one line naming the rank that ended it (when one
+    did), and that rank's code (else 1)."""
+    why = str(exc)
+    if job.failed is None:  # the coordinator may have heard of a dead rank first
+        codes = {rank: proc.returncode for rank, proc in job.procs.items()}
+        died = [(rank, code) for rank, code in codes.items() if code is not None and _died(code)]
+        job.failed = died[0] if died else None
+    if job.failed is not None:
+        rank, code = job.failed
+        why = f"rank {rank} ({topo.hosts[rank].name}) exited with code {code}"
+    print(f"rocev2-emu launch: {why}; the job stopped", file=sys.stderr, flush=True)
+    return exit_code(job.failed[1]) if job.failed is not None else 1
+
+
+def _print_fabric(f: dict[str, Any], synced: str) -> None:
+    """The closing line of an exact launch: the fabric's counters, how it was synchronised."""
     drops = sum(f.get("drops", {}).values())
     print(
         f"# fabric: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
@@ -448,7 +545,6 @@ def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) 
         f"{f.get('frame_hops', 0)} frame-hops; clock: exact, {synced}",
         flush=True,
     )
-    return int(code)
 
 
 def _died(code: int) -> bool:
@@ -500,7 +596,9 @@ def _args(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="run only this host's rank, over switches already running (the compose "
         "testbed's training service: a container per host); the first host serves the "
-        f"rendezvous on ports {STORE_PORT} and {MASTER_PORT}",
+        f"rendezvous on ports {STORE_PORT} and {MASTER_PORT}; with --clock exact, the run's "
+        f"coordinator on port {SYNC_PORT}, which the other nodes join (rocev2-emu node ... "
+        "--clock exact --sync ADDR:PORT)",
     )
     p.add_argument(
         "--job",

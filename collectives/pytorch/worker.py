@@ -14,7 +14,9 @@ What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its
 ``ROCEV2_JOB`` and the fabric's secret; rank r is the topology's r-th host.
 
 On the exact clock (``launch --clock exact``: ``ROCEV2_CLOCK=exact`` and ``ROCEV2_SYNC``, the
-coordinator's host:port) the thread is a process of the exact run instead
+coordinator's host:port; ``ROCEV2_JOIN_TIMEOUT``: wall seconds to wait for that coordinator to
+listen, ``launch --host``'s ranks starting before the first host's) the thread is a process of
+the exact run instead
 (:func:`rocev2_emu.fabric.exact.exact_nodes`: the host on its own event engine, windows from
 the launcher's coordinator, the rendezvous store the coordinator's) and the training script is
 its application: while the script has no operation queued the engine is *paused*
@@ -45,9 +47,10 @@ from collectives.comm.store import Store, TcpStore, exact_store
 from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.exact import exact_nodes, process_groups, run_exact_process
+from rocev2_emu.fabric.exact import JoinOptions, exact_nodes, process_groups, run_exact_process
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
+from rocev2_emu.fabric.supervisor import first_exception
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import Context
@@ -59,6 +62,7 @@ ENV_STORE = "ROCEV2_STORE"
 ENV_JOB = "ROCEV2_JOB"
 ENV_CLOCK = "ROCEV2_CLOCK"  # "exact": the rank is a process of an exact run
 ENV_SYNC = "ROCEV2_SYNC"  # host:port of the exact run's coordinator
+ENV_JOIN_TIMEOUT = "ROCEV2_JOIN_TIMEOUT"  # wall seconds to wait for it to listen (default 0)
 EXACT_CLOSE_SECONDS = 600.0  # wall seconds close() waits for the other ranks to close too
 ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
 
@@ -91,6 +95,7 @@ class RankEnv:
     job: str
     params: dict[str, Any] = field(default_factory=dict)
     sync: tuple[str, int] | None = None  # the exact run's coordinator (None: the wall clock)
+    join_timeout: float = 0.0  # wall seconds to wait for the coordinator to listen
 
     @classmethod
     def from_environ(cls, rank: int, world: int) -> RankEnv:
@@ -121,12 +126,15 @@ class RankEnv:
                 for name in ENV_PARAMS
                 if env.get(name)
             }
+            join_timeout = float(env.get(ENV_JOIN_TIMEOUT) or 0.0)
         except ValueError as exc:
             raise BackendError(f"rocev2 backend: bad launcher environment: {exc}") from exc
         job = env.get(ENV_JOB, "torch")
         host_name = topo.hosts[rank].name
         if exact:
-            return cls(topo, host_name, rank, world, 1.0, 0.0, address, job, params, address)
+            return cls(
+                topo, host_name, rank, world, 1.0, 0.0, address, job, params, address, join_timeout
+            )
         return cls(topo, host_name, rank, world, tdf, epoch, address, job, params)
 
     def places(self) -> list[RankPlace]:
@@ -242,7 +250,7 @@ class FabricWorker:
             else:
                 run_exact_process(self._main_exact)
         except BaseException as exc:
-            self._error = exc
+            self._error = first_exception(exc)  # the cause, not trio's group around it
         finally:
             with self._lock:
                 if self._error is None:
@@ -266,7 +274,8 @@ class FabricWorker:
         env = self.env
         assert env.sync is not None
         groups = process_groups(env.topo)
-        async with exact_nodes(env.topo, groups, [env.host], env.sync, True) as process:
+        join = JoinOptions(join_timeout=env.join_timeout)
+        async with exact_nodes(env.topo, groups, [env.host], env.sync, True, join) as process:
             ctx = process.contexts[env.host]
             registry = process.registries[env.topo.nodes[env.host].address]
             store = exact_store(env.topo.nodes[env.host].index, ctx.clock)

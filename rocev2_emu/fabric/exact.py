@@ -83,6 +83,7 @@ __all__ = [
     "Coordinator",
     "ExactFlowsJob",
     "ExactProcess",
+    "JoinOptions",
     "SyncError",
     "exact_nodes",
     "lookahead",

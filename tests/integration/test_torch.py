@@ -8,8 +8,10 @@ of switch processes, three ranks (two under one leaf, one across the spines), at
 * a killed rank makes the others raise at once, naming the rank, the operation and its number,
   and ``launch`` exits with the killed rank's code;
 * on the exact clock (``launch --clock exact``) four DDP ranks report the same emulated
-  communication, collective by collective, on every run - one of them beside two CPU burners -
-  and train as over Gloo; a rank that dies there stops the job in one line naming it.
+  communication, collective by collective, on every run - one of them beside two CPU burners,
+  one with a launcher per host (``launch --host NAME --clock exact``) and a node process per
+  switch joining the first host's coordinator - and train as over Gloo; a rank that dies there
+  stops the job in one line naming it.
 
 torch is the ``torch`` extra: under CI=true a missing torch fails these tests.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -27,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from rocev2_emu.control import auth
+from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import leaf_spine
 from tests.integration.test_exact import cpu_burners
 
@@ -206,12 +211,53 @@ def _ddp(topology: Path, out: Path, backend: str, clock: str) -> subprocess.Comp
     return launch(topology, program, ranks=4, options=options)
 
 
+def _ddp_per_host(topology: Path, out: Path) -> list[str]:
+    """The exact DDP run of :func:`_ddp` as the compose testbed's training service would
+    start it: a ``launch --host NAME --clock exact`` per host (the first serving the run's
+    coordinator) and a ``node NAME --clock exact --sync`` per switch, in no particular order,
+    sharing one fabric secret; each process's output, after every one has ended."""
+    out.mkdir()
+    topo = load(topology)
+    sync = f"{topo.nodes['h0'].address}:29600"
+    env = {**os.environ, auth.ENV: secrets.token_hex(auth.SECRET_BYTES)}
+    program = ["examples/ddp_train.py", "--steps", "3", "--width", "64", "--bucket-mb", "0.01"]
+    program += ["--backend", "rocev2", "--report", str(out)]
+    exe = [sys.executable, "-m", "rocev2_emu"]
+    node = ["--clock", "exact", "--sync", sync, "--join-timeout", "300", "--no-metrics"]
+    rank = ["--ranks", "4", "--clock", "exact", "--compute-ms", "5", "--", sys.executable]
+    argvs = [[*exe, "node", str(topology), name, *node] for name in ("spine0", "spine1")]
+    argvs += [
+        [*exe, "launch", str(topology), "--host", host, *rank, "-W", "ignore", *program]
+        for host in ("h3", "h1", "h0", "h2")
+    ]
+    argvs += [[*exe, "node", str(topology), name, *node] for name in ("leaf0", "leaf1")]
+    logs = [out / f"process{n}.log" for n in range(len(argvs))]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for argv, log in zip(argvs, logs, strict=True):
+            with log.open("wb") as f:
+                procs.append(
+                    subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                )
+        codes = [proc.wait(timeout=600) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    texts = [log.read_text() for log in logs]
+    assert codes == [0] * len(argvs), "\n".join(
+        f"{' '.join(argv[3:6])}: exit {code}\n{text[-1500:]}"
+        for argv, code, text in zip(argvs, codes, texts, strict=True)
+    )
+    return texts
+
+
 def test_exact_ddp_reports_the_same_communication_on_every_run_loaded_or_not(
     topology: Path, tmp_path: Path
 ) -> None:
-    """Four DDP ranks on the exact clock, twice (the second beside two CPU burners): every
-    rank's step reports - each collective's emulated seconds - byte for byte the same; the
-    parameters as over Gloo."""
+    """Four DDP ranks on the exact clock, twice (the second beside two CPU burners) and once
+    with a launcher per host: every rank's step reports - each collective's emulated seconds -
+    byte for byte the same; the parameters as over Gloo."""
     import torch
 
     runs = []
@@ -222,6 +268,12 @@ def test_exact_ddp_reports_the_same_communication_on_every_run_loaded_or_not(
         assert "clock: exact" in run.stdout, run.stdout[-1000:]
         runs.append([(tmp_path / f"exact{n}" / f"rank{r}.json").read_text() for r in range(4)])
     assert runs[0] == runs[1]
+    outputs = _ddp_per_host(topology, tmp_path / "per-host")
+    first = outputs[4]  # h0's launcher: the coordinator's, with the fabric's counters
+    assert "rank 0 of 4 on leaf-spine, clock: exact, coordinator on" in first, first[-2000:]
+    assert re.search(r"# fabric: .* \d+ frame-hops; clock: exact", first), first[-2000:]
+    split = [(tmp_path / "per-host" / f"rank{r}.json").read_text() for r in range(4)]
+    assert split == runs[0]
     for text in runs[0]:
         steps = json.loads(text)
         assert len(steps) == 3 and all(len(s["ops"]) >= 2 for s in steps), steps
