@@ -2,7 +2,8 @@
 figures equal the virtual run's beside CPU burners, Prometheus scraping the run; on the wall
 clock (docker-compose.wall.yml), the all-reduce job, a link taken down mid-run, and the
 testbed's own Prometheus (built by compose from Debian's package, no image registry) scraping
-every node for the dashboards.
+every node for the dashboards; the training testbed (docker-compose.training.yml), DDP on the
+exact clock, the same emulated figures on a second run beside CPU burners.
 
 Needs a Docker engine, docker-compose and a base image (``.ci/run`` installs and builds them;
 ``ROCEV2_BASE_IMAGE`` names the base image, else the public slim Python image).
@@ -396,37 +397,67 @@ def torch_image(image: str) -> str:
     return "rocev2-emu-torch:latest"
 
 
+def _train(hosts: list[str], switches: list[str]) -> str:
+    """One run of the training testbed: the switches, then the ranks (compose starts them in
+    its own order), until every rank's container has exited 0; their logs."""
+    _training("up", "-d", *switches)
+    _training("up", "-d", *hosts)
+    deadline = time.monotonic() + 900
+    while True:
+        ids = _training("ps", "-q", *hosts).stdout.split()
+        states = [
+            _run(
+                "docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c
+            ).stdout.split()
+            for c in ids
+        ]
+        if len(states) == len(hosts) and all(st[0] == "exited" for st in states):
+            break
+        assert time.monotonic() < deadline, f"the ranks did not finish in 900 s: {states}"
+        time.sleep(2)
+    logs = str(_training("logs", "--no-color", *hosts, *switches).stdout)
+    assert [st[1] for st in states] == ["0"] * len(hosts), logs[-4000:]
+    assert "Traceback" not in logs, logs[-4000:]
+    _training("rm", "-f", *hosts, *switches)  # the next run starts from fresh containers
+    return logs
+
+
+def _emulated(logs: str) -> list[str]:
+    """What an exact run must repeat: rank 0's rows without their wall-time column, its
+    NIC's counters, and the first host's closing line (the fabric's counters and hops)."""
+    rows = []
+    for line in logs.splitlines():
+        if "[rank0]:" in line:
+            row = line.split("[rank0]:", 1)[1].split()
+            if row and row[0].isdigit():  # step, loss, wall ms, collectives, comm ms, ...
+                rows.append(" ".join(row[:2] + row[3:]))
+            elif row[:2] == ["#", "fabric:"]:
+                rows.append(" ".join(row))
+        elif "# fabric:" in line and "frame-hops" in line:
+            rows.append(line.split("# fabric:", 1)[1].split("; clock:")[0].strip())
+    return rows
+
+
 # a training image build (about a minute with a local wheel), eight ranks of DDP in containers
+# twice (the second beside two CPU burners)
 @pytest.mark.timeout(1500)
-def test_compose_training_service_trains_ddp_over_the_fabric(torch_image: str) -> None:
+def test_compose_training_service_trains_ddp_exactly_over_the_fabric(torch_image: str) -> None:
     """docker-compose.training.yml: the switches as nodes, each host a rank of
-    examples/ddp_train.py whose process is the host's NIC; the ranks finish their steps, and
-    the testbed's Prometheus has every rank's training series, the Collectives dashboard's
-    training panels included."""
+    examples/ddp_train.py whose process is the host's NIC, all on the exact clock with the
+    first host serving the coordinator; the ranks finish their steps, the testbed's Prometheus
+    has every rank's training series (the Collectives dashboard's training panels included),
+    and a second run beside two CPU burners reports the same emulated communication per step
+    and the same fabric counters."""
     topo = load(ROOT / "deploy" / "topology.toml")
     hosts = [h.name for h in topo.hosts]
     switches = [n for n in topo.nodes if n not in hosts]
     url = "http://127.0.0.1:9090"
     try:
-        _training("up", "-d", "prometheus", *switches, timeout=900)
+        _training("up", "-d", "prometheus", timeout=900)
         _wait_ready(url)
         started = time.time()
-        _training("up", "-d", *hosts)  # compose waits for the switches to be healthy
-        deadline = time.monotonic() + 900
-        while True:
-            ids = _training("ps", "-q", *hosts).stdout.split()
-            states = [
-                _run(
-                    "docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c
-                ).stdout.split()
-                for c in ids
-            ]
-            if len(states) == len(hosts) and all(st[0] == "exited" for st in states):
-                break
-            assert time.monotonic() < deadline, f"the ranks did not finish in 900 s: {states}"
-            time.sleep(2)
-        logs = _training("logs", "--no-color", *hosts).stdout
-        assert [st[1] for st in states] == ["0"] * len(hosts), logs[-4000:]
+        logs = _train(hosts, switches)
+        assert f"rank 0 of {len(hosts)} on leaf-spine, clock: exact" in logs, logs[-4000:]
         assert f"# DDP, {len(hosts)} ranks" in logs, logs[-4000:]
         rows = [
             line.split("[rank0]:", 1)[1].split() for line in logs.splitlines() if "[rank0]:" in line
@@ -434,8 +465,9 @@ def test_compose_training_service_trains_ddp_over_the_fabric(torch_image: str) -
         rows = [r for r in rows if r and r[0].isdigit()]  # step, loss, wall ms, collectives...
         assert [int(r[0]) for r in rows] == list(range(TRAIN_STEPS)), logs[-4000:]
         assert all(int(r[3]) >= 1 for r in rows)  # every step crossed the fabric
-        assert "Traceback" not in logs, logs[-4000:]
-        time.sleep(3)  # a last scrape of the switches
+        emulated = _emulated(logs)
+        assert len(emulated) == TRAIN_STEPS + 2, logs[-4000:]
+        assert "frame-hops" in emulated[-1], emulated
 
         # every rank's series reached Prometheus while it trained (its target is gone now)
         reported = _query(url, "query", query="max_over_time(rocev2_torch_steps_total[30m])")
@@ -450,6 +482,10 @@ def test_compose_training_service_trains_ddp_over_the_fabric(torch_image: str) -
         for expr in training:
             got = _query(url, "query_range", query=expr, start=started, end=time.time(), step=1)
             assert got, expr
+
+        with cpu_burners():
+            again = _train(hosts, switches)
+        assert _emulated(again) == emulated, again[-4000:]
     finally:
         _training("down", "-v", "--remove-orphans", timeout=120, check=False)
 

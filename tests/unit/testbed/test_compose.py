@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from collectives import launcher
 from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
-from rocev2_emu.testbed.compose import SYNC_PORT, generate
+from rocev2_emu.testbed.compose import SYNC_PORT, TRAIN_SYNC_PORT, generate
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.model import TopologyError
 
@@ -69,6 +70,26 @@ def test_wall_compose_file_keeps_a_fabric_up_and_waits_for_health() -> None:
     job = text.split("\n  job:\n")[1].split("\n  prometheus:\n")[0]
     assert job.count("condition: service_healthy") == len(topo.nodes)
     assert '"--attach"' in job
+
+
+def test_training_file_runs_every_rank_and_switch_on_the_exact_clock_of_the_first_host() -> None:
+    text = (ROOT / "docker-compose.training.yml").read_text()
+    assert "\nversion:" not in text and not text.startswith("version:")
+    topo = load(ROOT / "deploy" / "topology.toml")
+    assert TRAIN_SYNC_PORT == launcher.SYNC_PORT  # where launch --host serves the coordinator
+    sync = f"{topo.hosts[0].address}:{TRAIN_SYNC_PORT}"
+    for node in topo.nodes.values():
+        block = re.search(rf"\n  {node.name}:\n((?:    .*\n)*)", text)
+        assert block is not None, node.name
+        body = block.group(1)
+        assert f"ipv4_address: {node.address}" in body
+        if node.name in {h.name for h in topo.hosts}:
+            assert f'"--host", "{node.name}", "--clock", "exact"' in body
+            # a switch serves only once it has joined, so a rank waits for it started
+            assert body.count("condition: service_started") == len(topo.nodes) - len(topo.hosts)
+            assert "service_healthy" not in body
+        else:
+            assert f'"--clock", "exact", "--sync", "{sync}", "--join-timeout"' in body
 
 
 def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_runs(
