@@ -490,10 +490,23 @@ def test_compose_training_service_trains_ddp_exactly_over_the_fabric(torch_image
         _training("down", "-v", "--remove-orphans", timeout=120, check=False)
 
 
-def test_swarm_stack_runs_the_job(image: str) -> None:
+def _task_address(stack: str, service: str) -> str:
+    """The overlay address swarm gave the one task of ``service``."""
+    task = _run("docker", "service", "ps", "-q", "--no-trunc", f"{stack}_{service}").stdout.split()
+    assert len(task) == 1, (service, task)
+    fmt = "{{range .NetworksAttachments}}{{range .Addresses}}{{.}} {{end}}{{end}}"
+    addresses = _run("docker", "inspect", "-f", fmt, task[0]).stdout.split()
+    assert len(addresses) == 1, (service, addresses)
+    return addresses[0].split("/")[0]
+
+
+def test_swarm_stack_runs_the_job_exactly(image: str) -> None:
     """A single-node swarm (``docker swarm init --advertise-addr 127.0.0.1``) deploys the
-    stack: nodes find each other by name on an attachable overlay network, the job runs once;
-    the stack is removed and the swarm left afterwards."""
+    stack: nodes find each other by name on an attachable overlay network and join the
+    coordinator the job serves; the job runs once and prints the table the virtual run prints
+    on the addresses the tasks got (their names in a hosts file of a mount namespace of its
+    own); the stack is removed and the swarm left afterwards."""
+    require_tool("unshare", "util-linux")
     state = _run("docker", "info", "-f", "{{.Swarm.LocalNodeState}}").stdout.strip()
     joined = state != "active"
     if joined:
@@ -525,9 +538,28 @@ def test_swarm_stack_runs_the_job(image: str) -> None:
                 break
             assert time.monotonic() < deadline, f"the job did not finish in 240 s: {current!r}"
             time.sleep(2)
-        logs = _run("docker", "service", "logs", "--raw", f"{stack}_job", check=False).stdout
-        assert current.startswith("Complete"), current + "\n" + logs[-3000:]
+        job = _run("docker", "service", "logs", "--raw", f"{stack}_job", check=False)
+        logs = job.stdout  # the job's stdout; its stderr comes on the command's own
+        assert current.startswith("Complete"), current + "\n" + logs[-3000:] + job.stderr
         assert "# Out of bounds values : 0 OK" in logs
+        assert "# clock: exact," in job.stderr, job.stderr[-3000:]
+        # the virtual run on the addresses swarm gave the tasks prints the same table
+        names = load(where / "topology-swarm.toml").nodes
+        hosts = where / "hosts"
+        hosts.write_text("".join(f"{_task_address(stack, n)} {n}\n" for n in names))
+        argv = json.loads(short.split("\n  job:\n")[1].split("command: ", 1)[1].split("\n")[0])
+        virtual = _run(
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            f'mount --bind "{hosts}" /etc/hosts && exec "$@"',
+            "virtual",
+            *[sys.executable, "-m", "rocev2_emu", "bench", "all-reduce", "--virtual"],
+            *["--topology", str(where / "topology-swarm.toml"), *argv[argv.index("-b") :]],
+        )
+        table = virtual.stdout.splitlines()[1:]
+        assert table and [line for line in logs.splitlines() if line in table] == table, logs
     finally:
         _run("docker", "stack", "rm", stack, check=False)
         # the overlay network goes once its tasks are gone

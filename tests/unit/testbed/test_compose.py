@@ -92,6 +92,17 @@ def test_training_file_runs_every_rank_and_switch_on_the_exact_clock_of_the_firs
             assert f'"--clock", "exact", "--sync", "{sync}", "--join-timeout"' in body
 
 
+def test_swarm_stack_runs_on_the_exact_clock_of_its_job() -> None:
+    text = (ROOT / "deploy" / "docker-stack.yml").read_text()
+    topo = load(ROOT / "deploy" / "topology.toml")
+    for name in topo.nodes:
+        block = re.search(rf"\n  {name}:\n((?:    .*\n)*)", text)
+        assert block is not None, name
+        assert f'"--clock", "exact", "--sync", "job:{SYNC_PORT}"' in block.group(1), name
+    job = text.split("\n  job:\n")[1]
+    assert f'"--attach", "--clock", "exact", "--sync", "0.0.0.0:{SYNC_PORT}"' in job
+
+
 def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
