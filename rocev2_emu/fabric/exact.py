@@ -49,6 +49,7 @@ from rocev2_emu.fabric.nodes import (
     host_config,
     link_faults,
     map_handler,
+    metrics_url,
 )
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.services import host_services
@@ -330,7 +331,7 @@ async def _exact_process(
     async with exact_nodes(topo, groups, names, sync, metrics, join) as process:
         for node in process.nodes:
             print(
-                f"READY {node.name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+                f"READY {node.name} metrics={metrics_url(node.address, metrics)} "
                 f"control={node.address}:{CONTROL_PORT} clock=exact",
                 flush=True,
             )

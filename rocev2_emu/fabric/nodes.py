@@ -9,6 +9,8 @@ and reports its counters, :mod:`switch.node`).  When it is ready it prints one l
 
     READY <name> metrics=http://<addr>:9100/metrics control=<addr>:18515
 
+(``metrics=off`` with ``--no-metrics``).
+
 This module also turns the topology into what the cores and drivers take (:func:`host_config`,
 :func:`switch_driver`), for the virtual fabric as much as for processes.
 """
@@ -196,13 +198,18 @@ async def run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
         nursery.cancel_scope.cancel()
 
 
+def metrics_url(address: str, served: bool) -> str:
+    """Where a READY line says the node's /metrics is: its URL, or ``off`` (``--no-metrics``)."""
+    return f"http://{address}:{METRICS_PORT}/metrics" if served else "off"
+
+
 async def _run_node(topo: Topology, name: str, opts: NodeOptions) -> None:
     node = topo.nodes.get(name)
     if node is None:
         raise ValueError(f"{topo.path}: no node named {name!r}")
     refuse_split_servers(topo, [name])
     ready = (
-        f"READY {name} metrics=http://{node.address}:{METRICS_PORT}/metrics "
+        f"READY {name} metrics={metrics_url(node.address, opts.metrics)} "
         f"control={node.address}:{CONTROL_PORT} batch_io={{batch_io}}"
     )
     metrics_at = (opts.metrics_addr or node.address, METRICS_PORT) if opts.metrics else None

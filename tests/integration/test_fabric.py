@@ -233,7 +233,9 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
         [*CLI, "node", str(topo), "sw0", "--no-metrics"], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert node.stdout is not None and node.stdout.readline().startswith("READY sw0")
+        assert node.stdout is not None
+        ready = node.stdout.readline()
+        assert ready.startswith("READY sw0 metrics=off "), ready  # --no-metrics: none served
         # an XOFF for port 0's VNI (link 0: h0's), from an address that is not h0's
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.77", 0))
