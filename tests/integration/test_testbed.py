@@ -240,6 +240,13 @@ def _dashboard_gaps(prometheus: str, started: float, skip: tuple[str, ...] = ())
     return empty
 
 
+def _job_argv(text: str) -> list[str]:
+    """The command of the ``job`` service of a compose or stack file's text."""
+    command = re.search(r"\n  job:\n    image: \S+\n    command: (\[.*\])\n", text)
+    assert command is not None
+    return list(json.loads(command.group(1)))
+
+
 # the testbed's own job (1 KiB - 4 MiB, 5 iterations) on 14 exact containers beside two CPU
 # burners, and the same benchmark in virtual time: a few minutes on a busy machine
 @pytest.mark.timeout(900)
@@ -248,10 +255,7 @@ def test_exact_testbed_job_prints_the_virtual_figures(image: str, prometheus: st
     coordinator its job serves - the job's table and fabric summary are the virtual run's,
     line for line, while two processes burn the CPUs; the nodes end with the job (exit 0);
     Prometheus scraped the run."""
-    text = (ROOT / "docker-compose.yml").read_text()
-    command = re.search(r"\n  job:\n    image: \S+\n    command: (\[.*\])\n", text)
-    assert command is not None
-    argv = json.loads(command.group(1))
+    argv = _job_argv((ROOT / "docker-compose.yml").read_text())
     assert argv[:5] == ["bench", "all-reduce", "--attach", "--clock", "exact"], argv
     sizes = argv[argv.index("-b") :]
     topo = load(ROOT / "deploy" / "topology.toml")
@@ -422,20 +426,24 @@ def _train(hosts: list[str], switches: list[str]) -> str:
     return logs
 
 
+def _rank0(logs: str) -> list[list[str]]:
+    """Rank 0's lines (after torchrun's ``[rank0]:`` prefix), split into words."""
+    return [
+        line.split("[rank0]:", 1)[1].split() for line in logs.splitlines() if "[rank0]:" in line
+    ]
+
+
 def _emulated(logs: str) -> list[str]:
     """What an exact run must repeat: rank 0's rows without their wall-time column, its
     NIC's counters, and the first host's closing line (the fabric's counters and hops)."""
     rows = []
-    for line in logs.splitlines():
-        if "[rank0]:" in line:
-            row = line.split("[rank0]:", 1)[1].split()
-            if row and row[0].isdigit():  # step, loss, wall ms, collectives, comm ms, ...
-                rows.append(" ".join(row[:2] + row[3:]))
-            elif row[:2] == ["#", "fabric:"]:
-                rows.append(" ".join(row))
-        elif "# fabric:" in line and "frame-hops" in line:
-            rows.append(line.split("# fabric:", 1)[1].split("; clock:")[0].strip())
-    return rows
+    for row in _rank0(logs):
+        if row and row[0].isdigit():  # step, loss, wall ms, collectives, comm ms, ...
+            rows.append(" ".join(row[:2] + row[3:]))
+        elif row[:2] == ["#", "fabric:"]:
+            rows.append(" ".join(row))
+    closing = [line for line in logs.splitlines() if "# fabric:" in line and "frame-hops" in line]
+    return rows + [line.split("# fabric:", 1)[1].split("; clock:")[0].strip() for line in closing]
 
 
 # a training image build (about a minute with a local wheel), eight ranks of DDP in containers
@@ -459,10 +467,7 @@ def test_compose_training_service_trains_ddp_exactly_over_the_fabric(torch_image
         logs = _train(hosts, switches)
         assert f"rank 0 of {len(hosts)} on leaf-spine, clock: exact" in logs, logs[-4000:]
         assert f"# DDP, {len(hosts)} ranks" in logs, logs[-4000:]
-        rows = [
-            line.split("[rank0]:", 1)[1].split() for line in logs.splitlines() if "[rank0]:" in line
-        ]
-        rows = [r for r in rows if r and r[0].isdigit()]  # step, loss, wall ms, collectives...
+        rows = [r for r in _rank0(logs) if r and r[0].isdigit()]  # step, loss, wall ms, ...
         assert [int(r[0]) for r in rows] == list(range(TRAIN_STEPS)), logs[-4000:]
         assert all(int(r[3]) >= 1 for r in rows)  # every step crossed the fabric
         emulated = _emulated(logs)
@@ -547,7 +552,7 @@ def test_swarm_stack_runs_the_job_exactly(image: str) -> None:
         names = load(where / "topology-swarm.toml").nodes
         hosts = where / "hosts"
         hosts.write_text("".join(f"{_task_address(stack, n)} {n}\n" for n in names))
-        argv = json.loads(short.split("\n  job:\n")[1].split("command: ", 1)[1].split("\n")[0])
+        argv = _job_argv(short)
         virtual = _run(
             "unshare",
             "--mount",
