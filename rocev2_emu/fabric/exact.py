@@ -56,6 +56,7 @@ from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.collector import engine_collector
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import ExactEngine, RemoteLink, Reply, WallServer
@@ -219,7 +220,8 @@ def run_exact_process(main: Callable[[], Awaitable[None]]) -> None:
     anything else is raised)."""
     canonical_trio_scheduler()
     try:
-        trio.run(main, clock=trio.testing.MockClock())
+        with engine_collector():
+            trio.run(main, clock=trio.testing.MockClock())
     except BaseException as exc:
         if not ended_normally(exc):
             raise
@@ -538,13 +540,11 @@ class ExactFlowsJob:
             dst = topo.nodes[spec.dst].address
             await _ask(topo, spec.src, {"cmd": "open_flow", "spec": asdict(spec), "dst": dst})
         sources = sorted({f.src for f in self.flows})
-        for name in sources:
-            await _ask(topo, name, {"cmd": "start_flows", "t0": self.t0})
+        # the clock is held until released: the sources are told in any order, all start at t0
+        await _ask_all(topo, sources, {"cmd": "start_flows", "t0": self.t0})
         coordinator.release()
-        results: list[FlowResult] = []
-        for name in sources:
-            reply = await _ask(topo, name, {"cmd": "flow_results"}, timeout=math.inf)
-            results.extend(FlowResult(**r) for r in reply["results"])
+        replies = await _ask_all(topo, sources, {"cmd": "flow_results"}, timeout=math.inf)
+        results = [FlowResult(**r) for reply in replies for r in reply["results"]]
         return sorted(results, key=lambda r: r.id), await quiet_stats(topo, coordinator)
 
     async def node_died(self, name: str, code: int) -> bool:
@@ -570,20 +570,34 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
 CONCURRENT_REQUESTS: Final = 32  # control requests in flight at once (a server admits 256)
 
 
-async def _ask_each(addresses: list[str], msg: dict[str, Any]) -> list[Any]:
-    """``msg`` to each node at ``addresses`` (up to :data:`CONCURRENT_REQUESTS` at once; the
-    clock is held): their replies, in that order."""
-    replies: list[Any] = [None] * len(addresses)
+async def _gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
+    """``one(i)`` for each ``i < count``, up to :data:`CONCURRENT_REQUESTS` at once: their
+    results, in that order."""
+    results: list[Any] = [None] * count
     limit = trio.CapacityLimiter(CONCURRENT_REQUESTS)
 
-    async def ask(i: int, address: str) -> None:
+    async def run(i: int) -> None:
         async with limit:
-            replies[i] = await control(address, msg)
+            results[i] = await one(i)
 
     async with trio.open_nursery() as nursery:
-        for i, address in enumerate(addresses):
-            nursery.start_soon(ask, i, address)
-    return replies
+        for i in range(count):
+            nursery.start_soon(run, i)
+    return results
+
+
+async def _ask_each(addresses: list[str], msg: dict[str, Any]) -> list[Any]:
+    """``msg`` to each node at ``addresses`` (the clock is held): their replies, in order."""
+    return await _gather(len(addresses), lambda i: control(addresses[i], msg))
+
+
+async def _ask_all(
+    topo: Topology, names: list[str], msg: dict[str, Any], timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """:func:`_ask` each node of ``names``, several at once: their replies, in that order (a
+    thousand senders of an incast are told to start in a fraction of the time one request
+    after another takes)."""
+    return await _gather(len(names), lambda i: _ask(topo, names[i], msg, timeout))
 
 
 async def _ask(
