@@ -155,7 +155,11 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
     )
-    p.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="do not serve metrics (the READY line then says metrics=off)",
+    )
     p.add_argument(
         "--metrics-addr",
         help="address /metrics listens on (default: the node's; 0.0.0.0 in a container)",
