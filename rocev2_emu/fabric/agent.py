@@ -128,6 +128,15 @@ class HostAgent:
         _, _, buf = self._inbound.pop(flow_id)
         return hashlib.sha256(buf.tobytes()).hexdigest()
 
+    def digests(self, flow_ids: list[int]) -> list[str | None]:
+        """The SHA-256 of what each inbound flow wrote here (None: no such flow arrived)."""
+        return [
+            hashlib.sha256(self._inbound.pop(i)[2].tobytes()).hexdigest()
+            if i in self._inbound
+            else None
+            for i in flow_ids
+        ]
+
     async def open_flow(self, spec: FlowSpec, peer: FlowPeer) -> None:
         """Source side, before the job's clock starts: the flow's buffer and QP, the
         destination's (``peer.accept_flow``), and the connection.  Flows are opened one at a
@@ -142,8 +151,10 @@ class HostAgent:
         self._connect(qp, remote, spec.dscp)
         self._outbound[spec.id] = _OpenFlow(spec, peer, data, mr, cq, qp, remote)
 
-    async def run_flow(self, flow_id: int, t0: float) -> FlowResult:
-        """Source side: wait for the start time, write, close the QP, verify."""
+    async def run_flow(self, flow_id: int, t0: float, verify: bool = True) -> FlowResult:
+        """Source side: wait for the start time, write, close the QP, verify (``verify``
+        False: the job checks what arrived itself, :meth:`digests`, and ``verified`` stays
+        False here)."""
         flow = self._outbound.pop(flow_id)
         spec, mr, cq, qp, remote = flow.spec, flow.mr, flow.cq, flow.qp, flow.remote
         chunks = max(1, -(-spec.size // CHUNK))
@@ -177,17 +188,17 @@ class HostAgent:
         fct = self.ctx.now() - begin if status == "ok" else 0.0
         qp.close()  # at the instant the flow ended, before any out-of-band wait
         verified = False
-        if status == "ok":
+        if status == "ok" and verify:
             expected = hashlib.sha256(flow.data.tobytes()).hexdigest()
             verified = await flow.peer.digest(spec.id) == expected
         return FlowResult(spec.id, spec.src, spec.dst, spec.size, spec.start, fct, status, verified)
 
-    async def run_open_flows(self, t0: float) -> list[FlowResult]:
+    async def run_open_flows(self, t0: float, verify: bool = True) -> list[FlowResult]:
         """Every flow opened here, concurrently (one task each, in the order opened)."""
         results: list[FlowResult] = []
 
         async def one(flow_id: int) -> None:
-            results.append(await self.run_flow(flow_id, t0))
+            results.append(await self.run_flow(flow_id, t0, verify))
 
         async with trio.open_nursery() as nursery:
             for flow_id in list(self._outbound):
@@ -314,9 +325,23 @@ class OpenFlow:
 
 @dataclass(frozen=True, slots=True)
 class StartFlows:
-    """Run the opened flows from emulated ``t0``, in the background."""
+    """Run the opened flows from emulated ``t0``, in the background; ``verify`` False: do not
+    ask each flow's destination for its digest (an out-of-band wait that would hold the
+    clock inside the run) - the job asks ``digests`` of each destination afterwards."""
 
     t0: float
+    verify: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Digests:
+    """The SHA-256 of what each flow of ``ids`` wrote here (null: no such flow arrived)."""
+
+    ids: list[Any]
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.ids):
+            raise ValueError("ids: flow ids are integers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,10 +419,10 @@ class AgentServer:
         secret = self.secret or auth.current()
         await serve_requests(stream, self.dispatch, timeout=3600.0, secret=secret)
 
-    async def _run_started(self, t0: float) -> None:
+    async def _run_started(self, t0: float, verify: bool) -> None:
         assert self._results is not None
         try:
-            self._results.extend(await self.agent.run_open_flows(t0))
+            self._results.extend(await self.agent.run_open_flows(t0, verify))
         finally:
             self._done.set()
 
@@ -412,6 +437,7 @@ class AgentServer:
         return {
             "accept_flow": (AcceptFlow, self._accept_flow),
             "digest": (Digest, self._digest),
+            "digests": (Digests, self._digests),
             "run_flows": (RunFlows, self._run_flows),
             "open_flow": (OpenFlow, self._open_flow),
             "start_flows": (StartFlows, self._start_flows),
@@ -434,6 +460,9 @@ class AgentServer:
         except KeyError:
             raise ValueError(f"id {req.id}: no flow of that id arrived here") from None
 
+    async def _digests(self, req: Digests) -> dict[str, Any]:
+        return {"sha256": self.agent.digests(req.ids)}
+
     async def _run_flows(self, req: RunFlows) -> dict[str, Any]:
         specs = [_spec(d, f"flows[{i}]") for i, d in enumerate(req.flows)]
         peers: dict[str, FlowPeer] = {
@@ -450,7 +479,7 @@ class AgentServer:
         if self._jobs is None or self._results is not None or self._done.is_set():
             raise ValueError("flows already started")
         self._results = []
-        self._jobs.start_soon(self._run_started, req.t0)
+        self._jobs.start_soon(self._run_started, req.t0, req.verify)
         return {"ok": True}
 
     async def _flow_results(self, _: FlowResults) -> dict[str, Any]:

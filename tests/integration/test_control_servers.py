@@ -235,8 +235,19 @@ BAD_REQUESTS: dict[str, list[Any]] = {
         {"cmd": "run_flows", "flows": [], "peers": 5, "t0": 0},
         {"cmd": "set_faults", "faults": {"loss": 2}},
         {"cmd": "digest", "id": 12345},
+        {"cmd": "digests", "ids": ["12345"]},
+        {"cmd": "digests", "ids": [True]},
+        {"cmd": "digests", "ids": 12345},
     ],
 }
+
+
+@pytest.mark.parametrize("server", ["agent"], indirect=True)
+def test_digests_of_flows_that_never_arrived_are_null(server: tuple[str, int]) -> None:
+    """What an exact flows job checks each flow against: no digest, never a made-up one."""
+    _, port = server
+    assert request(port, frame({"cmd": "digests", "ids": [7, 12345]})) == {"sha256": [None, None]}
+    assert request(port, frame({"cmd": "digests", "ids": []})) == {"sha256": []}
 
 
 def test_bad_requests_get_an_error_and_the_server_goes_on(server: tuple[str, int]) -> None:
@@ -275,7 +286,16 @@ msgpack_values = st.recursive(
     max_leaves=12,
 )
 KEYS = ["cmd", "op", "key", "amount", "timeout", "port", "up", "routes", "faults", "spec", "qp"]
-COMMANDS = ["stats", "set_link", "set_faults", "set_routes", "accept_flow", "digest", "run_flows"]
+COMMANDS = [
+    "stats",
+    "set_link",
+    "set_faults",
+    "set_routes",
+    "accept_flow",
+    "digest",
+    "digests",
+    "run_flows",
+]
 requests_like = st.dictionaries(st.sampled_from(KEYS), msgpack_values, max_size=5).map(
     lambda d: d
 ) | st.builds(
