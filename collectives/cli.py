@@ -278,7 +278,10 @@ def main(which: str, args: BenchOptions) -> int:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
         if exact and args.sync is not None:
             host, port = args.sync
-            where = f"{process_layout(topo, None)} joining {host}:{port}"
+            served = f"{host}:{port}"
+            if host in ("0.0.0.0", "::", ""):  # every address of this machine (a stack's job)
+                served = f"port {port} of this machine"
+            where = f"{process_layout(topo, None)} joining {served}"
             mode = f"attached: {where}, clock: exact{paced}"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
