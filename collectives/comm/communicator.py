@@ -89,7 +89,7 @@ class Communicator(RankSession):
         )
         order = options.order
         comm._nursery = nursery
-        nursery.start_soon(comm.completions.run, 1.0)
+        nursery.start_soon(comm.completions.run)
         members = ring_order(places, order)
         if rank == members[0]:
             log.info(

@@ -43,7 +43,6 @@ from rocev2_emu.verbs import (
     Access,
     QPInfo,
     RecvWR,
-    RemoteVerbsError,
     SendWR,
     Sge,
     WcOpcode,
@@ -185,13 +184,10 @@ class Completions:
         self.cq = cq
         self.by_qpn: dict[int, RdmaTx | RdmaRx] = {}
 
-    async def run(self, poll_timeout: float) -> None:
+    async def run(self) -> None:
+        """Until cancelled with the communicator (the links' waits keep their deadlines)."""
         while True:
-            try:
-                wcs = await self.cq.wait(64, timeout=poll_timeout)
-            except RemoteVerbsError:  # no completion within the poll period: keep polling
-                continue
-            for wc in wcs:
+            for wc in await self.cq.next_completions(64):
                 link = self.by_qpn.get(wc.qp_num)
                 if link is not None:
                     link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data, wc.qp_num)
