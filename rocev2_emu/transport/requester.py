@@ -27,7 +27,6 @@ from rocev2_emu.transport.endpoint import OutPacket, QPEndpoint
 from rocev2_emu.transport.qp_state import RNR_RETRY_INFINITE, local_ack_timeout, rnr_delay
 from rocev2_emu.transport.work import (
     WC_OPCODE_OF,
-    SendFlags,
     SendWR,
     SgeList,
     WcStatus,
@@ -145,11 +144,11 @@ class Requester:
         if not self.qp.may_start_new_requests():
             return False
         kind = w.kind
-        if kind in READ_OR_ATOMIC or w.wr.send_flags & SendFlags.FENCE:
+        if kind in READ_OR_ATOMIC or w.fence:
             inflight = sum(1 for i in range(self.tx_idx) if self.wqes[i].kind in READ_OR_ATOMIC)
             if kind in READ_OR_ATOMIC and inflight >= max(1, self.qp.max_rd_atomic):
                 return False
-            if w.wr.send_flags & SendFlags.FENCE and inflight:
+            if w.fence and inflight:
                 return False
         w.started = True
         return True
@@ -387,11 +386,7 @@ class Requester:
             self.qp.counters.req_cqe_flush_error += 1
         elif status is not WcStatus.SUCCESS:
             self.qp.counters.req_cqe_error += 1
-        if (
-            status is not WcStatus.SUCCESS
-            or w.wr.send_flags & SendFlags.SIGNALED
-            or self.qp.sq_sig_all
-        ):
+        if status is not WcStatus.SUCCESS or w.signaled or self.qp.sq_sig_all:
             self.qp.send_cq.push(
                 WorkCompletion(
                     w.wr.wr_id,

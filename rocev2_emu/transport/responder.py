@@ -307,7 +307,7 @@ class Responder:
             why = f"rkey 0x{reth.rkey:08x} belongs to another protection domain"
         elif not mr.contains(reth.va, length):
             why = f"[0x{reth.va:x}, +{length}) outside MR [0x{mr.addr:x}, +{mr.length})"
-        elif not mr.access & need or not self.qp.access & need:
+        elif not int(mr.access) & int(need) or not int(self.qp.access) & int(need):
             why = f"{need.name} not granted (MR {mr.access!r}, QP {self.qp.access!r})"
         else:
             return mr

@@ -15,6 +15,10 @@ from rocev2_emu.wire.bth import NakCode, psn_add
 from rocev2_emu.wire.bth import Opcode as Op
 from rocev2_emu.wire.roce import pack_imm, pack_reth
 
+_FENCE: Final = int(SendFlags.FENCE)
+_SIGNALED: Final = int(SendFlags.SIGNALED)
+_SOLICITED: Final = int(SendFlags.SOLICITED)
+
 READ_OR_ATOMIC: Final = frozenset(
     {WrOpcode.RDMA_READ, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD}
 )
@@ -61,6 +65,7 @@ class SendWqe:
     out once here, so cutting a packet is a few comparisons."""
 
     __slots__ = (
+        "fence",
         "first_ext",
         "first_psn",
         "kind",
@@ -71,6 +76,7 @@ class SendWqe:
         "rerequest_psn",
         "resp_pkts",
         "sges",
+        "signaled",
         "solicited",
         "started",
         "wr",
@@ -94,7 +100,11 @@ class SendWqe:
         is_write = kind in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
         self.first_ext = pack_reth(wr.remote_addr, wr.rkey, self.length) if is_write else b""
         self.last_ext = pack_imm(wr.imm_data or 0) if with_imm else b""
-        self.solicited = bool(wr.send_flags & SendFlags.SOLICITED)
+        # the flags as plain bools: an IntFlag's & runs enum.py's Python on every test
+        flags = int(wr.send_flags)
+        self.fence = bool(flags & _FENCE)
+        self.signaled = bool(flags & _SIGNALED)
+        self.solicited = bool(flags & _SOLICITED)
 
     @property
     def last_psn(self) -> int:
