@@ -88,6 +88,12 @@ def flow_data(spec: FlowSpec) -> np.ndarray:
     return np.random.default_rng(spec.id).integers(0, 256, spec.size, dtype=np.uint8)
 
 
+def data_digest(data: np.ndarray) -> str:
+    """What a flow's check compares: the SHA-256 (hex) of the bytes its source wrote
+    (:func:`flow_data`) or its destination holds."""
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
 class HostAgent:
     def __init__(
         self, ctx: Context, name: str, *, mtu: int = 4096, qp_timeout: int = 14, retry_cnt: int = 7
@@ -125,16 +131,12 @@ class HostAgent:
         return None if inbound is None else inbound[0].rx_bytes
 
     async def digest(self, flow_id: int) -> str:
-        _, _, buf = self._inbound.pop(flow_id)
-        return hashlib.sha256(buf.tobytes()).hexdigest()
+        return data_digest(self._inbound.pop(flow_id)[2])
 
     def digests(self, flow_ids: list[int]) -> list[str | None]:
         """The SHA-256 of what each inbound flow wrote here (None: no such flow arrived)."""
         return [
-            hashlib.sha256(self._inbound.pop(i)[2].tobytes()).hexdigest()
-            if i in self._inbound
-            else None
-            for i in flow_ids
+            data_digest(self._inbound.pop(i)[2]) if i in self._inbound else None for i in flow_ids
         ]
 
     async def open_flow(self, spec: FlowSpec, peer: FlowPeer) -> None:
@@ -189,8 +191,7 @@ class HostAgent:
         qp.close()  # at the instant the flow ended, before any out-of-band wait
         verified = False
         if status == "ok" and verify:
-            expected = hashlib.sha256(flow.data.tobytes()).hexdigest()
-            verified = await flow.peer.digest(spec.id) == expected
+            verified = await flow.peer.digest(spec.id) == data_digest(flow.data)
         return FlowResult(spec.id, spec.src, spec.dst, spec.size, spec.start, fct, status, verified)
 
     async def run_open_flows(self, t0: float, verify: bool = True) -> list[FlowResult]:

@@ -23,7 +23,6 @@ and the reply names that instant.  The per-port commands (``set_link``, ``set_fa
 
 from __future__ import annotations
 
-import hashlib
 import math
 import resource
 import socket
@@ -41,7 +40,14 @@ from prometheus_client import CollectorRegistry
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError, MessageChannel, prove_secret, stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
-from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, FlowResult, FlowSpec, flow_data
+from rocev2_emu.fabric.agent import (
+    CONTROL_PORT,
+    AgentServer,
+    FlowResult,
+    FlowSpec,
+    data_digest,
+    flow_data,
+)
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.nodes import (
@@ -571,8 +577,7 @@ class ExactFlowsJob:
         }
         for r in results:
             if r.status == "ok":
-                expected = hashlib.sha256(flow_data(specs[r.id]).tobytes()).hexdigest()
-                r.verified = held.get(r.id) == expected
+                r.verified = held.get(r.id) == data_digest(flow_data(specs[r.id]))
 
     async def node_died(self, name: str, code: int) -> bool:
         return False
