@@ -89,7 +89,7 @@ class Communicator(RankSession):
         )
         order = options.order
         comm._nursery = nursery
-        nursery.start_soon(comm.completions.run)
+        comm.completions.attach()
         members = ring_order(places, order)
         if rank == members[0]:
             log.info(
@@ -100,7 +100,11 @@ class Communicator(RankSession):
             rings.update(comm.hierarchy.rings[level])
         if rank == members[0] and comm.hierarchy.levels:
             log.info("hierarchy: %s", " < ".join(comm.hierarchy.levels))
-        await comm._connect(rings)
+        try:
+            await comm._connect(rings)
+        except BaseException:
+            comm.close()  # the CQ's handler and any QP made so far
+            raise
         nursery.start_soon(comm._watch_abort)
         return comm
 
@@ -383,6 +387,7 @@ class Communicator(RankSession):
         return out
 
     def close(self) -> None:
+        self.completions.detach()
         for r in self.rings.values():
             for end in (r.tx, r.rx):
                 if isinstance(end, RdmaRx | RdmaTx):

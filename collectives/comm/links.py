@@ -17,7 +17,8 @@ the slot.
   in flight per link.  With ``grant_dscp`` they travel on a QP of their own at that DSCP (a
   higher priority than the data, so a paused or queued data class does not hold them up).
   Completions arrive on the rank's one CQ and are handed to the right link by
-  :class:`Completions`.
+  :class:`Completions`, which the NIC's driver calls as they are made (no poller task: one
+  trio batch less per completion).
 * :class:`LocalTx` / :class:`LocalRx` - ranks on the same host (one server's accelerators),
   through its intra-server fabric (:mod:`rocev2_emu.server`: NVLink by default): the data is
   copied into the receiver's slot when written and announced when the fabric delivers it (its
@@ -184,13 +185,33 @@ class Completions:
         self.cq = cq
         self.by_qpn: dict[int, RdmaTx | RdmaRx] = {}
 
-    async def run(self) -> None:
-        """Until cancelled with the communicator (the links' waits keep their deadlines)."""
+    def attach(self) -> None:
+        """Dispatch from the NIC's driver as completions are made (:meth:`CQ.set_handler`)."""
+        self.cq.set_handler(self.dispatch)
+
+    def detach(self) -> None:
+        self.cq.set_handler(None)
+
+    def dispatch(self) -> bool:
+        """Hand every completion on the CQ to its link; True if there was any (its link's
+        waiters were woken).  An error in a link's handling fails every link, so the ranks'
+        waits raise it instead of the driver."""
+        cq, by_qpn = self.cq, self.by_qpn
+        any_ = False
         while True:
-            for wc in await self.cq.next_completions(64):
-                link = self.by_qpn.get(wc.qp_num)
-                if link is not None:
+            wcs = cq.poll(64)
+            if not wcs:
+                return any_
+            any_ = True
+            for wc in wcs:
+                link = by_qpn.get(wc.qp_num)
+                if link is None:
+                    continue
+                try:
                     link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data, wc.qp_num)
+                except Exception as exc:  # reported to every waiter, not raised in the driver
+                    for other in dict.fromkeys(by_qpn.values()):
+                        other.fail(f"handling a completion of {link.peer}: {exc!r}")
 
 
 class _Rdma(_Waitable):

@@ -35,6 +35,7 @@ class _Waiters:
     def _init_waiters(self) -> None:
         self.rx_lot = trio.lowlevel.ParkingLot()
         self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
+        self.cq_handlers: dict[int, Callable[[], bool]] = {}
 
     def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
         return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
@@ -44,11 +45,15 @@ class _Waiters:
         woke = False
         grown = self.core.grown_cqs
         if grown:
-            for handle in grown:
+            handles = list(grown)
+            grown.clear()  # a handler's post may grow a queue again (a flushed QP)
+            for handle in handles:
+                handler = self.cq_handlers.get(handle)
+                if handler is not None and handler():
+                    woke = True
                 lot = self.cq_lots.get(handle)
                 if lot is not None and lot.unpark_all():
                     woke = True
-            grown.clear()
         if received and self.rx_lot.unpark_all():
             woke = True
         return woke

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,15 +254,25 @@ class CQ:
     async def next_completions(self, num_entries: int = 1) -> list[WorkCompletion]:
         """At least one completion (up to ``num_entries``), however long it takes: for a task
         that polls a CQ for the CQ's whole life and is cancelled with it, whose callers keep
-        deadlines of their own (the collectives' completion poller).  :meth:`wait`'s deadline
-        costs a cancel scope per call - a tenth of ``bench virtual --cases b``, whose 128 ranks
-        wait for one completion at a time."""
+        deadlines of their own.  :meth:`wait`'s deadline costs a cancel scope per call (a tenth
+        of ``bench virtual --cases b`` when the collectives polled that way)."""
         lot = self.ctx.driver.cq_lot(self.cq.handle)
         while True:
             wcs = self.cq.poll(num_entries)
             if wcs:
                 return wcs
             await lot.park()
+
+    def set_handler(self, handler: Callable[[], bool] | None) -> None:
+        """``handler()`` runs in the NIC's driver each time this CQ gains completions, at the
+        emulated instant they are made and before any task runs again (``None`` removes
+        it): it polls and dispatches without a task switch per completion.  It must neither
+        block nor raise, and returns whether it woke a task."""
+        handlers = self.ctx.driver.cq_handlers
+        if handler is None:
+            handlers.pop(self.cq.handle, None)
+        else:
+            handlers[self.cq.handle] = handler
 
 
 class QP:

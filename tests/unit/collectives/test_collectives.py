@@ -310,6 +310,23 @@ def test_a_rank_that_stops_makes_every_other_rank_raise_in_bounded_time(op: str)
     assert "from rank 5" in results[6] or "rank 5" in results[4]
 
 
+def test_an_error_handling_a_completion_fails_the_ranks_links_not_the_fabric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Completions are dispatched inside the NIC's driver (the engine, in virtual time): a link
+    whose handling raises must fail its rank's operation with the reason, not the engine."""
+
+    def broken(self: RdmaRx, nbytes: int, imm: int | None, lane: int) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RdmaRx, "on_receive", broken)
+    results, _ = run_virtual(fabric(2, 2, 1, 1), "stop", {"rank": -1, "at": 1, "timeout": 0.02})
+    assert len(results) == 2
+    for outcome in results.values():
+        assert outcome.startswith("CollectiveError"), outcome
+        assert "handling a completion of rank" in outcome and "boom" in outcome, outcome
+
+
 def interleaved(ranks: int) -> Topology:
     """Two leaves whose hosts the file lists alternately: rank order crosses the spine at
     every hop, a topology-aware ring only twice."""

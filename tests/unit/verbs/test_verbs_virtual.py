@@ -98,6 +98,50 @@ async def test_completion_wait_has_a_deadline(autojump_clock: trio.testing.MockC
         assert trio.current_time() - start == pytest.approx(0.25)
 
 
+async def test_a_cq_handler_sees_each_completion_when_it_is_made_until_removed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = MemoryNetwork()
+    async with (
+        Context.open(DeviceConfig(bind=A[0], tdf=1.0), port=net.port(A, B)) as a,
+        Context.open(DeviceConfig(bind=B[0], tdf=1.0), port=net.port(B, A)) as b,
+    ):
+        pa, pb = PD(a), PD(b)
+        ma = MR(pa, np.arange(4096, dtype=np.uint8), RW)
+        mb = MR(pb, np.zeros(4096, dtype=np.uint8), RW)
+        ca = CQ(a)
+        qa, qb = QP(pa, ca), QP(pb, CQ(b))
+        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid))
+        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+        seen: list[tuple[int, float]] = []
+        done = trio.Event()
+
+        def handler() -> bool:
+            for wc in ca.poll(16):
+                seen.append((wc.wr_id, a.now()))
+            if len(seen) == 4:
+                done.set()
+            return True
+
+        def write(k: int) -> SendWR:
+            sge = [Sge(ma.addr + k * 1024, 1024, ma.lkey)]
+            return SendWR(k, WrOpcode.RDMA_WRITE, sge, remote_addr=mb.addr + k * 1024, rkey=mb.rkey)
+
+        ca.set_handler(handler)
+        posted = a.now()
+        qa.post_send([write(k) for k in range(4)])
+        with trio.fail_after(1.0):
+            await done.wait()
+        assert [k for k, _ in seen] == [0, 1, 2, 3]
+        times = [t for _, t in seen]
+        assert times == sorted(times) and times[-1] > posted  # the ACKs came in line-rate order
+        assert ca.poll(16) == []  # the handler took them all
+        ca.set_handler(None)
+        qa.post_send(write(0))
+        (wc,) = await ca.wait(timeout=0.1)
+        assert wc.status is WcStatus.SUCCESS and len(seen) == 4
+
+
 async def test_dead_peer_ends_in_retry_exceeded_within_the_qp_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
