@@ -281,6 +281,23 @@ class ChangeLinks:
             change_faults(self.faults)  # a map of LinkFaults' fields, each a number
 
 
+MAX_NODE_STATS: Final = 32  # nodes per node_stats reply (a control message is at most 1 MiB)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """The ``stats`` reply of each node of ``names``, all hosted by the process asked:
+    ``{"nodes": {name: stats}}`` (a run's closing read asks each process, not each node)."""
+
+    names: list[Any]
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.names) <= MAX_NODE_STATS:
+            raise ValueError(f"names: 1 to {MAX_NODE_STATS} nodes at once")
+        if not all(isinstance(n, str) for n in self.names):
+            raise ValueError("names: node names are strings")
+
+
 def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
     """``change_links``: see :class:`ChangeLinks`."""
 
@@ -400,8 +417,18 @@ async def exact_nodes(
             "next_deadline": stats.seconds_to_next_deadline,
         }
 
+    async def node_stats(req: NodeStats) -> dict[str, Any]:
+        here = {n.name: n.address for n in mine}
+        for name in req.names:
+            if name not in here:
+                raise ValueError(f"{name!r:.40} is not a node of this process")
+        return {
+            "nodes": {n: await ports[here[n], CONTROL_PORT]({"cmd": "stats"}) for n in req.names}
+        }
+
     more: Table = {
         "engine": (NoFields, engine_state),
+        "node_stats": (NodeStats, node_stats),
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
         "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
     }
@@ -588,9 +615,23 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     run's summary: with the frame-hops), and end the run."""
     await coordinator.quiet.wait()
     coordinator.hold()
-    nodes = list(topo.nodes.values())
-    replies = await _ask_each([n.address for n in nodes], {"cmd": "stats"})
-    fabric = merge_stats({n.name: reply for n, reply in zip(nodes, replies, strict=True)})
+    # each process for its own nodes, MAX_NODE_STATS at a time (not a connection per node:
+    # 0.9 s of the 1 023 -> 1 incast's 1 344 nodes over two processes)
+    asks = [
+        (group[0], group[k : k + MAX_NODE_STATS])
+        for group in (name.split(",") for name in coordinator.names)
+        for k in range(0, len(group), MAX_NODE_STATS)
+    ]
+    replies = await _ask_each(
+        [topo.nodes[first].address for first, _ in asks],
+        [{"cmd": "node_stats", "names": names} for _, names in asks],
+    )
+    got: dict[str, Any] = {}
+    for (first, _), reply in zip(asks, replies, strict=True):
+        if not isinstance(reply, dict) or not isinstance(reply.get("nodes"), dict):
+            raise SyncError(f"{first}'s process: no node stats ({str(reply)[:200]})")
+        got.update(reply["nodes"])
+    fabric = merge_stats({name: got[name] for name in topo.nodes})  # the topology's order
     # the frame-hops by process: the nodes of one share its engine, asked once (its first)
     firsts = [topo.nodes[name.split(",")[0]].address for name in coordinator.names]
     states = await _ask_each(firsts, {"cmd": "engine"})
@@ -618,9 +659,11 @@ async def _gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]
     return results
 
 
-async def _ask_each(addresses: list[str], msg: dict[str, Any]) -> list[Any]:
-    """``msg`` to each node at ``addresses`` (the clock is held): their replies, in order."""
-    return await _gather(len(addresses), lambda i: control(addresses[i], msg))
+async def _ask_each(addresses: list[str], msg: dict[str, Any] | list[dict[str, Any]]) -> list[Any]:
+    """``msg`` (or the i-th of a list) to each node at ``addresses`` (the clock is held): their
+    replies, in order."""
+    msgs = msg if isinstance(msg, list) else [msg] * len(addresses)
+    return await _gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
 
 
 async def _ask_all(

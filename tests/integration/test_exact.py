@@ -214,6 +214,9 @@ asks = [  # then what an exact run refuses
     ("leaf0", {"cmd": "set_link", "port": 0, "up": False}),
     ("h0", {"cmd": "set_faults", "faults": {"loss": 0.5}}),
     ("leaf0", {"cmd": "change_links", "pairs": [["leaf0"]], "up": False}),
+    ("leaf0", {"cmd": "node_stats", "names": ["h0"]}),  # one process per node here
+    ("leaf0", {"cmd": "node_stats", "names": []}),
+    ("leaf0", {"cmd": "node_stats", "names": ["leaf0"]}),  # the one it answers
 ]
 print(json.dumps([trio.run(control, topo.nodes[n].address, m) for n, m in asks]))
 """
@@ -250,10 +253,14 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
         assert asked.returncode == 0, asked.stderr
         at_line, refused = asked.stdout.splitlines()
         at = float(at_line)
-        link, faults, malformed = (r["error"] for r in json.loads(refused))
+        *errors, answered = json.loads(refused)
+        link, faults, malformed, elsewhere, empty = (r["error"] for r in errors)
         assert link.startswith("set_link: an exact run changes its fabric only at emulated")
         assert faults.startswith("set_faults: an exact run changes its fabric only at emulated")
         assert malformed == "change_links: pairs[0]: ['leaf0'] is not [a, b] node names"
+        assert elsewhere == "node_stats: 'h0' is not a node of this process"
+        assert empty == "node_stats: names: 1 to 32 nodes at once"
+        assert list(answered["nodes"]) == ["leaf0"] and "pfc_tx" in answered["nodes"]["leaf0"]
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     topo = load(topo_path)

@@ -21,7 +21,7 @@ from rocev2_emu.control.requests import (
     serve_table,
 )
 from rocev2_emu.fabric.agent import AgentServer
-from rocev2_emu.fabric.exact import ChangeLinks
+from rocev2_emu.fabric.exact import ChangeLinks, NodeStats
 from switch.node import SetRoutes, control_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -110,6 +110,7 @@ def test_the_architecture_doc_lists_the_rows_nodes_and_plugins_add() -> None:
         "map": (NoFields, _never),
         "engine": (NoFields, _never),
         "change_links": (ChangeLinks, _never),
+        "node_stats": (NodeStats, _never),
         "collective": (CollectiveRequest, _never),
     }
     assert "```\n" + "\n".join(describe(added)) + "\n```" in doc
@@ -126,6 +127,12 @@ def test_typed_rows_of_nodes_and_plugins_refuse_what_is_not_their_shape() -> Non
         decode(ChangeLinks, "change_links", {"pairs": [["a", "b"], ["b"]], "up": True})
     with pytest.raises(RequestError, match=r"pairs: 1 to \d+ links at once"):
         decode(ChangeLinks, "change_links", {"pairs": [], "up": True})
+    with pytest.raises(RequestError, match=r"node_stats\.names: 'h0' is not list"):
+        decode(NodeStats, "node_stats", {"names": "h0"})
+    with pytest.raises(RequestError, match=r"names: node names are strings"):
+        decode(NodeStats, "node_stats", {"names": ["h0", 7]})
+    with pytest.raises(RequestError, match=r"names: 1 to 32 nodes at once"):
+        decode(NodeStats, "node_stats", {"names": [f"h{i}" for i in range(33)]})
     one_link = {"pairs": [["a", "b"]], "up": True}
     with pytest.raises(RequestError, match=r"link fault loss=True must be a number"):
         decode(ChangeLinks, "change_links", {**one_link, "faults": {"loss": True}})
