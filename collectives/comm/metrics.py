@@ -34,6 +34,12 @@ class HostCollectiveMetrics:
             buckets=BUCKETS,
             registry=registry,
         )
+        self.operations = Counter(  # the histogram's count, without its buckets: the map's
+            "rocev2_collective_operations",  # progress reads it for every rank, every sample
+            "Collective operations finished",
+            ["rank", "op"],
+            registry=registry,
+        )
         self.bytes = Counter(
             "rocev2_collective_bytes",
             "Bytes reduced or gathered by collectives",
@@ -94,6 +100,7 @@ class RankMetrics:
     def observe(self, op: str, nbytes: int, seconds: float, bus_factor: float) -> None:
         f, r = self.families, self.rank_label
         f.latency.labels(rank=r, op=op).observe(seconds)
+        f.operations.labels(rank=r, op=op).inc()
         f.bytes.labels(rank=r, op=op).inc(nbytes)
         algbw = nbytes / seconds if seconds > 0 else 0.0
         f.algbw.labels(rank=r, op=op).set(algbw)

@@ -117,7 +117,7 @@ def host_agent(topo: Topology, ctx: Context, name: str) -> HostAgent:
 
 
 PROGRESS_SERIES = {
-    "rocev2_collective_operation_seconds_count": "ops",
+    "rocev2_collective_operations_total": "ops",
     "rocev2_collective_bytes_total": "bytes",
     "rocev2_collective_op_received_bytes": "op_received",
     "rocev2_collective_op_expected_bytes": "op_expected",
@@ -132,7 +132,8 @@ def rank_progress(
     ``rocev2_collective_*`` series (registered by the collectives plugin or a PyTorch rank;
     none: no ranks).  ``ranks_here``: only these ranks (a registry shared by many hosts)."""
     ranks: dict[str, dict[str, float]] = {}
-    for family in registry.collect():
+    # only these series: the whole registry (the latency histogram's buckets) is 15x the cost
+    for family in registry.restricted_registry(list(PROGRESS_SERIES)).collect():
         for sample in family.samples:
             rank = sample.labels.get("rank")
             key = PROGRESS_SERIES.get(sample.name)

@@ -54,6 +54,11 @@ def local_read(
         ranks_of[h.name] = set(range(first, first + h.ranks))
         first += h.ranks
     progress = registry is not None and any(ranks_of.values())
+    # a server fabric counts only where a server has two accelerators or more and it is not
+    # free (ServerFabric.model); elsewhere its read would walk the whole registry for nothing
+    fabrics = not topo.server.free and any(
+        sum(topo.nodes[h].ranks for h in hosts) >= 2 for hosts in topo.servers.values()
+    )
 
     def read(t: float) -> tuple[dict[str, Any], dict[str, Any]]:
         by_rank = rank_progress(registry) if progress and registry is not None else {}
@@ -61,7 +66,7 @@ def local_read(
         for name, agent in agents.items():
             hosts[name] = host_map_state(agent.ctx, t)
             if registry is not None and len(hosts) == 1:
-                hosts[name]["server_fabric"] = server_fabric_state(registry)
+                hosts[name]["server_fabric"] = server_fabric_state(registry) if fabrics else {}
             if progress:
                 hosts[name]["ranks"] = {
                     r: row for r, row in by_rank.items() if int(r) in ranks_of[name]

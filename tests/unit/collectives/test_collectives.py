@@ -25,6 +25,7 @@ from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpSt
 from collectives.jobs.job import comm_options, places_for, run_virtual
 from collectives.jobs.registry import job
 from rocev2_emu.control import auth
+from rocev2_emu.fabric.nodes import rank_progress
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine
 from rocev2_emu.topology.model import Topology
@@ -392,6 +393,8 @@ def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:
     labels = {"rank": "1", "op": "all_reduce"}
     ops_done = registry.get_sample_value("rocev2_collective_operation_seconds_count", labels)
     assert ops_done == 2 * (3 + 1)  # out-of-place and in-place, warm-up included
+    assert registry.get_sample_value("rocev2_collective_operations_total", labels) == ops_done
+    assert rank_progress(registry)["1"]["ops"] == ops_done  # what the map shows of rank 1
     assert registry.get_sample_value("rocev2_collective_bytes_total", labels) == ops_done * 4096
     latency = registry.get_sample_value("rocev2_collective_operation_seconds_sum", labels)
     assert latency is not None and 0 < latency / ops_done < 1e-3  # emulated microseconds
