@@ -63,6 +63,9 @@ ENV_JOB = "ROCEV2_JOB"
 ENV_CLOCK = "ROCEV2_CLOCK"  # "exact": the rank is a process of an exact run
 ENV_SYNC = "ROCEV2_SYNC"  # host:port of the exact run's coordinator
 ENV_JOIN_TIMEOUT = "ROCEV2_JOIN_TIMEOUT"  # wall seconds to wait for it to listen (default 0)
+# wall seconds the rank's /metrics stays served after it closed (default 0): a short job's last
+# steps still reach a scraper (the compose training testbed: three of Prometheus' 2 s scrapes)
+ENV_METRICS_LINGER = "ROCEV2_METRICS_LINGER"
 EXACT_CLOSE_SECONDS = 600.0  # wall seconds close() waits for the other ranks to close too
 ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
 
@@ -96,6 +99,7 @@ class RankEnv:
     params: dict[str, Any] = field(default_factory=dict)
     sync: tuple[str, int] | None = None  # the exact run's coordinator (None: the wall clock)
     join_timeout: float = 0.0  # wall seconds to wait for the coordinator to listen
+    metrics_linger: float = 0.0  # wall seconds /metrics stays served after close
 
     @classmethod
     def from_environ(cls, rank: int, world: int) -> RankEnv:
@@ -127,15 +131,31 @@ class RankEnv:
                 if env.get(name)
             }
             join_timeout = float(env.get(ENV_JOIN_TIMEOUT) or 0.0)
+            linger = float(env.get(ENV_METRICS_LINGER) or 0.0)
+            if not 0.0 <= linger <= 600.0:
+                raise ValueError(f"{ENV_METRICS_LINGER}={linger:g}: 0 to 600 wall seconds")
         except ValueError as exc:
             raise BackendError(f"rocev2 backend: bad launcher environment: {exc}") from exc
         job = env.get(ENV_JOB, "torch")
         host_name = topo.hosts[rank].name
         if exact:
             return cls(
-                topo, host_name, rank, world, 1.0, 0.0, address, job, params, address, join_timeout
+                topo,
+                host_name,
+                rank,
+                world,
+                1.0,
+                0.0,
+                address,
+                job,
+                params,
+                address,
+                join_timeout,
+                linger,
             )
-        return cls(topo, host_name, rank, world, tdf, epoch, address, job, params)
+        return cls(
+            topo, host_name, rank, world, tdf, epoch, address, job, params, metrics_linger=linger
+        )
 
     def places(self) -> list[RankPlace]:
         """The first ``world`` hosts, one rank each, in topology order."""
@@ -238,6 +258,8 @@ class FabricWorker:
             timeout = max(timeout, EXACT_CLOSE_SECONDS)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if self.env.metrics_linger > 0:  # /metrics is served by a thread of its own, on
+            time.sleep(self.env.metrics_linger)  # after the run: its last values, unchanged
 
     def _dead(self) -> str:
         return f"the rank's fabric thread has stopped ({self._error or 'closed'})"

@@ -99,6 +99,9 @@ USER rocev2
 """
 TRAIN_SCRIPT = "/opt/rocev2-emu/examples/ddp_train.py"
 TRAIN_STEPS = 5
+# wall seconds a rank keeps /metrics served after training (the rank's ROCEV2_METRICS_LINGER):
+# three of Prometheus' 2 s scrapes, so a run shorter than a scrape still shows its last step
+TRAIN_METRICS_LINGER = 6.0
 TRAIN_COMPUTE_MS = 0.2  # the modelled accelerator compute per step (docs/pytorch.md)
 TRAIN_SYNC_PORT = 29600  # the training run's coordinator on the first host (launch --host)
 GRAFANA_IMAGE = "grafana/grafana:11.1.0"
@@ -144,12 +147,14 @@ def _secret_service() -> list[str]:
     ]
 
 
-def _with_secret() -> list[str]:
+def _with_secret(*environment: str) -> list[str]:
     """What a service needs to prove the secret: the volume, the variable naming the file,
-    and the secret service done first (followed by the service's other dependencies)."""
+    and the secret service done first (followed by the service's other dependencies);
+    ``environment``: more variables (``NAME=value``)."""
     return [
         "    environment:",
         f"      - {auth.ENV_FILE}={SECRET_IN_CONTAINER}",
+        *[f"      - {variable}" for variable in environment],
         "    volumes:",
         f"      - ./deploy/topology.toml:{TOPOLOGY_IN_CONTAINER}:ro",
         f"      - secret:{SECRET_DIR}:ro",
@@ -335,7 +340,7 @@ def training_file(topo: Topology, source: str, subnet: str) -> str:
             "      context: ./deploy/torch",
             f"    image: {TORCH_IMAGE}",
             f"    command: {_list(command)}",
-            *_with_secret(),
+            *_with_secret(f"ROCEV2_METRICS_LINGER={TRAIN_METRICS_LINGER:g}"),
             # started, not healthy: a switch serves only once it has joined the coordinator
             *[f"      {sw.name}:\n        condition: service_started" for sw in switches],
             "    healthcheck:",
