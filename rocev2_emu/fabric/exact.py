@@ -634,7 +634,7 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     fabric = merge_stats({name: got[name] for name in topo.nodes})  # the topology's order
     # the frame-hops by process: the nodes of one share its engine, asked once (its first)
     firsts = [topo.nodes[name.split(",")[0]].address for name in coordinator.names]
-    states = await _ask_each(firsts, {"cmd": "engine"})
+    states = await _ask_each(firsts, [{"cmd": "engine"}] * len(firsts))
     fabric["frame_hops"] = sum(int(state["frame_hops"]) for state in states)
     await coordinator.finish()
     return fabric
@@ -659,10 +659,9 @@ async def _gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]
     return results
 
 
-async def _ask_each(addresses: list[str], msg: dict[str, Any] | list[dict[str, Any]]) -> list[Any]:
-    """``msg`` (or the i-th of a list) to each node at ``addresses`` (the clock is held): their
-    replies, in order."""
-    msgs = msg if isinstance(msg, list) else [msg] * len(addresses)
+async def _ask_each(addresses: list[str], msgs: list[dict[str, Any]]) -> list[Any]:
+    """``msgs[i]`` to the node at ``addresses[i]``, for each (the clock is held): their replies,
+    in order."""
     return await _gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
 
 

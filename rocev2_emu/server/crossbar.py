@@ -44,6 +44,11 @@ class IntraServerConfig:
     def free(self) -> bool:
         return self.bandwidth_bps == 0
 
+    def modelled(self, ports: int) -> bool:
+        """Whether a server of ``ports`` accelerators on this fabric runs a model (and counts
+        its traffic): not on a free fabric, nor with one accelerator."""
+        return not self.free and ports >= 2
+
     def describe(self) -> str:
         if self.free:
             return "free (copies take no emulated time)"

@@ -36,9 +36,9 @@ class ServerFabric:
     ) -> None:
         self.config = config
         self.model = (
-            None
-            if config.free or ports < 2
-            else Crossbar(ports, config.bandwidth_bps / 8, config.latency)
+            Crossbar(ports, config.bandwidth_bps / 8, config.latency)
+            if config.modelled(ports)
+            else None
         )
         if self.model is not None and clock is None:
             raise ValueError(f"a {config.kind} fabric runs on a clock: give it the host's")

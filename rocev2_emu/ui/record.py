@@ -54,10 +54,11 @@ def local_read(
         ranks_of[h.name] = set(range(first, first + h.ranks))
         first += h.ranks
     progress = registry is not None and any(ranks_of.values())
-    # a server fabric counts only where a server has two accelerators or more and it is not
-    # free (ServerFabric.model); elsewhere its read would walk the whole registry for nothing
-    fabrics = not topo.server.free and any(
-        sum(topo.nodes[h].ranks for h in hosts) >= 2 for hosts in topo.servers.values()
+    # a server fabric counts only where it runs a model; elsewhere its read would walk the
+    # whole registry for nothing
+    fabrics = any(
+        topo.server.modelled(sum(topo.nodes[h].ranks for h in hosts))
+        for hosts in topo.servers.values()
     )
 
     def read(t: float) -> tuple[dict[str, Any], dict[str, Any]]:
