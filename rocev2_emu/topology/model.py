@@ -244,11 +244,12 @@ def shortest_path_routes(
         s: {} for s, n in nodes.items() if n.kind is NodeKind.SWITCH
     }
     by_switch: dict[str, tuple[dict[str, int], dict[str, tuple[int, ...]]]] = {}
+    graph = _switch_graph(nodes, down)
     for host in (n for n in nodes.values() if n.kind is NodeKind.HOST):
         if len(host.ports) == 1 and host.ports[0][0].index not in down:
             link, attach = host.ports[0]
             if attach not in by_switch:
-                by_switch[attach] = _toward(nodes, attach, down)
+                by_switch[attach] = _toward(graph, attach)
             dist, table = by_switch[attach]
             for sw in routes:
                 if sw == attach:
@@ -293,21 +294,33 @@ def _distances(nodes: dict[str, Node], start: str, down: frozenset[int]) -> dict
     return dist
 
 
-def _toward(
-    nodes: dict[str, Node], switch: str, down: frozenset[int]
-) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Distances to ``switch``, and each switch's ports on shortest paths to it (through
-    switches only)."""
-    dist = _distances(nodes, switch, down)
-    table = {
-        sw: tuple(
-            i
+def _switch_graph(nodes: dict[str, Node], down: frozenset[int]) -> dict[str, list[tuple[int, str]]]:
+    """Each switch's ports to another switch over links not in ``down``: (port, peer)."""
+    return {
+        sw: [
+            (i, peer)
             for i, (link, peer) in enumerate(n.ports)
-            if nodes[peer].kind is NodeKind.SWITCH
-            and dist.get(peer) == dist[sw] - 1
-            and link.index not in down
-        )
+            if nodes[peer].kind is NodeKind.SWITCH and link.index not in down
+        ]
         for sw, n in nodes.items()
-        if n.kind is NodeKind.SWITCH and sw in dist
+        if n.kind is NodeKind.SWITCH
+    }
+
+
+def _toward(
+    graph: dict[str, list[tuple[int, str]]], switch: str
+) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Each switch's hops to ``switch`` and its ports on shortest paths to it, through
+    switches only (``graph``: :func:`_switch_graph`); a switch it cannot reach is in neither."""
+    dist = {switch: 0}
+    queue = deque([switch])
+    while queue:
+        cur = queue.popleft()
+        for _, peer in graph[cur]:
+            if peer not in dist:
+                dist[peer] = dist[cur] + 1
+                queue.append(peer)
+    table = {
+        sw: tuple(i for i, peer in graph[sw] if dist.get(peer) == d - 1) for sw, d in dist.items()
     }
     return dist, table
