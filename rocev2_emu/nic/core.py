@@ -177,7 +177,8 @@ class NicCore(Core):
         if qp.dest_ip is not None:
             self._peer_ip[qp.qpn] = ip_to_int(qp.dest_ip)
         qp.priority = self.priority_of(self.dscp_of(qp))
-        self._prio_order = sorted({q.priority for q in self.qps.values()}, reverse=True)
+        if qp.priority not in self._prio_order:  # (one a QP left stays: its queue is empty)
+            self._prio_order = sorted([*self._prio_order, qp.priority], reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
             qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
             qp.rc.catchup = self.config.catchup

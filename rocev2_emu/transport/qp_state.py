@@ -63,11 +63,10 @@ class QPAttr:
     max_rd_atomic: int | None = None
 
     def mask(self) -> set[str]:
-        return {
-            f.name
-            for f in fields(self)
-            if f.name != "qp_state" and getattr(self, f.name) is not None
-        }
+        return {name for name in _ATTR_NAMES if getattr(self, name) is not None}
+
+
+_ATTR_NAMES: Final = tuple(f.name for f in fields(QPAttr) if f.name != "qp_state")
 
 
 S = QPState

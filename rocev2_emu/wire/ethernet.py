@@ -72,8 +72,17 @@ def checksum_update(checksum: int, old_word: int, new_word: int) -> int:
     return ~s & 0xFFFF
 
 
+_IP_INTS: Final[dict[str, int]] = {}  # addresses already parsed (a NIC's QPs share peers)
+
+
 def ip_to_int(address: str) -> int:
-    return int(ipaddress.IPv4Address(address))
+    """A dotted-quad IPv4 address as an integer; ValueError for anything else."""
+    value = _IP_INTS.get(address)
+    if value is None:
+        value = int(ipaddress.IPv4Address(address))
+        if len(_IP_INTS) < 1 << 16:
+            _IP_INTS[address] = value
+    return value
 
 
 def mac_for_ip(ip: int) -> bytes:
