@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import trio
@@ -324,6 +324,43 @@ class OpenFlow:
     dst: str
 
 
+MAX_OPEN_FLOWS: Final = 256  # flows one open_flows request sets up
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFlows:
+    """Set ``flows`` up one after another, in their order, each ``{"spec": FlowSpec's fields,
+    "dst": its destination's address}`` from a host of the process asked (the exact mode,
+    before the clock starts: :func:`open_flows_on`)."""
+
+    flows: list[Any]
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.flows) <= MAX_OPEN_FLOWS:
+            raise ValueError(f"flows: 1 to {MAX_OPEN_FLOWS} at once")
+        for i, item in enumerate(self.flows):
+            if not (isinstance(item, dict) and isinstance(item.get("dst"), str)):
+                raise ValueError(f"flows[{i}]: {item!r:.80} is not {{spec, dst}}")
+
+
+async def open_flows_on(agents: dict[str, HostAgent], req: OpenFlows) -> dict[str, Any]:
+    """``req``'s flows opened one after another from ``agents`` (the hosts of this process),
+    each NIC drawing its QPNs in their order as the one-at-a-time requests did; a
+    destination among ``agents`` is called directly, another through its control port."""
+    specs = [request_spec(item["spec"], f"flows[{i}].spec") for i, item in enumerate(req.flows)]
+    for i, spec in enumerate(specs):
+        if spec.src not in agents:
+            raise ValueError(f"flows[{i}]: {spec.src!r:.40} is not a host of this process")
+    for spec, item in zip(specs, req.flows, strict=True):
+        local = agents.get(spec.dst)
+        peer: FlowPeer = local if local is not None else RemotePeer(item["dst"])
+        try:
+            await agents[spec.src].open_flow(spec, peer)
+        except (OobError, RemoteVerbsError) as exc:
+            raise ValueError(f"flow {spec.id}: {exc}") from exc
+    return {"opened": len(specs)}
+
+
 @dataclass(frozen=True, slots=True)
 class StartFlows:
     """Run the opened flows from emulated ``t0``, in the background; ``verify`` False: do not
@@ -362,7 +399,7 @@ class SetNicFaults:
     faults: dict[str, Any]
 
 
-def _spec(d: Any, where: str) -> FlowSpec:
+def request_spec(d: Any, where: str) -> FlowSpec:
     """A flow spec from a request's field ``where`` (ValueError naming it when it is not one)."""
     if not isinstance(d, dict):
         raise ValueError(f"{where}: {d!r:.80} is not a flow")
@@ -448,7 +485,7 @@ class AgentServer:
         }
 
     async def _accept_flow(self, req: AcceptFlow) -> dict[str, Any]:
-        spec = _spec(req.spec, "spec")
+        spec = request_spec(req.spec, "spec")
         try:
             info = await self.agent.accept_flow(spec, QPInfo.from_wire(req.qp))
         except (OobError, RemoteVerbsError) as exc:
@@ -465,7 +502,7 @@ class AgentServer:
         return {"sha256": self.agent.digests(req.ids)}
 
     async def _run_flows(self, req: RunFlows) -> dict[str, Any]:
-        specs = [_spec(d, f"flows[{i}]") for i, d in enumerate(req.flows)]
+        specs = [request_spec(d, f"flows[{i}]") for i, d in enumerate(req.flows)]
         peers: dict[str, FlowPeer] = {
             name: RemotePeer(str(addr[0]), int(addr[1])) for name, addr in req.peers.items()
         }
@@ -473,7 +510,7 @@ class AgentServer:
         return {"results": [asdict(r) for r in results]}
 
     async def _open_flow(self, req: OpenFlow) -> dict[str, Any]:
-        await self.agent.open_flow(_spec(req.spec, "spec"), RemotePeer(req.dst))
+        await self.agent.open_flow(request_spec(req.spec, "spec"), RemotePeer(req.dst))
         return {"ok": True}
 
     async def _start_flows(self, req: StartFlows) -> dict[str, Any]:

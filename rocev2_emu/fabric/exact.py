@@ -42,11 +42,15 @@ from rocev2_emu.control.channel import ControlError, MessageChannel, prove_secre
 from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import (
     CONTROL_PORT,
+    MAX_OPEN_FLOWS,
     AgentServer,
     FlowResult,
     FlowSpec,
+    HostAgent,
+    OpenFlows,
     data_digest,
     flow_data,
+    open_flows_on,
 )
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
 from rocev2_emu.fabric.control import control
@@ -426,11 +430,13 @@ async def exact_nodes(
             "nodes": {n: await ports[here[n], CONTROL_PORT]({"cmd": "stats"}) for n in req.names}
         }
 
+    agents: dict[str, HostAgent] = {}  # this process's hosts' (filled below)
     more: Table = {
         "engine": (NoFields, engine_state),
         "node_stats": (NodeStats, node_stats),
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
         "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
+        "open_flows": (OpenFlows, partial(open_flows_on, agents)),
     }
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
@@ -469,7 +475,7 @@ async def exact_nodes(
             registry = nic_registry(ctx.driver, name)
             services = host_services(topo, ctx, name, registry)
             services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
-            agent = host_agent(topo, ctx, name)
+            agent = agents[name] = host_agent(topo, ctx, name)
             refused = refusals(AgentServer(agent).table)
             agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
             await nursery.start(agent_server.keep_jobs)
@@ -553,6 +559,20 @@ async def _host_context(
         await trio.sleep_forever()
 
 
+def open_batches(flows: list[FlowSpec], processes: list[str]) -> list[list[FlowSpec]]:
+    """``flows`` cut into runs of at most :data:`MAX_OPEN_FLOWS` whose sources share one of
+    ``processes`` (named by :func:`process_name`), in their order."""
+    home = {node: i for i, name in enumerate(processes) for node in name.split(",")}
+    batches: list[list[FlowSpec]] = []
+    for flow in flows:
+        last = batches[-1] if batches else None
+        if last and len(last) < MAX_OPEN_FLOWS and home[last[0].src] == home[flow.src]:
+            last.append(flow)
+        else:
+            batches.append([flow])
+    return batches
+
+
 class ExactFlowsJob:
     """The flows on an exact fabric of node processes (see the module); the supervisor runs
     ``coordinator`` beside it."""
@@ -570,9 +590,12 @@ class ExactFlowsJob:
         coordinator = self.coordinator
         with trio.fail_after(60):
             await coordinator.connected.wait()
-        for spec in sorted(self.flows, key=lambda f: f.id):  # one at a time: the QPN order
-            dst = topo.nodes[spec.dst].address
-            await _ask(topo, spec.src, {"cmd": "open_flow", "spec": asdict(spec), "dst": dst})
+        # one batch at a time, each flow of a batch after the other: every NIC draws its QPNs
+        # and PSNs in the flows' order, as in virtual time; a batch is a run of flows whose
+        # sources share a process (its hosts call a destination there directly)
+        for batch in open_batches(sorted(self.flows, key=lambda f: f.id), coordinator.names):
+            flows = [{"spec": asdict(f), "dst": topo.nodes[f.dst].address} for f in batch]
+            await _ask(topo, batch[0].src, {"cmd": "open_flows", "flows": flows}, 30 + len(flows))
         sources = sorted({f.src for f in self.flows})
         # the clock is held until released: the sources are told in any order, all start at
         # t0; what arrived is checked after the run (no out-of-band wait inside it)

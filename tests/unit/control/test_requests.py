@@ -20,7 +20,7 @@ from rocev2_emu.control.requests import (
     describe,
     serve_table,
 )
-from rocev2_emu.fabric.agent import AgentServer
+from rocev2_emu.fabric.agent import AgentServer, OpenFlows
 from rocev2_emu.fabric.exact import ChangeLinks, NodeStats
 from switch.node import SetRoutes, control_table
 
@@ -111,6 +111,7 @@ def test_the_architecture_doc_lists_the_rows_nodes_and_plugins_add() -> None:
         "engine": (NoFields, _never),
         "change_links": (ChangeLinks, _never),
         "node_stats": (NodeStats, _never),
+        "open_flows": (OpenFlows, _never),
         "collective": (CollectiveRequest, _never),
     }
     assert "```\n" + "\n".join(describe(added)) + "\n```" in doc
@@ -133,6 +134,10 @@ def test_typed_rows_of_nodes_and_plugins_refuse_what_is_not_their_shape() -> Non
         decode(NodeStats, "node_stats", {"names": ["h0", 7]})
     with pytest.raises(RequestError, match=r"names: 1 to 32 nodes at once"):
         decode(NodeStats, "node_stats", {"names": [f"h{i}" for i in range(33)]})
+    with pytest.raises(RequestError, match=r"flows: 1 to 256 at once"):
+        decode(OpenFlows, "open_flows", {"flows": []})
+    with pytest.raises(RequestError, match=r"flows\[1\]: .* is not \{spec, dst\}"):
+        decode(OpenFlows, "open_flows", {"flows": [{"spec": {}, "dst": "a"}, {"spec": {}}]})
     one_link = {"pairs": [["a", "b"]], "up": True}
     with pytest.raises(RequestError, match=r"link fault loss=True must be a number"):
         decode(ChangeLinks, "change_links", {**one_link, "faults": {"loss": True}})

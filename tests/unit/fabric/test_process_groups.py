@@ -2,16 +2,18 @@
 (rocev2_emu/fabric/exact.py ``process_groups``): whole edge groups (a switch with its hosts) in
 topology order, switches without hosts beside most of their neighbours, every node in exactly
 one process, the same answer in every process; a node process asked to host what is not one of
-them says so."""
+them says so; a flows job opens its flows in runs whose sources share a process."""
 
 from __future__ import annotations
 
 import tomllib
+from dataclasses import asdict
 from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.exact import process_groups, process_name, run_exact_node
+from rocev2_emu.fabric.agent import MAX_OPEN_FLOWS, FlowSpec, OpenFlows, open_flows_on
+from rocev2_emu.fabric.exact import open_batches, process_groups, process_name, run_exact_node
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
@@ -107,3 +109,34 @@ def test_a_process_of_many_nodes_raises_its_open_file_limit_or_says_why_not(
     limits["now"] = (1024, 1024)
     with pytest.raises(ValueError, match=r"host 672 nodes and needs about 2080 open files"):
         exact._enough_files(672, metrics=True)
+
+
+def test_a_flows_job_opens_runs_of_flows_whose_sources_share_a_process() -> None:
+    """``open_batches``: the flows stay in their order, a batch is a run of sources in one
+    process, at most MAX_OPEN_FLOWS long; one process per node cuts at every new source."""
+    topo = _leaf_spine()
+    groups = process_groups(topo, 2)
+    names = [process_name(g) for g in groups]
+    hosts = [h.name for h in topo.hosts]  # h0 - h3 in the first process, h4 - h7 in the second
+    first, second = hosts[:4], hosts[4:]
+    assert all(h in groups[0] for h in first) and all(h in groups[1] for h in second)
+    srcs = [first[0], first[1], second[0], second[1], second[2], first[2]]
+    flows = [
+        FlowSpec(i, src, hosts[-1] if src in first else hosts[0], 64) for i, src in enumerate(srcs)
+    ]
+    batches = open_batches(flows, names)
+    assert [[f.id for f in b] for b in batches] == [[0, 1], [2, 3, 4], [5]]
+    alone = open_batches(flows, [process_name([n]) for n in topo.nodes])
+    assert [[f.id for f in b] for b in alone] == [[0], [1], [2], [3], [4], [5]]
+    many = [FlowSpec(i, first[i % 4], hosts[-1], 64) for i in range(MAX_OPEN_FLOWS + 3)]
+    assert [len(b) for b in open_batches(many, names)] == [MAX_OPEN_FLOWS, 3]
+
+
+async def test_open_flows_refuses_a_source_that_is_not_a_host_of_the_process() -> None:
+    flow = {"spec": asdict(FlowSpec(0, "h0", "h1", 64)), "dst": "127.10.0.2"}
+    with pytest.raises(ValueError, match=r"flows\[0\]: 'h0' is not a host of this process"):
+        await open_flows_on({}, OpenFlows([flow]))
+    with pytest.raises(ValueError, match=r"flows\[1\]\.spec\.size: missing"):
+        await open_flows_on(
+            {}, OpenFlows([flow, {"spec": {"id": 1, "src": "h0", "dst": "h1"}, "dst": "x"}])
+        )
