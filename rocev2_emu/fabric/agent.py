@@ -315,15 +315,6 @@ class RunFlows:
                 raise ValueError(f"peers.{name}: {addr!r} is not [address, port]")
 
 
-@dataclass(frozen=True, slots=True)
-class OpenFlow:
-    """Set flow ``spec`` up towards the host at address ``dst`` (the exact mode: before the
-    clock starts)."""
-
-    spec: dict[str, Any]
-    dst: str
-
-
 MAX_OPEN_FLOWS: Final = 256  # flows one open_flows request sets up
 
 
@@ -413,8 +404,9 @@ def request_spec(d: Any, where: str) -> FlowSpec:
 
 class AgentServer:
     """Serves an agent's calls over TCP: accept_flow, digest, run_flows (a job of this host), and
-    for a job that sets every flow up before the clock starts (the exact mode): open_flow,
-    start_flows (they run in the background) and flow_results (waits for them)."""
+    for a job that sets every flow up before the clock starts (the exact mode, whose process
+    opens them: :func:`open_flows_on`): start_flows (they run in the background) and
+    flow_results (waits for them)."""
 
     def __init__(
         self,
@@ -477,7 +469,6 @@ class AgentServer:
             "digest": (Digest, self._digest),
             "digests": (Digests, self._digests),
             "run_flows": (RunFlows, self._run_flows),
-            "open_flow": (OpenFlow, self._open_flow),
             "start_flows": (StartFlows, self._start_flows),
             "flow_results": (FlowResults, self._flow_results),
             "stats": (HostStats, self._stats),
@@ -508,10 +499,6 @@ class AgentServer:
         }
         results = await self.agent.run_flows(specs, peers, req.t0)
         return {"results": [asdict(r) for r in results]}
-
-    async def _open_flow(self, req: OpenFlow) -> dict[str, Any]:
-        await self.agent.open_flow(request_spec(req.spec, "spec"), RemotePeer(req.dst))
-        return {"ok": True}
 
     async def _start_flows(self, req: StartFlows) -> dict[str, Any]:
         if self._jobs is None or self._results is not None or self._done.is_set():
