@@ -101,7 +101,7 @@ class NicCore(Core):
         )
         # QPs with something to send, per priority, in round-robin order
         self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
-        self._prio_order: list[int] = []  # the priorities QPs use, highest first
+        self._prio_order: list[int] = []  # the priorities QPs have used, highest first
         self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes] = deque()
@@ -177,7 +177,7 @@ class NicCore(Core):
         if qp.dest_ip is not None:
             self._peer_ip[qp.qpn] = ip_to_int(qp.dest_ip)
         qp.priority = self.priority_of(self.dscp_of(qp))
-        if qp.priority not in self._prio_order:  # (one a QP left stays: its queue is empty)
+        if qp.priority not in self._prio_order:  # one no QP uses now stays, its queue empty
             self._prio_order = sorted([*self._prio_order, qp.priority], reverse=True)
         if qp.state is QPState.RTS and qp.rc is None:
             qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
