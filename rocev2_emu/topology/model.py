@@ -249,7 +249,7 @@ def shortest_path_routes(
         if len(host.ports) == 1 and host.ports[0][0].index not in down:
             link, attach = host.ports[0]
             if attach not in by_switch:
-                by_switch[attach] = _toward(graph, attach)
+                by_switch[attach] = _toward(nodes, graph, attach, down)
             dist, table = by_switch[attach]
             for sw in routes:
                 if sw == attach:
@@ -308,19 +308,28 @@ def _switch_graph(nodes: dict[str, Node], down: frozenset[int]) -> dict[str, lis
 
 
 def _toward(
-    graph: dict[str, list[tuple[int, str]]], switch: str
+    nodes: dict[str, Node],
+    graph: dict[str, list[tuple[int, str]]],
+    start: str,
+    down: frozenset[int],
 ) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Each switch's hops to ``switch`` and its ports on shortest paths to it, through
-    switches only (``graph``: :func:`_switch_graph`); a switch it cannot reach is in neither."""
-    dist = {switch: 0}
-    queue = deque([switch])
-    while queue:
-        cur = queue.popleft()
-        for _, peer in graph[cur]:
-            if peer not in dist:
-                dist[peer] = dist[cur] + 1
-                queue.append(peer)
+    """Hops to ``start`` (a switch, or a host another host hangs off), and each switch's
+    ports on shortest paths to it through switches only (``graph``: :func:`_switch_graph`); a
+    switch that cannot reach it is in neither."""
+    if start not in graph:  # a host: the other end of a pair of hosts joined by their link
+        dist = _distances(nodes, start, down)
+    else:  # a switch: over the switches alone, as a search never passes a host
+        dist = {start: 0}
+        queue = deque([start])
+        while queue:
+            cur = queue.popleft()
+            for _, peer in graph[cur]:
+                if peer not in dist:
+                    dist[peer] = dist[cur] + 1
+                    queue.append(peer)
     table = {
-        sw: tuple(i for i, peer in graph[sw] if dist.get(peer) == d - 1) for sw, d in dist.items()
+        sw: tuple(i for i, peer in ports if dist.get(peer) == dist[sw] - 1)
+        for sw, ports in graph.items()
+        if sw in dist
     }
     return dist, table

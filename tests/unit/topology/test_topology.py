@@ -14,7 +14,7 @@ import pytest
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine, single_switch
-from rocev2_emu.topology.model import TopologyError
+from rocev2_emu.topology.model import TopologyError, shortest_path_routes
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -37,6 +37,20 @@ def test_fat_tree_k4() -> None:
     assert len(t.routes["edge0_0"]["h15"]) == 2  # up to either aggregation switch
     assert len(t.routes["agg0_0"]["h15"]) == 2  # up to either of its cores
     assert len(t.routes["core0"]["h15"]) == 1  # down into the pod
+
+
+def test_routes_with_links_down_and_of_a_pair_of_hosts() -> None:
+    """Routes over the links still up, a host cut off routed nowhere; two hosts joined by
+    their link (a perftest pair) need no switch and have no routes."""
+    t = parse(tomllib.loads(fat_tree(4)))
+    up = [link for link in t.links if {link.a, link.b} == {"edge0_0", "agg0_0"}]
+    assert len(up) == 1
+    routes = shortest_path_routes(t.nodes, t.path, frozenset({up[0].index}))
+    assert len(routes["edge0_0"]["h15"]) == 1  # only the other aggregation switch is left
+    h0 = [link for link in t.links if "h0" in (link.a, link.b)]
+    assert shortest_path_routes(t.nodes, t.path, frozenset({h0[0].index}))["core0"]["h0"] == ()
+    pair = {"fabric": {"name": "pair"}, "host": [{"name": "a"}, {"name": "b"}]}
+    assert parse({**pair, "link": [{"a": "a", "b": "b"}]}, "pair.toml").routes == {}
 
 
 def test_addresses_and_switch_config() -> None:
