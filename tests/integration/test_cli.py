@@ -31,16 +31,17 @@ def serve_and_ask(
 ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     """A perftest server started, its client run once it listens: (client, server), each with
     its output (the server's stdout from after its "Waiting for client" line)."""
-    server = subprocess.Popen(
+    # the with block closes the server's pipes and reaps it however the test ends
+    with subprocess.Popen(
         server_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        wait_until_listening(server)
-        client = subprocess.run(client_argv, capture_output=True, text=True, timeout=timeout)
-        out, err = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
+    ) as server:
+        try:
+            wait_until_listening(server)
+            client = subprocess.run(client_argv, capture_output=True, text=True, timeout=timeout)
+            out, err = server.communicate(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
     return client, subprocess.CompletedProcess(server_argv, server.returncode, out, err)
 
 

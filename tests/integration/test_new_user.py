@@ -180,22 +180,22 @@ def test_client_and_server_at_different_tdfs_are_refused() -> None:
     from rocev2_emu.tools.perftest import wait_until_listening
 
     port = str(free_port())
-    server = subprocess.Popen(
+    with subprocess.Popen(  # its pipes closed and it reaped however the test ends
         [*CLI, "write-bw", "-p", port, "--tdf", "200", "--nic-addr", "127.0.0.48"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
-    )
-    try:
-        wait_until_listening(server)
-        client = run(
-            "write-bw", "127.0.0.1", "-p", port, "--tdf", "2000", "--nic-addr", "127.0.0.49"
-        )
-        _, server_err = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
+    ) as server:
+        try:
+            wait_until_listening(server)
+            client = run(
+                "write-bw", "127.0.0.1", "-p", port, "--tdf", "2000", "--nic-addr", "127.0.0.49"
+            )
+            _, server_err = server.communicate(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
     assert client.returncode == 1 and server.returncode == 1
     for err in (client.stderr, server_err):
         assert "TDF is 2000.0, this server's 200.0" in err, err
