@@ -302,6 +302,15 @@ class NodeStats:
             raise ValueError("names: node names are strings")
 
 
+@dataclass(frozen=True, slots=True)
+class StartHostsFlows(NodeStats):
+    """``start_flows`` (``t0``, ``verify``) to each host of ``names``, all hosted by the
+    process asked (a flows job tells each process its senders, not each sender)."""
+
+    t0: float
+    verify: bool = True
+
+
 def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
     """``change_links``: see :class:`ChangeLinks`."""
 
@@ -421,14 +430,30 @@ async def exact_nodes(
             "next_deadline": stats.seconds_to_next_deadline,
         }
 
-    async def node_stats(req: NodeStats) -> dict[str, Any]:
-        here = {n.name: n.address for n in mine}
-        for name in req.names:
+    here = {n.name: n.address for n in mine}
+
+    def addresses(names: list[str]) -> list[str]:
+        for name in names:
             if name not in here:
                 raise ValueError(f"{name!r:.40} is not a node of this process")
+        return [here[name] for name in names]
+
+    async def node_stats(req: NodeStats) -> dict[str, Any]:
+        asked = addresses(req.names)
         return {
-            "nodes": {n: await ports[here[n], CONTROL_PORT]({"cmd": "stats"}) for n in req.names}
+            "nodes": {
+                name: await ports[address, CONTROL_PORT]({"cmd": "stats"})
+                for name, address in zip(req.names, asked, strict=True)
+            }
         }
+
+    async def start_hosts_flows(req: StartHostsFlows) -> dict[str, Any]:
+        start = {"cmd": "start_flows", "t0": req.t0, "verify": req.verify}
+        for name, address in zip(req.names, addresses(req.names), strict=True):
+            reply = await ports[address, CONTROL_PORT](start)
+            if "error" in reply:
+                raise ValueError(f"{name}: {reply['error']}")
+        return {"started": len(req.names)}
 
     agents: dict[str, HostAgent] = {}  # this process's hosts' (filled below)
     more: Table = {
@@ -437,6 +462,7 @@ async def exact_nodes(
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
         "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
         "open_flows": (OpenFlows, partial(open_flows_on, agents)),
+        "start_hosts_flows": (StartHostsFlows, start_hosts_flows),
     }
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
@@ -559,6 +585,16 @@ async def _host_context(
         await trio.sleep_forever()
 
 
+def by_process(processes: list[str], nodes: set[str]) -> list[list[str]]:
+    """The ``nodes`` grouped by the process of ``processes`` (named by :func:`process_name`)
+    that hosts them, at most :data:`MAX_NODE_STATS` a group, in the processes' order."""
+    return [
+        group[k : k + MAX_NODE_STATS]
+        for group in ([n for n in name.split(",") if n in nodes] for name in processes)
+        for k in range(0, len(group), MAX_NODE_STATS)
+    ]
+
+
 def open_batches(flows: list[FlowSpec], processes: list[str]) -> list[list[FlowSpec]]:
     """``flows`` cut into runs of at most :data:`MAX_OPEN_FLOWS` whose sources share one of
     ``processes`` (named by :func:`process_name`), in their order."""
@@ -597,10 +633,12 @@ class ExactFlowsJob:
             flows = [{"spec": asdict(f), "dst": topo.nodes[f.dst].address} for f in batch]
             await _ask(topo, batch[0].src, {"cmd": "open_flows", "flows": flows}, 30 + len(flows))
         sources = sorted({f.src for f in self.flows})
-        # the clock is held until released: the sources are told in any order, all start at
-        # t0; what arrived is checked after the run (no out-of-band wait inside it)
-        start = {"cmd": "start_flows", "t0": self.t0, "verify": False}
-        await _ask_all(topo, sources, start)
+        # the clock is held until released: the sources are told in any order, each process
+        # its own, all start at t0; what arrived is checked after the run (no out-of-band wait
+        # inside it)
+        asks = by_process(coordinator.names, set(sources))
+        start = {"cmd": "start_hosts_flows", "t0": self.t0, "verify": False}
+        await _gather(len(asks), lambda i: _ask(topo, asks[i][0], {**start, "names": asks[i]}))
         coordinator.release()
         replies = await _ask_all(topo, sources, {"cmd": "flow_results"}, timeout=math.inf)
         results = [FlowResult(**r) for reply in replies for r in reply["results"]]
@@ -640,19 +678,15 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     coordinator.hold()
     # each process for its own nodes, MAX_NODE_STATS at a time (not a connection per node:
     # 0.9 s of the 1 023 -> 1 incast's 1 344 nodes over two processes)
-    asks = [
-        (group[0], group[k : k + MAX_NODE_STATS])
-        for group in (name.split(",") for name in coordinator.names)
-        for k in range(0, len(group), MAX_NODE_STATS)
-    ]
+    asks = by_process(coordinator.names, set(topo.nodes))
     replies = await _ask_each(
-        [topo.nodes[first].address for first, _ in asks],
-        [{"cmd": "node_stats", "names": names} for _, names in asks],
+        [topo.nodes[names[0]].address for names in asks],
+        [{"cmd": "node_stats", "names": names} for names in asks],
     )
     got: dict[str, Any] = {}
-    for (first, _), reply in zip(asks, replies, strict=True):
+    for names, reply in zip(asks, replies, strict=True):
         if not isinstance(reply, dict) or not isinstance(reply.get("nodes"), dict):
-            raise SyncError(f"{first}'s process: no node stats ({str(reply)[:200]})")
+            raise SyncError(f"{names[0]}'s process: no node stats ({str(reply)[:200]})")
         got.update(reply["nodes"])
     fabric = merge_stats({name: got[name] for name in topo.nodes})  # the topology's order
     # the frame-hops by process: the nodes of one share its engine, asked once (its first)

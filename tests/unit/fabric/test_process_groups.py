@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from rocev2_emu.fabric.agent import MAX_OPEN_FLOWS, FlowSpec, OpenFlows, open_flows_on
-from rocev2_emu.fabric.exact import open_batches, process_groups, process_name, run_exact_node
+from rocev2_emu.fabric.exact import (
+    by_process,
+    open_batches,
+    process_groups,
+    process_name,
+    run_exact_node,
+)
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
@@ -130,6 +136,18 @@ def test_a_flows_job_opens_runs_of_flows_whose_sources_share_a_process() -> None
     assert [[f.id for f in b] for b in alone] == [[0], [1], [2], [3], [4], [5]]
     many = [FlowSpec(i, first[i % 4], hosts[-1], 64) for i in range(MAX_OPEN_FLOWS + 3)]
     assert [len(b) for b in open_batches(many, names)] == [MAX_OPEN_FLOWS, 3]
+
+
+def test_requests_to_many_nodes_go_to_each_process_32_nodes_at_a_time() -> None:
+    topo = parse(tomllib.loads(fat_tree(8)), "ft8.toml")
+    names = [process_name(g) for g in process_groups(topo, 2)]
+    hosts = {h.name for h in topo.hosts}
+    asks = by_process(names, hosts)
+    assert [len(a) for a in asks] == [32, 32, 32, 32]  # 64 hosts in each process
+    assert sorted(n for a in asks for n in a) == sorted(hosts)
+    homes = {n: i for i, name in enumerate(names) for n in name.split(",")}
+    assert all(len({homes[n] for n in a}) == 1 for a in asks)
+    assert by_process(names, {"h3"}) == [["h3"]]
 
 
 async def test_open_flows_refuses_a_source_that_is_not_a_host_of_the_process() -> None:
