@@ -289,9 +289,9 @@ MAX_NODE_STATS: Final = 32  # nodes per node_stats reply (a control message is a
 
 
 @dataclass(frozen=True, slots=True)
-class NodeStats:
-    """The ``stats`` reply of each node of ``names``, all hosted by the process asked:
-    ``{"nodes": {name: stats}}`` (a run's closing read asks each process, not each node)."""
+class ProcessNodes:
+    """A request about some nodes of the process asked, by name: 1 to 32 of them at once (a
+    request per process, not per node, and its reply well under a control message's 1 MiB)."""
 
     names: list[Any]
 
@@ -303,9 +303,15 @@ class NodeStats:
 
 
 @dataclass(frozen=True, slots=True)
-class StartHostsFlows(NodeStats):
-    """``start_flows`` (``t0``, ``verify``) to each host of ``names``, all hosted by the
-    process asked (a flows job tells each process its senders, not each sender)."""
+class NodeStats(ProcessNodes):
+    """The ``stats`` reply of each node of ``names``: ``{"nodes": {name: stats}}`` (a run's
+    closing read asks each process, not each node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartHostsFlows(ProcessNodes):
+    """``start_flows`` (``t0``, ``verify``) to each host of ``names`` (a flows job tells each
+    process its senders, not each sender)."""
 
     t0: float
     verify: bool = True

@@ -10,7 +10,6 @@ each host (ECMP, RFC 2992), never through a host, recomputed around failed links
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -174,7 +173,7 @@ class Topology:
             table = shortest_path_routes(self.nodes, self.path, down)[switch]
         else:
             table = self.routes[switch]
-        return {_ip_int(self.nodes[h].ip): p for h, p in table.items()}
+        return {ip_to_int(self.nodes[h].ip): p for h, p in table.items()}
 
     def link_seed(self, link: Link) -> int:
         """The seed of ``link``'s fault injection: distinct per link, fixed by the topology."""
@@ -226,9 +225,6 @@ def dcqcn_params(topo: Topology) -> DcqcnParams | None:
     if not topo.dcqcn["enabled"]:
         return None
     return PROFILES[topo.dcqcn["profile"]].with_overrides(**dcqcn_overrides(topo.dcqcn))
-
-
-_ip_int = functools.lru_cache(maxsize=None)(ip_to_int)  # every switch asks for every host
 
 
 def shortest_path_routes(
