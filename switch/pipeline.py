@@ -69,6 +69,7 @@ class PortState:
         # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
         self.queues: list[dict[int, deque[_Entry]]] = [{} for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
+        self.queued = 0  # bit p set while priority p has frames queued (the timer's scan)
         self.peak_queue_bytes = 0  # the most any one priority's egress queue held
         self.control: deque[bytes] = deque()
         self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
@@ -211,6 +212,7 @@ class SwitchCore(Core):
             fifo = eq.queues[prio][port] = deque()
         fifo.append(_Entry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
+        eq.queued |= 1 << prio
         if eq.queue_bytes[prio] > eq.peak_queue_bytes:
             eq.peak_queue_bytes = eq.queue_bytes[prio]
         self._pending.add(out)
@@ -329,7 +331,7 @@ class SwitchCore(Core):
                     ps.drops["link_down"] += 1
                     continue
                 pacer.idle = True
-                if not ps.control and not any(ps.queue_bytes):
+                if not ps.control and not ps.queued:
                     pending.discard(index)
             self._sweep_at += 1
         sweep.clear()
@@ -338,11 +340,12 @@ class SwitchCore(Core):
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
             return ps.control.popleft()
+        queued = ps.queued
         stormed = self.watchdog.stormed[index]
         for prio in range(PRIORITIES - 1, -1, -1):
-            q = ps.queues[prio]
-            if not q or (ps.paused_until[prio] > now and not stormed[prio]):
+            if not queued >> prio & 1 or (ps.paused_until[prio] > now and not stormed[prio]):
                 continue
+            q = ps.queues[prio]
             # Ingress ports take turns within a priority, as switch arbiters do: this is what
             # makes PFC fair to ports rather than to flows (the DCQCN paper's unfairness).
             ingress = next(iter(q))
@@ -350,6 +353,8 @@ class SwitchCore(Core):
             e = fifo.popleft()
             if fifo:
                 q[ingress] = fifo  # to the back of the line
+            elif not q:
+                ps.queued = queued & ~(1 << prio)
             ps.queue_bytes[prio] -= e.size
             self._release(e, prio, now)
             return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)
@@ -397,13 +402,15 @@ class SwitchCore(Core):
                 at = free_at
             else:
                 at = math.inf
-                paused_until, queues = ps.paused_until, ps.queues
-                for prio in range(PRIORITIES):
-                    if queues[prio]:
+                paused_until, queued, prio = ps.paused_until, ps.queued, 0
+                while queued:
+                    if queued & 1:
                         p = paused_until[prio]
                         q = free_at if free_at > p else p
                         if q < at:
                             at = q
+                    queued >>= 1
+                    prio += 1
                 if at == math.inf:
                     continue
             if t is None or at < t:
@@ -447,6 +454,7 @@ class SwitchCore(Core):
                 ps.queue_bytes[prio] -= e.size
                 ps.drops[reason] += 1
                 self._release(e, prio, now)
+        ps.queued &= ~(1 << prio)
 
     def set_routes(self, routes: dict[int, tuple[int, ...]]) -> None:
         """New routes (after links failed or came back elsewhere in the fabric)."""

@@ -90,6 +90,7 @@ class NicCore(Core):
         self.qps: dict[int, QueuePair] = {}
         self.cqs: list[CompletionQueue] = []
         self.grown_cqs: dict[int, CompletionQueue] = {}  # queues pushed since a driver looked
+        self.receive_waiters = 0  # tasks a driver wakes on every datagram received (perftest)
         self.paused_until = [0.0] * PRIORITIES
         self.pause_frames_received = [0] * PRIORITIES  # mlx5 rx_prioN_pause
         self.pause_frames_sent = [0] * PRIORITIES  # mlx5 tx_prioN_pause (a slow receiver's)
@@ -207,6 +208,10 @@ class NicCore(Core):
     # -- the core interface ----------------------------------------------------------------
     def receive(self, port: int, data: bytes, now: float) -> None:
         self.receive_datagram(data, now)
+
+    def has_news(self, received: int) -> bool:
+        """A queue grew, or datagrams arrived while a task waits for them."""
+        return bool(self.grown_cqs) or (received > 0 and self.receive_waiters > 0)
 
     def next_out(self, now: float) -> tuple[int, bytes] | None:
         datagram = self.next_datagram(now)

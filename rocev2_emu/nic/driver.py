@@ -40,6 +40,14 @@ class _Waiters:
     def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
         return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
 
+    async def next_received(self) -> None:
+        """Wait until the NIC next receives datagrams (a batch of them)."""
+        self.core.receive_waiters += 1
+        try:
+            await self.rx_lot.park()
+        finally:
+            self.core.receive_waiters -= 1
+
     def wake_waiters(self, received: int) -> bool:
         """After the core ran: wake whoever waits on a queue that grew (True if anyone)."""
         woke = False
@@ -54,7 +62,7 @@ class _Waiters:
                 lot = self.cq_lots.get(handle)
                 if lot is not None and lot.unpark_all():
                     woke = True
-        if received and self.rx_lot.unpark_all():
+        if received and self.core.receive_waiters and self.rx_lot.unpark_all():
             woke = True
         return woke
 

@@ -68,6 +68,11 @@ class Core:
         """Run whatever is due by ``now``."""
         raise NotImplementedError
 
+    def has_news(self, received: int) -> bool:
+        """Whether a driver's hook after a service (:attr:`Node.after`) has anything to look
+        at, ``received`` datagrams having arrived since the last: by default always."""
+        return True
+
 
 class LinkModel(Protocol):
     """What becomes of a datagram sent into a link at ``now``: (arrival time, datagram) for
@@ -111,7 +116,8 @@ class Wire:
 
 class Node:
     """A core on the heap, and ``after``: called after each service with the datagrams
-    received since the last, True when it woke a trio task (the driver's waiters)."""
+    received since the last when the core :meth:`~Core.has_news`, True when it woke a trio
+    task (the driver's waiters)."""
 
     def __init__(self, name: str, core: Core, after: Callable[[int], bool] | None = None) -> None:
         self.name = name
@@ -378,7 +384,7 @@ class EventHeap:
                     else:
                         heap_push(heap, Event(at, wire.seq, wire.peer, wire.peer_port, copy))
         after = node.after
-        if after is not None and after(node.received):
+        if after is not None and core.has_news(node.received) and after(node.received):
             self.woke = True
         node.received = 0
         t = core.get_timer()

@@ -293,8 +293,9 @@ class FrameTemplate:
         return b"".join((headers, bth, ext, payload, _PADS[pad], ICRC_LE.pack(crc)))
 
 
-# IPv4+UDP header bytes already validated -> CRC state of the ICRC's masked prefix.  A pure
-# memo (the key is the whole header), bounded; it spares the checksum and masking per packet.
+# IPv4+UDP header bytes already validated, with the BTH's first word -> CRC state of the ICRC
+# through BTH byte 4 (masked).  A pure memo (the key is every byte the state covers but the
+# masked BTH byte), bounded; it spares the checksum, the masking and two CRC calls per packet.
 _VALID_HEADERS: dict[bytes, int] = {}
 _VALID_HEADERS_MAX: Final = 4096
 _IPUDP: Final = struct.Struct("!BBHHHBBHIIHHHH")
@@ -303,9 +304,10 @@ _EXT_AT: Final = _BTH_AT + BTH_LEN
 
 
 def _check_ip_udp(header: bytes) -> int:
-    """Validate an IPv4+UDP header seen for the first time; returns its ICRC prefix CRC."""
-    vihl, _tos, total, _id, _frag, _ttl, proto, csum, *_rest, dport, udp_len, _c = _IPUDP.unpack(
-        header
+    """Validate an IPv4+UDP header (followed by the BTH's first word) seen for the first time;
+    returns the ICRC's CRC state through BTH byte 4."""
+    vihl, _tos, total, _id, _frag, _ttl, proto, csum, *_rest, dport, udp_len, _c = (
+        _IPUDP.unpack_from(header)
     )
     if vihl != 0x45:
         raise MalformedFrame("ipv4", f"IPv4 version/IHL 0x{vihl:02x} != 0x45 (options unsupported)")
@@ -317,9 +319,9 @@ def _check_ip_udp(header: bytes) -> int:
         raise MalformedFrame("udp_port", f"UDP destination port {dport} is not RoCEv2 (4791)")
     if udp_len != total - IPV4_LEN:
         raise MalformedFrame("udp_length", f"UDP length {udp_len} != IPv4 payload {total - 20}")
-    masked = bytearray(b"\xff" * 8) + header + bytes(BTH_LEN)
+    masked = bytearray(b"\xff" * 8) + header + bytes(BTH_LEN - 4)
     _mask(masked)
-    crc = crc32(memoryview(masked)[: 8 + IPV4_LEN + UDP_LEN])
+    crc = crc32(memoryview(masked)[: 8 + IPV4_LEN + UDP_LEN + 5])
     if len(_VALID_HEADERS) >= _VALID_HEADERS_MAX:
         _VALID_HEADERS.clear()
     _VALID_HEADERS[header] = crc
@@ -337,7 +339,6 @@ _X_DETH, _X_RETH, _X_ATOMIC_ETH, _X_AETH = (
     int(Ext.AETH),
 )
 _X_ATOMIC_ACK_ETH, _X_IMM, _X_CNP_PAD = int(Ext.ATOMIC_ACK_ETH), int(Ext.IMM), int(Ext.CNP_PAD)
-_MASK_BYTE: Final = b"\xff"
 
 
 def decode_frame_untrusted(
@@ -369,7 +370,7 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
     if n < _ROCE_MIN:
         raise MalformedFrame("truncated", f"IPv4 RoCE frame of {n} bytes < {_ROCE_MIN}")
     ip = at + ETH_LEN
-    header = data[ip : ip + IPV4_LEN + UDP_LEN]
+    header = data[ip : ip + IPV4_LEN + UDP_LEN + 4]
     crc = _VALID_HEADERS.get(header)
     if crc is None:
         crc = _check_ip_udp(header)
@@ -400,9 +401,7 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
     view = memoryview(data)
     icrc = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
     if verify_icrc:
-        # the BTH with byte 4 (FECN, BECN, resv6) masked, then everything up to the ICRC
-        crc = crc32(view[b : b + 4], crc)
-        crc = crc32(_MASK_BYTE, crc)
+        # ``crc`` went through BTH byte 4 (FECN, BECN, resv6, masked): the rest up to the ICRC
         computed = crc32(view[b + 5 : end], crc)
         if computed != icrc:
             raise MalformedFrame("icrc", f"ICRC 0x{icrc:08x} != computed 0x{computed:08x}")

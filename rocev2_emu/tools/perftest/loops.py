@@ -223,11 +223,11 @@ async def latency(side: Side, chan: PeerExchange, opts: PerftestOptions) -> None
 
 async def _wait_byte(side: Side, inbox: np.ndarray, index: int, tag: int) -> None:
     """Poll registered memory (as perftest spins on it), waking on each received batch."""
-    lot = side.ctx.driver.rx_lot
+    driver = side.ctx.driver
     with trio.move_on_after(side.ctx.clock.wall_duration(side.cq_timeout)):
         while inbox[index] != tag:
             check(side.cq.poll(64))
-            await lot.park()
+            await driver.next_received()
         return
     raise PerftestError(
         f"peer did not write iteration tag {tag} within {side.cq_timeout * 1e3:.0f} ms (emulated)"
