@@ -172,7 +172,9 @@ class SwitchCore(Core):
         if ethertype != ETHERTYPE_IPV4:
             ps.drops["ethertype"] += 1
             return
-        header = bytes(data[_IP : _IP + 20])
+        if type(data) is not bytes:  # a bytearray's slice would not do as a memo key
+            data = bytes(data)
+        header = data[_IP : _IP + 20]
         known = self._valid_ip.get(header)
         if known is None:
             if header[0] != 0x45 or ipv4_checksum(header) != 0:
@@ -312,7 +314,8 @@ class SwitchCore(Core):
         if not sweep:
             if not self._pending:
                 return None
-            sweep.extend(self._pending)
+            for index in self._pending:  # (compiled, a list.extend copies the set first)
+                sweep.append(index)
             self._sweep_at = 0
         pending = self._pending
         while self._sweep_at < len(sweep):
@@ -348,8 +351,10 @@ class SwitchCore(Core):
             q = ps.queues[prio]
             # Ingress ports take turns within a priority, as switch arbiters do: this is what
             # makes PFC fair to ports rather than to flows (the DCQCN paper's unfairness).
-            ingress = next(iter(q))
-            fifo = q.pop(ingress)
+            for ingress in q:  # noqa: B007 - the first in line (compiled: no iterator, no call)
+                break
+            fifo = q[ingress]
+            del q[ingress]
             e = fifo.popleft()
             if fifo:
                 q[ingress] = fifo  # to the back of the line

@@ -351,7 +351,8 @@ class NicCore(Core):
             if not active or paused_until[prio] > now:
                 continue
             for _ in range(len(active)):
-                qpn = next(iter(active))
+                for qpn in active:  # noqa: B007 - the first in line (compiled: no iterator, no call)
+                    break
                 qp = active[qpn]
                 rc = qp.rc
                 if rc is not None and rc.next_send_time > now and not qp.responder.out:
@@ -442,7 +443,8 @@ class NicCore(Core):
                 continue
             t = qp.get_timer()
             if t is None:
-                timer_of.pop(qpn, None)
+                if qpn in timer_of:
+                    del timer_of[qpn]
             elif timer_of.get(qpn) != t:
                 timer_of[qpn] = t
                 heapq.heappush(heap, (t, qpn))
