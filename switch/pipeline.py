@@ -129,6 +129,7 @@ class SwitchCore(Core):
         self._prio = [config.priority_of(dscp) for dscp in range(64)]
         self._pending: set[int] = set()  # ports with frames queued
         self._sweep: list[int] = []  # next_out's turn over the pending ports, and where it is
+        self._spare: list[deque[_Entry]] = []  # emptied FIFOs, reused (queues are mostly short)
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         self._prefix = [
@@ -211,7 +212,7 @@ class SwitchCore(Core):
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
         fifo = eq.queues[prio].get(port)
         if fifo is None:
-            fifo = eq.queues[prio][port] = deque()
+            fifo = eq.queues[prio][port] = self._spare.pop() if self._spare else deque()
         fifo.append(_Entry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
         eq.queued |= 1 << prio
@@ -358,8 +359,10 @@ class SwitchCore(Core):
             e = fifo.popleft()
             if fifo:
                 q[ingress] = fifo  # to the back of the line
-            elif not q:
-                ps.queued = queued & ~(1 << prio)
+            else:
+                self._spare.append(fifo)
+                if not q:
+                    ps.queued = queued & ~(1 << prio)
             ps.queue_bytes[prio] -= e.size
             self._release(e, prio, now)
             return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)

@@ -89,6 +89,19 @@ def test_write_lat_and_report_gbits_and_all_sizes() -> None:
     assert sizes == [1 << k for k in range(1, 24)]
 
 
+def test_write_lat_in_virtual_time_wakes_the_side_polling_its_memory() -> None:
+    """write-lat spins on registered memory, woken by each received batch: the event engine
+    calls the NIC's driver after a service only when the core has news, and a task waiting
+    for received frames is such news (without it the poll never wakes: a timeout)."""
+    run = subprocess.run(
+        [*CLI, "write-lat", "--virtual", "-n", "20"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    row = re.search(r"^ 2\s+20\s+([\d.]+)", run.stdout, re.M)
+    assert row is not None, run.stdout
+    assert float(row.group(1)) > 0
+
+
 def test_a_live_capture_on_loopback_decodes_the_emulated_roce_traffic() -> None:
     # what the docs tell users to run: tshark on lo, told that the emulator's port is VXLAN, and
     # the emulator told to send one frame per datagram (batched sends are coalesced on lo)
