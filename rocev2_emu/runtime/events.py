@@ -6,7 +6,8 @@ in the manner of aioquic's ``QuicConnection``: :meth:`~Core.receive` a datagram 
 driver does not take stays queued in the core), :meth:`~Core.get_timer` is the next deadline,
 :meth:`~Core.handle_timer` runs the timers due.  The process mode's pump and this heap hold a
 core object and call these four methods: no stored callables or per-frame generators between
-them.
+them.  A fifth, :meth:`~Core.has_news`, lets the heap skip a driver's hook after a service
+that gave it nothing to look at.
 
 :class:`EventHeap` runs every core of a virtual fabric on one heap of events: frames in flight
 on a link (:class:`Wire`: delay and seeded faults, the same decisions as the process mode's
