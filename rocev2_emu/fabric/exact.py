@@ -419,6 +419,7 @@ async def exact_nodes(
     await chan.send({"hello": me, "origin": hosts})
     udp = UdpPort((socket_of[me], LINK_UDP_PORT), None, batch=False)
     engine = ExactEngine(me, udp, chan)
+    engine.install()  # before the control ports listen: a job's first request may come at once
 
     async def engine_state(_: NoFields) -> dict[str, Any]:
         """The engine's state, for the run's summary and for a run that is stuck."""

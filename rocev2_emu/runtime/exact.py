@@ -476,6 +476,13 @@ class ExactEngine(Engine):
             heapq.heappush(self._changes, (change.at, self._changes_seen, change))
         return float(msg["until"])
 
+    def install(self) -> None:
+        """This trio run's engine from now on: the emulated store's and the clock holds' (a
+        control request served before :meth:`run` starts - the control ports listen first -
+        finds it; what it asks waits for the first window)."""
+        set_holder(self)
+        _ENGINE.set(self)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The engine as a trio task under MockClock (no autojump: this loop moves the clock),
         window by window, until cancelled."""
@@ -484,8 +491,7 @@ class ExactEngine(Engine):
             raise EngineError("an exact run's engine needs trio.testing.MockClock() (no autojump)")
         events = self.events
         self.origin = trio.current_time() - events.now
-        set_holder(self)
-        _ENGINE.set(self)
+        self.install()
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
