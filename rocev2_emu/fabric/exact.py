@@ -285,7 +285,7 @@ class ChangeLinks:
             change_faults(self.faults)  # a map of LinkFaults' fields, each a number
 
 
-MAX_NODE_STATS: Final = 32  # nodes per node_stats reply (a control message is at most 1 MiB)
+MAX_PROCESS_NODES: Final = 32  # nodes per process-level request (a control message <= 1 MiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,8 +296,8 @@ class ProcessNodes:
     names: list[Any]
 
     def __post_init__(self) -> None:
-        if not 0 < len(self.names) <= MAX_NODE_STATS:
-            raise ValueError(f"names: 1 to {MAX_NODE_STATS} nodes at once")
+        if not 0 < len(self.names) <= MAX_PROCESS_NODES:
+            raise ValueError(f"names: 1 to {MAX_PROCESS_NODES} nodes at once")
         if not all(isinstance(n, str) for n in self.names):
             raise ValueError("names: node names are strings")
 
@@ -594,11 +594,11 @@ async def _host_context(
 
 def by_process(processes: list[str], nodes: set[str]) -> list[list[str]]:
     """The ``nodes`` grouped by the process of ``processes`` (named by :func:`process_name`)
-    that hosts them, at most :data:`MAX_NODE_STATS` a group, in the processes' order."""
+    that hosts them, at most :data:`MAX_PROCESS_NODES` a group, in the processes' order."""
     return [
-        group[k : k + MAX_NODE_STATS]
+        group[k : k + MAX_PROCESS_NODES]
         for group in ([n for n in name.split(",") if n in nodes] for name in processes)
-        for k in range(0, len(group), MAX_NODE_STATS)
+        for k in range(0, len(group), MAX_PROCESS_NODES)
     ]
 
 
@@ -683,7 +683,7 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     run's summary: with the frame-hops), and end the run."""
     await coordinator.quiet.wait()
     coordinator.hold()
-    # each process for its own nodes, MAX_NODE_STATS at a time (not a connection per node:
+    # each process for its own nodes, MAX_PROCESS_NODES at a time (not a connection per node:
     # 0.9 s of the 1 023 -> 1 incast's 1 344 nodes over two processes)
     asks = by_process(coordinator.names, set(topo.nodes))
     replies = await _ask_each(

@@ -33,7 +33,7 @@ class _Waiters:
     core: NicCore
 
     def _init_waiters(self) -> None:
-        self.rx_lot = trio.lowlevel.ParkingLot()
+        self._rx_lot = trio.lowlevel.ParkingLot()
         self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
         self.cq_handlers: dict[int, Callable[[], bool]] = {}
 
@@ -44,7 +44,7 @@ class _Waiters:
         """Wait until the NIC next receives datagrams (a batch of them)."""
         self.core.receive_waiters += 1
         try:
-            await self.rx_lot.park()
+            await self._rx_lot.park()
         finally:
             self.core.receive_waiters -= 1
 
@@ -62,7 +62,7 @@ class _Waiters:
                 lot = self.cq_lots.get(handle)
                 if lot is not None and lot.unpark_all():
                     woke = True
-        if received and self.core.receive_waiters and self.rx_lot.unpark_all():
+        if received and self.core.receive_waiters and self._rx_lot.unpark_all():
             woke = True
         return woke
 
