@@ -102,6 +102,13 @@ def test_unsupported_inputs_give_clear_errors(op_results: list[dict[str, Any]]) 
     assert "root 8 is no rank" in errors["bad root"]
 
 
+def _gloo_aborted(run: subprocess.CompletedProcess[str]) -> bool:
+    """A rank of a Gloo run died of SIGABRT with std::terminate's message."""
+    return run.returncode != 0 and "terminate called without an active exception" in (
+        run.stdout + run.stderr
+    )
+
+
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
 def test_training_is_the_same_as_over_gloo(topology: Path, tmp_path: Path, how: str) -> None:
     """DDP (buckets of all-reduces) or FSDP2 (all-gathers and reduce-scatters), same seed."""
@@ -110,23 +117,26 @@ def test_training_is_the_same_as_over_gloo(topology: Path, tmp_path: Path, how: 
     params = {}
     for backend in ("rocev2", "gloo"):
         save = tmp_path / f"{backend}.pt"
-        run = launch(
-            topology,
-            [
-                "examples/ddp_train.py",
-                "--steps",
-                "4",
-                "--width",
-                "64",
-                "--backend",
-                backend,
-                "--bucket-mb",
-                "0.01",
-                "--save",
-                str(save),
-                *(["--fsdp"] if how == "fsdp" else []),
-            ],
-        )
+        argv = [
+            "examples/ddp_train.py",
+            "--steps",
+            "4",
+            "--width",
+            "64",
+            "--backend",
+            backend,
+            "--bucket-mb",
+            "0.01",
+            "--save",
+            str(save),
+            *(["--fsdp"] if how == "fsdp" else []),
+        ]
+        run = launch(topology, argv)
+        if backend == "gloo" and _gloo_aborted(run):
+            # the reference, not what is tested: torch's Gloo can abort a rank as it exits (a
+            # C++ worker thread still joinable when the group is torn down, pytorch/pytorch
+            # #190489, #179291; seen once in CI with FSDP2): it runs again, once
+            run = launch(topology, argv)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         steps = [
             line.split() for line in run.stdout.splitlines() if re.match(r"\[rank0\]: +\d+ ", line)
