@@ -17,8 +17,9 @@ the slot.
   in flight per link.  With ``grant_dscp`` they travel on a QP of their own at that DSCP (a
   higher priority than the data, so a paused or queued data class does not hold them up).
   Completions arrive on the rank's one CQ and are handed to the right link by
-  :class:`Completions`, which the NIC's driver calls as they are made (no poller task: one
-  trio batch less per completion).
+  :class:`Completions`, which the NIC's driver calls as they are made (no poller task); the
+  ring operation listening on a link runs once the whole batch is in, and the handler tells
+  the driver whether any task woke, so the event engine hands control to trio only then.
 * :class:`LocalTx` / :class:`LocalRx` - ranks on the same host (one server's accelerators),
   through its intra-server fabric (:mod:`rocev2_emu.server`: NVLink by default): the data is
   copied into the receiver's slot when written and announced when the fabric delivers it (its
@@ -29,6 +30,7 @@ the slot.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Final
 
@@ -59,16 +61,34 @@ class LinkError(Exception):
 
 
 class _Waitable:
+    """What a link end's user waits on: the tasks parked on it, or one ``listener`` (a ring
+    operation driven from its links' changes, :func:`collectives.comm.ring.run`) called at once.
+    Every change says whether it woke a task: the NIC driver's completion handler tells the
+    event engine so, which then lets trio run at that instant."""
+
     def __init__(self) -> None:
         self.changed = trio.lowlevel.ParkingLot()
         self.error: str | None = None
+        self.listener: Callable[[], bool] | None = None
+        self.batch: Completions | None = None  # the CQ's dispatcher, for RDMA ends
 
-    def fail(self, why: str) -> None:
+    def notify(self) -> bool:
+        """Something changed: tell the listener (after the batch of completions being
+        dispatched, if any) and wake the parked tasks (True if a task woke)."""
+        woke = False
+        if self.listener is not None:
+            if self.batch is not None and self.batch.dispatching:
+                self.batch.later.append(self.listener)
+            else:
+                woke = self.listener()
+        return bool(self.changed.unpark_all()) or woke
+
+    def fail(self, why: str) -> bool:
         """The link broke; the first reason is the one reported (a retry-exhausted send is
         followed by the flush of everything else, which says nothing about the cause)."""
         if self.error is None:
             self.error = why
-        self.changed.unpark_all()
+        return self.notify()
 
     async def _park(self) -> None:
         if self.error:
@@ -95,19 +115,25 @@ class _Receiver(_Waitable):
         start = index * self.slot_bytes
         return self.memory[start : start + nbytes]
 
-    def deliver(self, imm: int, nbytes: int, lane: int = 0) -> None:
+    def deliver(self, imm: int, nbytes: int, lane: int = 0) -> bool:
         self.arrivals[lane].append((imm, nbytes))
         self.received_bytes += nbytes
-        self.changed.unpark_all()
+        return self.notify()
 
-    async def arrival(self) -> tuple[int, int, int]:
-        """The next (immediate, bytes, slot), in the order they were written."""
+    def take(self) -> tuple[int, int, int] | None:
+        """The next (immediate, bytes, slot) in the order they were written, if it arrived."""
         lane = self.arrivals[self.taken % len(self.arrivals)]
-        while not lane:
-            await self._park()
+        if not lane:
+            return None
         imm, nbytes = lane.popleft()
         self.taken += 1
         return imm, nbytes, (self.taken - 1) % self.slots
+
+    async def arrival(self) -> tuple[int, int, int]:
+        """The next (immediate, bytes, slot), waiting for it."""
+        while (got := self.take()) is None:
+            await self._park()
+        return got
 
 
 class _Sender(_Waitable):
@@ -120,21 +146,33 @@ class _Sender(_Waitable):
         self.credits = slots
         self.used = 0
         self.peak_in_flight = 0  # the most chunks written and not yet granted back
+        self.outstanding = 0  # writes whose source is still in use (RDMA: not yet completed)
 
-    def credit(self) -> None:
+    def credit(self) -> bool:
         self.credits += 1
-        self.changed.unpark_all()
+        return self.notify()
 
-    async def acquire(self) -> int:
-        """A credit: the slot the next write goes to (slots are used in a ring, across
-        operations, so a credit always frees the oldest slot)."""
-        while self.credits == 0:
-            await self._park()
+    def take_credit(self) -> int | None:
+        """A credit if one is held: the slot the next write goes to (slots are used in a ring,
+        across operations, so a credit always frees the oldest slot)."""
+        if self.credits == 0:
+            return None
         self.credits -= 1
         self.used += 1
         if self.slots - self.credits > self.peak_in_flight:
             self.peak_in_flight = self.slots - self.credits
         return (self.used - 1) % self.slots
+
+    async def acquire(self) -> int:
+        """A credit, waiting for one."""
+        while (slot := self.take_credit()) is None:
+            await self._park()
+        return slot
+
+    async def drain(self) -> None:
+        """Until every write's source may change again."""
+        while self.outstanding:
+            await self._park()
 
 
 # -- inside a server: shared memory timed by its fabric ------------------------------------
@@ -153,9 +191,11 @@ class LocalRx(_Receiver):
         self.src = src
         self.dst = dst
 
-    def release(self, index: int) -> None:
+    def release(self, index: int) -> bool:
+        """Grant the slot back: a flag to the sender (True if trio must run, see
+        :meth:`ServerFabric.send`)."""
         assert self.tx is not None
-        self.fabric.send(self.dst, self.src, 0, self.tx.credit)  # the credit: a flag back
+        return self.fabric.send(self.dst, self.src, 0, self.tx.credit)
 
 
 class LocalTx(_Sender):
@@ -164,15 +204,13 @@ class LocalTx(_Sender):
         self.rx = rx
         rx.tx = self
 
-    async def drain(self) -> None:
-        """The source is copied when :meth:`write` returns: nothing to wait for."""
-
-    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
+    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> bool:
         """Copy ``data`` into slot ``index`` (the slot is this sender's until it is announced)
-        and announce it when the server's fabric delivers it."""
+        and announce it when the server's fabric delivers it (the source is free at once).
+        True if trio must run (:meth:`ServerFabric.send`)."""
         rx = self.rx
         rx.slot(index, data.nbytes)[:] = data
-        rx.fabric.send(rx.src, rx.dst, data.nbytes, partial(rx.deliver, imm, data.nbytes))
+        return rx.fabric.send(rx.src, rx.dst, data.nbytes, partial(rx.deliver, imm, data.nbytes))
 
 
 # -- RDMA ---------------------------------------------------------------------------------
@@ -184,6 +222,16 @@ class Completions:
     def __init__(self, cq: CQ) -> None:
         self.cq = cq
         self.by_qpn: dict[int, RdmaTx | RdmaRx] = {}
+        self.dispatching = False
+        # the listeners of links a dispatch changed: they run once the whole batch is in, as
+        # tasks woken by it would (a ring operation sees every arrival and credit of the instant)
+        self.later: list[Callable[[], bool]] = []
+
+    def add(self, link: RdmaTx | RdmaRx) -> None:
+        """Hand ``link``'s completions to it."""
+        link.batch = self
+        for qp in link.all_qps:
+            self.by_qpn[qp.qp_num] = link
 
     def attach(self) -> None:
         """Dispatch from the NIC's driver as completions are made (:meth:`CQ.set_handler`)."""
@@ -193,25 +241,47 @@ class Completions:
         self.cq.set_handler(None)
 
     def dispatch(self) -> bool:
-        """Hand every completion on the CQ to its link; True if there was any (its link's
-        waiters were woken).  An error in a link's handling fails every link, so the ranks'
-        waits raise it instead of the driver."""
+        """Hand every completion on the CQ to its link; True if that woke a task.  An error in
+        a link's handling fails every link, so the ranks' waits raise it instead of the
+        driver."""
         cq, by_qpn = self.cq, self.by_qpn
-        any_ = False
+        woke = False
+        self.dispatching = True
+        try:
+            woke = self._take_all(cq, by_qpn)
+        except BaseException:
+            self.later.clear()
+            raise
+        finally:
+            self.dispatching = False
+        later = self.later
+        while later:
+            listeners = list(dict.fromkeys(later))
+            later.clear()
+            for listener in listeners:
+                if listener():
+                    woke = True
+        return woke
+
+    def _take_all(self, cq: CQ, by_qpn: dict[int, RdmaTx | RdmaRx]) -> bool:
+        woke = False
         while True:
             wcs = cq.poll(64)
             if not wcs:
-                return any_
-            any_ = True
+                return woke
             for wc in wcs:
                 link = by_qpn.get(wc.qp_num)
                 if link is None:
                     continue
                 try:
-                    link.on_completion(wc.status, wc.opcode, wc.byte_len, wc.imm_data, wc.qp_num)
+                    if link.on_completion(
+                        wc.status, wc.opcode, wc.byte_len, wc.imm_data, wc.qp_num
+                    ):
+                        woke = True
                 except Exception as exc:  # reported to every waiter, not raised in the driver
                     for other in dict.fromkeys(by_qpn.values()):
                         other.fail(f"handling a completion of {link.peer}: {exc!r}")
+                    woke = True
 
 
 class _Rdma(_Waitable):
@@ -264,22 +334,23 @@ class _Rdma(_Waitable):
 
     def on_completion(
         self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None, qpn: int
-    ) -> None:
+    ) -> bool:
+        """Take one completion; True if that woke a task."""
         if status is not WcStatus.SUCCESS:
-            self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
-            return
+            return self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
         if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
             lane = self.lane_of[qpn]
             self.all_qps[lane].post_recv(RecvWR(0))
-            self.on_receive(nbytes, imm, lane)
-        elif opcode is WcOpcode.RDMA_WRITE:
-            self.on_written()
+            return self.on_receive(nbytes, imm, lane)
+        if opcode is WcOpcode.RDMA_WRITE:
+            return self.on_written()
+        return False
 
-    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> bool:
         raise NotImplementedError
 
-    def on_written(self) -> None:
-        pass
+    def on_written(self) -> bool:
+        return False
 
     def close(self) -> None:
         for qp in self.all_qps:
@@ -306,22 +377,22 @@ class RdmaRx(_Rdma, _Receiver):
         self.arrived = 0  # data writes received
         self.peak_held = 0  # the most slots ever full at once (the window: at most slots)
 
-    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> bool:
         if imm is None:
-            self.fail(f"link with {self.peer}: a data write arrived without an immediate")
-            return
-        self.deliver(imm, nbytes, lane)
+            return self.fail(f"link with {self.peer}: a data write arrived without an immediate")
         self.arrived += 1
         held = self.arrived - self.released  # slots holding data not yet granted back
         if held > self.peak_held:
             self.peak_held = held  # more than ``slots`` would be a sender writing ungranted
+        return self.deliver(imm, nbytes, lane)
 
-    def release(self, index: int) -> None:
+    def release(self, index: int) -> bool:
         """Grant the sender one more slot (clear to send): on the grant QP, else spread over
-        the data QPs as the data is."""
+        the data QPs as the data is.  The post kicks the NIC; no trio task needs to run."""
         qp = self.grant_qp or self.qps[self.released % len(self.qps)]
         self.released += 1
         qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
+        return False
 
 
 class RdmaTx(_Rdma, _Sender):
@@ -342,21 +413,17 @@ class RdmaTx(_Rdma, _Sender):
         self.remote_addr = 0
         self.rkey = 0
         self.written = 0  # items posted: item k goes on QP k mod len(qps)
-        self.outstanding = 0  # writes posted and not yet completed: their source is in use
 
-    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> None:
-        self.credit()
+    def on_receive(self, nbytes: int, imm: int | None, lane: int) -> bool:
+        return self.credit()
 
-    def on_written(self) -> None:
+    def on_written(self) -> bool:
         self.outstanding -= 1
-        self.changed.unpark_all()
+        return self.notify()
 
-    async def drain(self) -> None:
-        """Until every posted write has completed (its source buffer may then change)."""
-        while self.outstanding:
-            await self._park()
-
-    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> None:
+    def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> bool:
+        """Write ``data`` (``offset`` into ``mr``) into slot ``index`` of the receiver, with
+        ``imm``; the post kicks the NIC, no trio task needs to run (False)."""
         assert mr is not None
         self.outstanding += 1
         qp = self.qps[self.written % len(self.qps)]
@@ -371,6 +438,7 @@ class RdmaTx(_Rdma, _Sender):
                 rkey=self.rkey,
             )
         )
+        return False
 
 
 Tx = LocalTx | RdmaTx

@@ -1,4 +1,4 @@
-"""Ring schedules and the engine that runs them, chunked and pipelined.
+"""Ring schedules and what runs them, chunked and pipelined.
 
 A schedule is a list of steps; in step s a rank sends one element range to its ring successor
 and receives one from its predecessor, which it reduces into (``reduce``) or copies over its
@@ -11,6 +11,13 @@ the chunk: ``seq << 24 | step << 16 | chunk``; a receiver that sees anything but
 expects next fails the operation (the rings of two ranks disagree, or a stale write arrived).
 Slots are taken in a ring that runs on across operations: a rank may start the next operation
 while its successor still drains this one.
+
+An operation is driven by its links, not by tasks (:class:`_Operation`): each arrival, credit,
+completed write or failure calls its ``pump``, which reduces what arrived, grants the slots
+back and writes the chunks now allowed, in the order a sender task and a receiver task woken
+together would (sender, receiver, sender).  The caller's task waits once, for the end.  In
+virtual and exact time that is no trio round per chunk (the engine runs the pump inside the
+NIC's completion handler); the emulated result is the task version's, byte for byte.
 
 Schedules (``n`` ranks, ring position ``r``, segments as :func:`segments` cuts them):
 
@@ -33,7 +40,7 @@ import numpy as np
 import trio
 
 from collectives.comm import ops
-from collectives.comm.links import Rx, Tx
+from collectives.comm.links import LinkError, Rx, Tx
 from rocev2_emu.verbs import MR
 
 MAX_STEPS: Final = 255
@@ -99,6 +106,139 @@ def imm_of(seq: int, step: int, chunk: int) -> int:
     return (seq & 0xFF) << 24 | step << 16 | chunk
 
 
+class _Operation:
+    """One ring operation driven by its links: :meth:`pump` runs whenever either link changes
+    (an arrival, a credit, a write completed, a failure), from the NIC driver's completion
+    handler or the server fabric's delivery, and does at once what the change allows - reduce
+    or copy what arrived, grant its slot back, write the chunks whose data and credit are
+    there.  No trio task runs per chunk: in virtual and exact time an operation costs the
+    engine no trio round until it ends."""
+
+    def __init__(
+        self,
+        steps: list[Step],
+        work: np.ndarray,
+        mr: MR | None,
+        tx: Tx | None,
+        rx: Rx | None,
+        *,
+        op: str,
+        seq: int,
+        progress: list[str],
+        pred: str,
+        succ: str,
+    ) -> None:
+        slot_bytes = (tx or rx).slot_bytes if (tx or rx) else 1 << 20  # type: ignore[union-attr]
+        chunk = max(1, slot_bytes // work.itemsize)
+        self.work, self.mr, self.tx, self.rx = work, mr, tx, rx
+        self.raw = work.view(np.uint8)
+        self.op, self.seq, self.progress, self.pred, self.succ = op, seq, progress, pred, succ
+        # what this rank sends, in order: (step, chunk, lo, hi, the step it waits on)
+        self.sends: list[tuple[int, int, int, int, int | None]] = []
+        # what it receives, in order: (step, chunk, lo, hi, reduce)
+        self.recvs: list[tuple[int, int, int, int, bool]] = []
+        self.done: list[list[bool]] = []
+        for s, step in enumerate(steps):
+            if step.send is not None and tx is not None:
+                pieces = _chunks(step.send, chunk)
+                if len(pieces) > MAX_CHUNKS:
+                    raise ValueError(f"{len(pieces)} chunks in one step > {MAX_CHUNKS}")
+                self.sends += [(s, c, lo, hi, step.after) for c, (lo, hi) in enumerate(pieces)]
+            pieces = _chunks(step.recv, chunk) if step.recv is not None and rx is not None else []
+            self.recvs += [(s, c, lo, hi, step.reduce) for c, (lo, hi) in enumerate(pieces)]
+            self.done.append([False] * len(pieces))
+        self.sent = 0  # sends posted
+        self.received = 0  # receipts reduced or copied
+        self.error: BaseException | None = None
+        self.finished = trio.Event()
+        self._busy = False  # in pump: a change made by pump itself (a free fabric) loops
+        self._again = False
+        self._woke = False  # a link said trio must run (a server fabric's new deadline)
+
+    def pump(self) -> bool:
+        """Do what the links allow now; True if trio must run before time moves on: the
+        operation ended (its task woke), or a link said so (:meth:`ServerFabric.send`)."""
+        if self._busy:
+            self._again = True
+            return False
+        if self.finished.is_set():
+            return False
+        self._busy = True
+        self._woke = False
+        try:
+            # as the tasks of a sender and a receiver woken together ran: the sender first (it
+            # was created first), then the receiver, then the sender on what it received
+            self._send()
+            while True:
+                self._again = False
+                if not self._receive() and not self._again:
+                    break
+                self._send()
+            if self.received == len(self.recvs) and self.sent == len(self.sends):
+                if self.tx is None or not self.tx.outstanding:
+                    self.finished.set()
+                    return True
+                self.progress[0] = f"the NIC to finish sending to {self.succ}"
+            for link in (self.tx, self.rx):
+                if link is not None and link.error:
+                    raise LinkError(link.error)
+        except Exception as exc:  # raised by the waiting task, not in the driver
+            self.error = exc
+            self.finished.set()
+            return True
+        finally:
+            self._busy = False
+        return self._woke
+
+    def _receive(self) -> bool:
+        """Reduce or copy what arrived, granting each slot back; True if anything did."""
+        rx, recvs, work = self.rx, self.recvs, self.work
+        start = self.received
+        while self.received < len(recvs):
+            s, c, lo, hi, reduce = recvs[self.received]
+            assert rx is not None
+            got = rx.take()
+            if got is None:
+                self.progress[0] = f"step {s} chunk {c} from {self.pred}"
+                break
+            imm, nbytes, slot = got
+            want = imm_of(self.seq, s, c)
+            if imm != want or nbytes != (hi - lo) * work.itemsize:
+                raise ProtocolError(
+                    f"expected step {s} chunk {c} ({(hi - lo) * work.itemsize} B, immediate "
+                    f"{want:#x}), got immediate {imm:#x} with {nbytes} B"
+                )
+            incoming = rx.slot(slot, nbytes).view(work.dtype)
+            if reduce:
+                ops.combine(self.op, work[lo:hi], incoming)
+            else:
+                work[lo:hi] = incoming
+            self.received += 1
+            self.done[s][c] = True
+            if rx.release(slot):
+                self._woke = True
+        return self.received > start
+
+    def _send(self) -> None:
+        tx, sends, itemsize = self.tx, self.sends, self.work.itemsize
+        while self.sent < len(sends):
+            s, c, lo, hi, after = sends[self.sent]
+            assert tx is not None
+            if after is not None and not self.done[after][c]:
+                if self.received == len(self.recvs):  # no receipt is left to bring it
+                    raise ProtocolError(f"step {s} chunk {c} waits on step {after}, never run")
+                self.progress[0] = f"step {after} chunk {c} from {self.pred}"
+                return
+            slot = tx.take_credit()
+            if slot is None:
+                self.progress[0] = f"a credit from {self.succ}"
+                return
+            b0, b1 = lo * itemsize, hi * itemsize
+            self.sent += 1
+            if tx.write(slot, self.raw[b0:b1], self.mr, b0, imm_of(self.seq, s, c)):
+                self._woke = True
+
+
 async def run(
     steps: list[Step],
     work: np.ndarray,
@@ -112,67 +252,27 @@ async def run(
     pred: str = "the predecessor",
     succ: str = "the successor",
 ) -> None:
-    """Run ``steps`` on ``work`` (registered as ``mr`` for RDMA sends).  ``progress`` holds one
-    string saying what is awaited, for the caller's timeout message."""
+    """Run ``steps`` on ``work`` (registered as ``mr`` for RDMA sends), driven by the links'
+    changes (:class:`_Operation`) until every chunk is sent, received and its write complete.
+    ``progress`` holds one string saying what is awaited, for the caller's timeout message."""
     if len(steps) > MAX_STEPS:
         raise ValueError(f"{len(steps)} ring steps > {MAX_STEPS}: too many ranks in one ring")
-    slot_bytes = (tx or rx).slot_bytes if (tx or rx) else 1 << 20  # type: ignore[union-attr]
-    chunk = max(1, slot_bytes // work.itemsize)
-    done = [[False] * len(_chunks(s.recv, chunk)) if s.recv else [] for s in steps]
-    received = trio.lowlevel.ParkingLot()
-    raw = work.view(np.uint8)
-
-    async def sender() -> None:
-        assert tx is not None
-        for s, step in enumerate(steps):
-            if step.send is None:
-                continue
-            pieces = _chunks(step.send, chunk)
-            if len(pieces) > MAX_CHUNKS:
-                raise ValueError(f"{len(pieces)} chunks in one step > {MAX_CHUNKS}")
-            for c, (lo, hi) in enumerate(pieces):
-                if step.after is not None:
-                    while not done[step.after][c]:
-                        progress[0] = f"step {step.after} chunk {c} from {pred}"
-                        await received.park()
-                progress[0] = f"a credit from {succ}"
-                slot = await tx.acquire()
-                b0, b1 = lo * work.itemsize, hi * work.itemsize
-                tx.write(slot, raw[b0:b1], mr, b0, imm_of(seq, s, c))
-        progress[0] = f"the NIC to finish sending to {succ}"
-        await tx.drain()
-
-    async def receiver() -> None:
-        assert rx is not None
-        for s, step in enumerate(steps):
-            if step.recv is None:
-                continue
-            for c, (lo, hi) in enumerate(_chunks(step.recv, chunk)):
-                progress[0] = f"step {s} chunk {c} from {pred}"
-                imm, nbytes, slot = await rx.arrival()
-                want = imm_of(seq, s, c)
-                if imm != want or nbytes != (hi - lo) * work.itemsize:
-                    raise ProtocolError(
-                        f"expected step {s} chunk {c} ({(hi - lo) * work.itemsize} B, immediate "
-                        f"{want:#x}), got immediate {imm:#x} with {nbytes} B"
-                    )
-                incoming = rx.slot(slot, nbytes).view(work.dtype)
-                if step.reduce:
-                    ops.combine(op, work[lo:hi], incoming)
-                else:
-                    work[lo:hi] = incoming
-                rx.release(slot)
-                done[s][c] = True
-                received.unpark_all()
-
+    operation = _Operation(
+        steps, work, mr, tx, rx, op=op, seq=seq, progress=progress, pred=pred, succ=succ
+    )
+    links = [link for link in (tx, rx) if link is not None]
+    for link in links:
+        if link.listener is not None:
+            raise RuntimeError(f"a link to {pred}/{succ} already runs a ring operation")
+        link.listener = operation.pump
     try:
-        async with trio.open_nursery() as nursery:
-            if tx is not None and any(s.send for s in steps):
-                nursery.start_soon(sender)
-            if rx is not None and any(s.recv for s in steps):
-                nursery.start_soon(receiver)
-    except BaseExceptionGroup as group:
-        raise first_error(group) from None
+        operation.pump()
+        await operation.finished.wait()
+    finally:
+        for link in links:
+            link.listener = None
+    if operation.error is not None:
+        raise operation.error
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

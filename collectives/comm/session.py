@@ -211,7 +211,7 @@ class RankSession(abc.ABC):
             qps=o.qps_per_connection,
             grant_dscp=o.grant_dscp,
         )
-        self.completions.by_qpn.update((qp.qp_num, link) for qp in link.all_qps)
+        self.completions.add(link)
         return link
 
     def _connect_qps(self, end: RdmaRx | RdmaTx, peers: list[QPInfo]) -> None:

@@ -107,8 +107,16 @@ class EngineNic(_Waiters):
         self.late_wakeups = 0  # the engine is never late: it stops time instead
         self.late_seconds = 0.0
         self.late_beyond = [0] * len(BEHIND_MARKS)
-        self.node = engine.add(nic_node(core, self.wake_waiters))
+        self.node = engine.add(nic_node(core, self._after))
         self._init_waiters()
+
+    def _after(self, received: int) -> bool:
+        """The engine ran the core: its completion handlers (:meth:`CQ.set_handler`) may read
+        the clock (a collective driven by its completions writes over a server's fabric), so
+        trio's clock is brought to this instant first."""
+        if self.cq_handlers and self.core.grown_cqs:
+            self.engine.sync_clock()
+        return self.wake_waiters(received)
 
     @property
     def wakeups(self) -> int:

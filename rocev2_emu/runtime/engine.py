@@ -34,6 +34,7 @@ class Engine:
         self.origin = 0.0  # the trio-clock time of emulated 0 (set by run)
         self.progress: Callable[[Engine], None] | None = None
         self._scope: trio.CancelScope | None = None
+        self._clock: trio.testing.MockClock | None = None  # while :meth:`run` runs
         self._quiet = trio.lowlevel.ParkingLot()  # tasks waiting for the fabric to go quiet
 
     # -- the heap's surface ----------------------------------------------------------------
@@ -101,6 +102,14 @@ class Engine:
         if ahead > 0:
             clock.jump(ahead)
 
+    def sync_clock(self) -> None:
+        """Move trio's clock to the engine's instant now, from inside the engine's run: a
+        node's ``after`` hook about to run interpreted code that reads the emulated time (a
+        completion handler driving a collective) sees this instant, not the last one trio
+        ran at.  Nothing to do when the engine is stepped by hand."""
+        if self._clock is not None:
+            self._sync_clock(self._clock)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The engine as a trio task under MockClock: runs until cancelled.
 
@@ -115,6 +124,7 @@ class Engine:
             raise EngineError("the event engine runs only under trio.testing.MockClock")
         events = self.events
         self.origin = trio.current_time() - events.now
+        self._clock = clock
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked

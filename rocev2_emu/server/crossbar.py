@@ -70,7 +70,7 @@ PRESETS: Final = {
 class _Transfer:
     __slots__ = ("dst", "on_delivered", "rate", "remaining", "size", "src")
 
-    def __init__(self, src: int, dst: int, size: int, on_delivered: Callable[[], None]) -> None:
+    def __init__(self, src: int, dst: int, size: int, on_delivered: Callable[[], object]) -> None:
         self.src = src
         self.dst = dst
         self.size = size
@@ -104,7 +104,7 @@ class Crossbar:
         self.transfers = 0  # delivered
 
     def send(
-        self, src: int, dst: int, size: int, now: float, on_delivered: Callable[[], None]
+        self, src: int, dst: int, size: int, now: float, on_delivered: Callable[[], object]
     ) -> None:
         if not (0 <= src < self.ports and 0 <= dst < self.ports) or src == dst:
             raise ValueError(f"a transfer from port {src} to port {dst} of {self.ports}")
@@ -121,9 +121,9 @@ class Crossbar:
             times.append(self._landing[0][0])
         return min(times) if times else None
 
-    def advance(self, now: float) -> list[Callable[[], None]]:
+    def advance(self, now: float) -> list[Callable[[], object]]:
         self._progress(now)
-        due: list[Callable[[], None]] = []
+        due: list[Callable[[], object]] = []
         while self._landing and self._landing[0][0] <= now:
             _, _, transfer = heapq.heappop(self._landing)
             self.rx_bytes[transfer.dst] += transfer.size

@@ -46,14 +46,16 @@ class ServerFabric:
         self._scope: trio.CancelScope | None = None
         self._target = math.inf  # the emulated instant the task sleeps until
 
-    def send(self, src: int, dst: int, size: int, on_delivered: Callable[[], None]) -> None:
+    def send(self, src: int, dst: int, size: int, on_delivered: Callable[[], object]) -> bool:
         """Move ``size`` bytes from accelerator ``src`` to ``dst``; ``on_delivered`` runs when
-        they land (at once on a free fabric)."""
+        they land (at once on a free fabric).  True if trio must run before time moves on: the
+        fabric's task now sleeps until a new deadline (a caller inside the event engine hands
+        it control), or ``on_delivered`` said so (it woke a task)."""
         if self.model is None or self.clock is None:
-            on_delivered()
-            return
+            return bool(on_delivered())
         self.model.send(src, dst, size, self.clock.now(), on_delivered)
         self._arm(self.model, self.clock)
+        return True
 
     def _arm(self, model: Crossbar, clock: DilatedClock) -> None:
         nxt = model.next_time()

@@ -3,13 +3,19 @@ lossy link, so hours of retransmission timers run in milliseconds and every run 
 
 from __future__ import annotations
 
+import tomllib
+
 import numpy as np
 import pytest
 import trio
 import trio.testing
 
+from rocev2_emu.fabric.virtual import virtual_fabric
+from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.topology.file import parse
+from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.transport.errors import LocalVerbsError, RemoteVerbsError
 from rocev2_emu.transport.memory import Access
 from rocev2_emu.transport.qp_state import QPState
@@ -247,3 +253,39 @@ async def test_go_back_n_restarts_once_per_sequence_error_episode_under_reorderi
         assert held / 2 <= req.packet_seq_err <= naks_per_reordered * held
         assert req.retransmitted_packets <= 24 * held  # one BDP per held frame, at most
         assert qb.qp.counters.out_of_sequence > 10 * req.packet_seq_err  # dropped, not NAK'd
+
+
+async def test_a_cq_handler_run_by_the_event_engine_reads_the_instant_of_its_completions(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """In virtual time the engine runs instant after instant without trio while no task wakes;
+    a CQ handler that wakes none (a collective driven by its completions) still reads the
+    emulated time of the completions it is handed, not the instant trio last ran at."""
+    topo = parse(tomllib.loads(leaf_spine(1, 1, 2)), "pair.toml")
+    async with virtual_fabric(topo) as (_, agents):
+        a, b = agents["h0"].ctx, agents["h1"].ctx
+        assert isinstance(a.driver, EngineNic)
+        engine = a.driver.engine
+        pa, pb = PD(a), PD(b)
+        ma = MR(pa, np.arange(4096, dtype=np.uint8), RW)
+        mb = MR(pb, np.zeros(4096, dtype=np.uint8), RW)
+        ca = CQ(a)
+        qa, qb = QP(pa, ca), QP(pb, CQ(b))
+        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid))
+        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+        seen: list[tuple[float, float]] = []  # (the handler's clock, the engine's time)
+
+        def handler() -> bool:
+            for _ in ca.poll(16):
+                seen.append((a.now(), engine.now))
+            return False  # woke no task: the engine runs on without trio
+
+        ca.set_handler(handler)
+        sge = [Sge(ma.addr, 1024, ma.lkey)]
+        for k in range(4):
+            qa.post_send(SendWR(k, WrOpcode.RDMA_WRITE, sge, remote_addr=mb.addr, rkey=mb.rkey))
+        await trio.sleep(1e-3)  # emulated: every completion comes in this one stretch
+        ca.set_handler(None)
+    assert len(seen) == 4
+    assert [clock for clock, _ in seen] == pytest.approx([t for _, t in seen], abs=1e-12)
+    assert seen[0][0] > 0
