@@ -61,10 +61,10 @@ class LinkError(Exception):
 
 
 class _Waitable:
-    """What a link end's user waits on: the tasks parked on it, or one ``listener`` (a ring
-    operation driven from its links' changes, :func:`collectives.comm.ring.run`) called at once.
-    Every change says whether it woke a task: the NIC driver's completion handler tells the
-    event engine so, which then lets trio run at that instant."""
+    """What a link end's user waits on: the tasks parked on it, or one ``listener`` called at
+    once (a ring operation driven by its links' changes: ``ring.Operation``).  Every change
+    says whether it woke a task: the NIC driver's completion handler tells the event engine
+    so, which then lets trio run at that instant."""
 
     def __init__(self) -> None:
         self.changed = trio.lowlevel.ParkingLot()
@@ -168,11 +168,6 @@ class _Sender(_Waitable):
         while (slot := self.take_credit()) is None:
             await self._park()
         return slot
-
-    async def drain(self) -> None:
-        """Until every write's source may change again."""
-        while self.outstanding:
-            await self._park()
 
 
 # -- inside a server: shared memory timed by its fabric ------------------------------------

@@ -12,7 +12,7 @@ expects next fails the operation (the rings of two ranks disagree, or a stale wr
 Slots are taken in a ring that runs on across operations: a rank may start the next operation
 while its successor still drains this one.
 
-An operation is driven by its links, not by tasks (:class:`_Operation`): each arrival, credit,
+An operation is driven by its links, not by tasks (:class:`Operation`): each arrival, credit,
 completed write or failure calls its ``pump``, which reduces what arrived, grants the slots
 back and writes the chunks now allowed, in the order a sender task and a receiver task woken
 together would (sender, receiver, sender).  The caller's task waits once, for the end.  In
@@ -106,7 +106,7 @@ def imm_of(seq: int, step: int, chunk: int) -> int:
     return (seq & 0xFF) << 24 | step << 16 | chunk
 
 
-class _Operation:
+class Operation:
     """One ring operation driven by its links: :meth:`pump` runs whenever either link changes
     (an arrival, a credit, a write completed, a failure), from the NIC driver's completion
     handler or the server fabric's delivery, and does at once what the change allows - reduce
@@ -125,9 +125,13 @@ class _Operation:
         op: str,
         seq: int,
         progress: list[str],
-        pred: str,
-        succ: str,
+        pred: str = "the predecessor",
+        succ: str = "the successor",
     ) -> None:
+        """``steps`` on ``work`` (registered as ``mr`` for RDMA sends); ``progress`` holds one
+        string saying what is awaited, for the caller's timeout message."""
+        if len(steps) > MAX_STEPS:
+            raise ValueError(f"{len(steps)} ring steps > {MAX_STEPS}: too many ranks in one ring")
         slot_bytes = (tx or rx).slot_bytes if (tx or rx) else 1 << 20  # type: ignore[union-attr]
         chunk = max(1, slot_bytes // work.itemsize)
         self.work, self.mr, self.tx, self.rx = work, mr, tx, rx
@@ -154,6 +158,23 @@ class _Operation:
         self._busy = False  # in pump: a change made by pump itself (a free fabric) loops
         self._again = False
         self._woke = False  # a link said trio must run (a server fabric's new deadline)
+
+    async def run(self) -> None:
+        """Until every chunk is sent, received and its write complete, driven by the links'
+        changes; raises what failed the operation."""
+        links = [link for link in (self.tx, self.rx) if link is not None]
+        for link in links:
+            if link.listener is not None:
+                raise RuntimeError(f"a link to {self.pred}/{self.succ} already runs an operation")
+            link.listener = self.pump
+        try:
+            self.pump()
+            await self.finished.wait()
+        finally:
+            for link in links:
+                link.listener = None
+        if self.error is not None:
+            raise self.error
 
     def pump(self) -> bool:
         """Do what the links allow now; True if trio must run before time moves on: the
@@ -237,42 +258,6 @@ class _Operation:
             self.sent += 1
             if tx.write(slot, self.raw[b0:b1], self.mr, b0, imm_of(self.seq, s, c)):
                 self._woke = True
-
-
-async def run(
-    steps: list[Step],
-    work: np.ndarray,
-    mr: MR | None,
-    tx: Tx | None,
-    rx: Rx | None,
-    *,
-    op: str,
-    seq: int,
-    progress: list[str],
-    pred: str = "the predecessor",
-    succ: str = "the successor",
-) -> None:
-    """Run ``steps`` on ``work`` (registered as ``mr`` for RDMA sends), driven by the links'
-    changes (:class:`_Operation`) until every chunk is sent, received and its write complete.
-    ``progress`` holds one string saying what is awaited, for the caller's timeout message."""
-    if len(steps) > MAX_STEPS:
-        raise ValueError(f"{len(steps)} ring steps > {MAX_STEPS}: too many ranks in one ring")
-    operation = _Operation(
-        steps, work, mr, tx, rx, op=op, seq=seq, progress=progress, pred=pred, succ=succ
-    )
-    links = [link for link in (tx, rx) if link is not None]
-    for link in links:
-        if link.listener is not None:
-            raise RuntimeError(f"a link to {pred}/{succ} already runs a ring operation")
-        link.listener = operation.pump
-    try:
-        operation.pump()
-        await operation.finished.wait()
-    finally:
-        for link in links:
-            link.listener = None
-    if operation.error is not None:
-        raise operation.error
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

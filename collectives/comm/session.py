@@ -356,7 +356,7 @@ class RankSession(abc.ABC):
             return
         mr = self._register(work) if isinstance(r.tx, RdmaTx) else None
         n, pos = len(r.members), r.pos
-        await ring.run(
+        await ring.Operation(
             steps,
             work,
             mr,
@@ -367,7 +367,7 @@ class RankSession(abc.ABC):
             progress=progress,
             pred=f"rank {r.members[(pos - 1) % n]}",
             succ=f"rank {r.members[(pos + 1) % n]}",
-        )
+        ).run()
 
     @abc.abstractmethod
     async def barrier(self) -> None:

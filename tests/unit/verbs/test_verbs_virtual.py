@@ -32,6 +32,19 @@ def lossy(seed: int) -> LinkFaults:
     )
 
 
+def writer_and_target(a: Context, b: Context) -> tuple[MR, MR, CQ, QP]:
+    """A 4 KiB source on ``a``, a 4 KiB target on ``b``, and ``a``'s QP (on its CQ) connected
+    to one of ``b``'s."""
+    pa, pb = PD(a), PD(b)
+    ma = MR(pa, np.arange(4096, dtype=np.uint8), RW)
+    mb = MR(pb, np.zeros(4096, dtype=np.uint8), RW)
+    ca = CQ(a)
+    qa, qb = QP(pa, ca), QP(pb, CQ(b))
+    qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid))
+    qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+    return ma, mb, ca, qa
+
+
 async def collect(cq: CQ, n: int, timeout: float = 30.0) -> list[WorkCompletion]:
     got: list[WorkCompletion] = []
     while len(got) < n:
@@ -112,13 +125,7 @@ async def test_a_cq_handler_sees_each_completion_when_it_is_made_until_removed(
         Context.open(DeviceConfig(bind=A[0], tdf=1.0), port=net.port(A, B)) as a,
         Context.open(DeviceConfig(bind=B[0], tdf=1.0), port=net.port(B, A)) as b,
     ):
-        pa, pb = PD(a), PD(b)
-        ma = MR(pa, np.arange(4096, dtype=np.uint8), RW)
-        mb = MR(pb, np.zeros(4096, dtype=np.uint8), RW)
-        ca = CQ(a)
-        qa, qb = QP(pa, ca), QP(pb, CQ(b))
-        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid))
-        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+        ma, mb, ca, qa = writer_and_target(a, b)
         seen: list[tuple[int, float]] = []
         done = trio.Event()
 
@@ -266,13 +273,7 @@ async def test_a_cq_handler_run_by_the_event_engine_reads_the_instant_of_its_com
         a, b = agents["h0"].ctx, agents["h1"].ctx
         assert isinstance(a.driver, EngineNic)
         engine = a.driver.engine
-        pa, pb = PD(a), PD(b)
-        ma = MR(pa, np.arange(4096, dtype=np.uint8), RW)
-        mb = MR(pb, np.zeros(4096, dtype=np.uint8), RW)
-        ca = CQ(a)
-        qa, qb = QP(pa, ca), QP(pb, CQ(b))
-        qa.connect(RemoteQP(qb.qp_num, qb.psn, b.gid))
-        qb.connect(RemoteQP(qa.qp_num, qa.psn, a.gid))
+        ma, mb, ca, qa = writer_and_target(a, b)
         seen: list[tuple[float, float]] = []  # (the handler's clock, the engine's time)
 
         def handler() -> bool:
