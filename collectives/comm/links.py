@@ -81,7 +81,8 @@ class _Waitable:
                 self.batch.later.append(self.listener)
             else:
                 woke = self.listener()
-        return bool(self.changed.unpark_all()) or woke
+        lot = self.changed
+        return (len(lot) > 0 and bool(lot.unpark_all())) or woke
 
     def fail(self, why: str) -> bool:
         """The link broke; the first reason is the one reported (a retry-exhausted send is

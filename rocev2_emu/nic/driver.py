@@ -135,4 +135,4 @@ class EngineNic(_Waiters):
         self.kick()
 
     def kick(self) -> None:
-        self.engine.kick(self.node)
+        self.engine.events.kick(self.node)

@@ -35,6 +35,7 @@ class Engine:
         self.progress: Callable[[Engine], None] | None = None
         self._scope: trio.CancelScope | None = None
         self._clock: trio.testing.MockClock | None = None  # while :meth:`run` runs
+        self._synced = -1.0  # the engine's time trio's clock was last brought to
         self._quiet = trio.lowlevel.ParkingLot()  # tasks waiting for the fabric to go quiet
 
     # -- the heap's surface ----------------------------------------------------------------
@@ -107,7 +108,9 @@ class Engine:
         node's ``after`` hook about to run interpreted code that reads the emulated time (a
         completion handler driving a collective) sees this instant, not the last one trio
         ran at.  Nothing to do when the engine is stepped by hand."""
-        if self._clock is not None:
+        now = self.events.now
+        if self._clock is not None and now != self._synced:
+            self._synced = now  # trio's clock never moves back: at this instant it is there
             self._sync_clock(self._clock)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

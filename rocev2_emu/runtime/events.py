@@ -257,9 +257,10 @@ class EventHeap:
     # -- events ----------------------------------------------------------------------------
     def kick(self, node: Node) -> None:
         """Something changed in ``node``'s core outside the heap (a post, a modify)."""
-        if not node.touched:
-            node.touched = True
-            self._touched.append(node)
+        if node.touched:
+            return  # already due for a service: whoever runs the heap knows
+        node.touched = True
+        self._touched.append(node)
         on_kick = self.on_kick
         if on_kick is not None:
             on_kick()
