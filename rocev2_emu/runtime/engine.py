@@ -13,7 +13,8 @@ interpreted (it awaits); the heap beside it is compiled.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import trio
 import trio.testing
@@ -103,6 +104,15 @@ class Engine:
         if ahead > 0:
             clock.jump(ahead)
 
+    @contextmanager
+    def clock_of_run(self, clock: trio.testing.MockClock) -> Iterator[None]:
+        """The block is this engine's trio run on ``clock`` (:meth:`sync_clock` moves it)."""
+        self._clock, self._synced = clock, -1.0
+        try:
+            yield
+        finally:
+            self._clock = None  # sync_clock outside the run does nothing
+
     def sync_clock(self) -> None:
         """Move trio's clock to the engine's instant now, from inside the engine's run: a
         node's ``after`` hook about to run interpreted code that reads the emulated time (a
@@ -120,38 +130,39 @@ class Engine:
         (``wait_all_tasks_blocked``: trio's own test of "nothing runnable, nothing due now").
         Then trio's next deadline cannot move while no application task runs, so one look at
         ``current_statistics()`` bounds how far the engine may go on its own, instant after
-        instant with no trio call at all; a waiter it woke (``woke``) or the deadline reached
-        hands control back at that instant."""
+        instant with no trio call at all; a waiter it woke or a deadline a node's hook set
+        inside it (``woke``: a collective's NVLink transfer), or the deadline reached, hands
+        control back at that instant."""
         clock = trio.lowlevel.current_clock()
         if not isinstance(clock, trio.testing.MockClock):
             raise EngineError("the event engine runs only under trio.testing.MockClock")
         events = self.events
         self.origin = trio.current_time() - events.now
-        self._clock = clock
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
         progress = self.progress
         report = None if progress is None else (lambda: progress(self))
-        while True:
-            # every application task runs until it blocks, at this instant, before time moves
-            await settle()
-            events.now = max(events.now, trio.current_time() - self.origin)
-            events.woke = False
-            events.run_due()
-            if events.woke:
-                continue
-            limit = events.now + statistics().seconds_to_next_deadline  # inf when trio has none
-            nt = events.run_until(limit, report)
-            self._sync_clock(clock)
-            if events.woke:
-                continue
-            if nt is None and self._quiet.unpark_all():
-                continue  # they run at this instant; the engine comes back when they block
-            at = math.inf if nt is None else self.to_trio(nt)
-            with trio.move_on_at(at) as scope:
-                self._scope = scope
-                await trio.sleep_forever()
-            self._scope = None
-            if scope.cancelled_caught and nt is not None and not events.pending:
-                events.now = max(events.now, nt)  # woke for that event: it is due
+        with self.clock_of_run(clock):
+            while True:
+                # every application task runs until it blocks, at this instant, before time moves
+                await settle()
+                events.now = max(events.now, trio.current_time() - self.origin)
+                events.woke = False
+                events.run_due()
+                if events.woke:
+                    continue
+                limit = events.now + statistics().seconds_to_next_deadline  # inf when trio has none
+                nt = events.run_until(limit, report)
+                self._sync_clock(clock)
+                if events.woke:
+                    continue
+                if nt is None and self._quiet.unpark_all():
+                    continue  # they run at this instant; the engine comes back when they block
+                at = math.inf if nt is None else self.to_trio(nt)
+                with trio.move_on_at(at) as scope:
+                    self._scope = scope
+                    await trio.sleep_forever()
+                self._scope = None
+                if scope.cancelled_caught and nt is not None and not events.pending:
+                    events.now = max(events.now, nt)  # woke for that event: it is due

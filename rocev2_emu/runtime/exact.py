@@ -497,48 +497,49 @@ class ExactEngine(Engine):
         settle = trio.testing.wait_all_tasks_blocked
         await settle()
         until = await self._barrier()
-        while True:
-            # every task runs until it blocks before time moves: one woken in the window, and
-            # after a barrier one a control request started (it may be in the batch trio runs
-            # with the engine, not yet at its first wait when the grant came) - unless the
-            # grant came with trio standing still (every task still blocked: _barrier)
-            if self.fast:
-                self.fast = False
-            else:
-                await settle()
-                self._trio_seen = time.monotonic()
-            events.now = max(events.now, trio.current_time() - self.origin)
-            if self._paused:  # the application's next step comes at this instant
-                until = await self._barrier()
-                continue
-            events.woke = False
-            if events.now < until:
-                if self._changes:  # rare: no call per pass in a run without changes
-                    self._apply_changes(events.now)
-                if self._replies_due(events.now):
-                    continue  # the waiting tasks run first, as a trio deadline's would
-                events.run_due()
+        with self.clock_of_run(clock):
+            while True:
+                # every task runs until it blocks before time moves: one woken in the window, and
+                # after a barrier one a control request started (it may be in the batch trio runs
+                # with the engine, not yet at its first wait when the grant came) - unless the
+                # grant came with trio standing still (every task still blocked: _barrier)
+                if self.fast:
+                    self.fast = False
+                else:
+                    await settle()
+                    self._trio_seen = time.monotonic()
+                events.now = max(events.now, trio.current_time() - self.origin)
+                if self._paused:  # the application's next step comes at this instant
+                    until = await self._barrier()
+                    continue
+                events.woke = False
+                if events.now < until:
+                    if self._changes:  # rare: no call per pass in a run without changes
+                        self._apply_changes(events.now)
+                    if self._replies_due(events.now):
+                        continue  # the waiting tasks run first, as a trio deadline's would
+                    events.run_due()
+                    self._flush()
+                    if events.woke:
+                        continue
+                deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
+                trio_next = min(deadline, self._reply_time(), self._change_time())
+                limit = min(until, trio_next)
+                nt = events.run_until(limit, None)
                 self._flush()
+                self._sync_clock(clock)
                 if events.woke:
                     continue
-            deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
-            trio_next = min(deadline, self._reply_time(), self._change_time())
-            limit = min(until, trio_next)
-            nt = events.run_until(limit, None)
-            self._flush()
-            self._sync_clock(clock)
-            if events.woke:
-                continue
-            nxt = min(math.inf if nt is None else nt, trio_next)
-            if nxt < until and not self._holds:
-                # an application deadline before the window's end: trio runs it at its time
-                ahead = self.to_trio(nxt) - trio.current_time()
-                if ahead > 0:
-                    clock.jump(ahead)
-                events.now = max(events.now, nxt)
-                await self._send_backlog()
-                continue
-            until = await self._barrier()
+                nxt = min(math.inf if nt is None else nt, trio_next)
+                if nxt < until and not self._holds:
+                    # an application deadline before the window's end: trio runs it at its time
+                    ahead = self.to_trio(nxt) - trio.current_time()
+                    if ahead > 0:
+                        clock.jump(ahead)
+                    events.now = max(events.now, nxt)
+                    await self._send_backlog()
+                    continue
+                until = await self._barrier()
 
 
 Reply = Callable[[Any], Awaitable[Any]]
