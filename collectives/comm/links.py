@@ -241,22 +241,17 @@ class Completions:
         a link's handling fails every link, so the ranks' waits raise it instead of the
         driver."""
         cq, by_qpn = self.cq, self.by_qpn
-        woke = False
         self.dispatching = True
         try:
             woke = self._take_all(cq, by_qpn)
-        except BaseException:
-            self.later.clear()
-            raise
         finally:
             self.dispatching = False
-        later = self.later
-        while later:
-            listeners = list(dict.fromkeys(later))
-            later.clear()
-            for listener in listeners:
-                if listener():
-                    woke = True
+            listeners = list(dict.fromkeys(self.later))  # (a link changes many times a batch)
+            self.later.clear()
+        # no longer dispatching: what these listeners change calls its listener at once
+        for listener in listeners:
+            if listener():
+                woke = True
         return woke
 
     def _take_all(self, cq: CQ, by_qpn: dict[int, RdmaTx | RdmaRx]) -> bool:
