@@ -60,6 +60,7 @@ def port_states(driver: SwitchDriver | EngineSwitch, now: float | None = None) -
 def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
     """Totals over the switch's ports: what the fabric summary reports."""
     ports = driver.core.ports
+    now = driver.clock.now()
     drops: dict[str, int] = {}
     for ps in ports:
         for reason, count in ps.drops.items():
@@ -73,9 +74,7 @@ def switch_stats(driver: SwitchDriver | EngineSwitch) -> dict[str, Any]:
         "tx_bytes": sum(ps.tx_bytes for ps in ports),
         "peak_queue_bytes": max((ps.peak_queue_bytes for ps in ports), default=0),
         "port_tx_bytes": [ps.tx_bytes for ps in ports],
-        "paused_seconds": sum(
-            ps.paused_seconds(p, driver.clock.now()) for ps in ports for p in range(PRIORITIES)
-        ),
+        "paused_seconds": sum(ps.paused_seconds(p, now) for ps in ports for p in range(PRIORITIES)),
         "storms": sum(sum(row) for row in driver.core.watchdog.storms_detected),
         **lateness_stats(driver),
         "socket_drops": driver.port.kernel_drops(),

@@ -84,6 +84,8 @@ class Topology:
     server: IntraServerConfig = PRESETS["nvlink"]  # what joins the ranks of a server ([server])
     # every server's hosts (its accelerators' NICs) in file order, servers by their first host
     servers: dict[str, list[str]] = field(default_factory=dict)
+    # each node's emulated IPv4 as an integer (-1: a switch), filled by routes_by_ip
+    _host_ips: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def hosts(self) -> list[Node]:
@@ -173,7 +175,9 @@ class Topology:
             table = shortest_path_routes(self.nodes, self.path, down)[switch]
         else:
             table = self.routes[switch]
-        return {ip_to_int(self.nodes[h].ip): p for h, p in table.items()}
+        if len(self._host_ips) != len(self.nodes):  # once: every node's, a switch's unused
+            self._host_ips = {n.name: ip_to_int(n.ip) if n.ip else -1 for n in self.nodes.values()}
+        return dict(zip(map(self._host_ips.__getitem__, table), table.values(), strict=True))
 
     def link_seed(self, link: Link) -> int:
         """The seed of ``link``'s fault injection: distinct per link, fixed by the topology."""
@@ -235,28 +239,35 @@ def shortest_path_routes(
 
     A host on one link is reached through its switch, so every other switch routes it as it
     routes that switch: one search per switch hosts hang off, not one per host (a k = 16
-    fat-tree: 128 searches instead of 1 024)."""
+    fat-tree: 128 searches instead of 1 024), and each switch takes that switch's hosts in one
+    step (:func:`_hosts_behind`)."""
     routes: dict[str, dict[str, tuple[int, ...]]] = {
         s: {} for s, n in nodes.items() if n.kind is NodeKind.SWITCH
     }
-    by_switch: dict[str, tuple[dict[str, int], dict[str, tuple[int, ...]]]] = {}
+    behind = _hosts_behind(nodes, down)
     graph = _switch_graph(nodes, down)
+    done: set[str] = set()
     for host in (n for n in nodes.values() if n.kind is NodeKind.HOST):
-        if len(host.ports) == 1 and host.ports[0][0].index not in down:
-            link, attach = host.ports[0]
-            if attach not in by_switch:
-                by_switch[attach] = _toward(nodes, graph, attach, down)
-            dist, table = by_switch[attach]
-            for sw in routes:
+        attach = _attachment(host, down)
+        if attach is not None:
+            if attach in done:
+                continue
+            done.add(attach)
+            names = behind[attach]
+            dist, table = _toward(nodes, graph, attach, down)
+            for sw, to in routes.items():
                 if sw == attach:
-                    ports = tuple(i for i, (lk, _) in enumerate(nodes[sw].ports) if lk is link)
+                    for name in names:
+                        link = nodes[name].ports[0][0]
+                        to[name] = tuple(
+                            i for i, (lk, _) in enumerate(nodes[sw].ports) if lk is link
+                        )
                 elif sw in dist:
-                    ports = table[sw]
+                    to.update(dict.fromkeys(names, table[sw]))
                 elif not down:
-                    raise TopologyError(f"{path}: [[switch]] {sw}: cannot reach host {host.name}")
+                    raise TopologyError(f"{path}: [[switch]] {sw}: cannot reach host {names[0]}")
                 else:
-                    ports = ()
-                routes[sw][host.name] = ports
+                    to.update(dict.fromkeys(names, ()))
             continue
         dist = _distances(nodes, host.name, down)
         for sw in routes:
@@ -273,6 +284,22 @@ def shortest_path_routes(
                 and (nodes[peer].kind is NodeKind.SWITCH or peer == host.name)
             )
     return routes
+
+
+def _attachment(host: Node, down: frozenset[int]) -> str | None:
+    """The node a host on one working link hangs off (None: several links, or it is down)."""
+    if len(host.ports) == 1 and host.ports[0][0].index not in down:
+        return host.ports[0][1]
+    return None
+
+
+def _hosts_behind(nodes: dict[str, Node], down: frozenset[int]) -> dict[str, list[str]]:
+    """The hosts on one working link, by the node they hang off, in file order."""
+    behind: dict[str, list[str]] = {}
+    for n in nodes.values():
+        if n.kind is NodeKind.HOST and (attach := _attachment(n, down)) is not None:
+            behind.setdefault(attach, []).append(n.name)
+    return behind
 
 
 def _distances(nodes: dict[str, Node], start: str, down: frozenset[int]) -> dict[str, int]:
@@ -314,18 +341,27 @@ def _toward(
     switch that cannot reach it is in neither."""
     if start not in graph:  # a host: the other end of a pair of hosts joined by their link
         dist = _distances(nodes, start, down)
-    else:  # a switch: over the switches alone, as a search never passes a host
-        dist = {start: 0}
-        queue = deque([start])
-        while queue:
-            cur = queue.popleft()
-            for _, peer in graph[cur]:
-                if peer not in dist:
-                    dist[peer] = dist[cur] + 1
-                    queue.append(peer)
-    table = {
-        sw: tuple(i for i, peer in ports if dist.get(peer) == dist[sw] - 1)
-        for sw, ports in graph.items()
-        if sw in dist
-    }
+        table = {
+            sw: tuple(i for i, peer in ports if dist.get(peer) == dist[sw] - 1)
+            for sw, ports in graph.items()
+            if sw in dist
+        }
+        return dist, table
+    # a switch: over the switches alone, as a search never passes a host; a switch's
+    # neighbours one hop nearer are all found before it leaves the queue (breadth first)
+    dist = {start: 0}
+    table = {}
+    queue = deque([start])
+    while queue:
+        cur = queue.popleft()
+        hops = dist[cur]
+        nearer = []
+        for i, peer in graph[cur]:
+            d = dist.get(peer)
+            if d is None:
+                dist[peer] = hops + 1
+                queue.append(peer)
+            elif d == hops - 1:
+                nearer.append(i)
+        table[cur] = tuple(nearer)
     return dist, table

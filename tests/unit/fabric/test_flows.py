@@ -5,8 +5,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from rocev2_emu.fabric.agent import FlowSpec, HostAgent, flow_data
 from rocev2_emu.fabric.flows import load_flows
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import single_switch
@@ -46,3 +48,21 @@ def test_bad_flows_name_the_flow_and_the_key(tmp_path: Path, body: str, says: st
     with pytest.raises(TopologyError, match=r"flows\.toml") as err:
         load_flows(flows(tmp_path, body), TOPO)
     assert says in str(err.value)
+
+
+def test_a_flows_bytes_are_fixed_by_its_id_and_as_long_as_it() -> None:
+    one, again, other = (flow_data(FlowSpec(i, "h0", "h1", 1001)) for i in (5, 5, 6))
+    assert (
+        one.dtype == np.uint8 and len(one) == 1001 and len(flow_data(FlowSpec(5, "a", "b", 0))) == 0
+    )
+    assert np.array_equal(one, again) and not np.array_equal(one, other)
+
+
+async def test_a_destination_holds_a_flow_only_if_every_byte_is_the_sources() -> None:
+    """The in-process check of a flow's bytes (no digests): one byte off is not verified."""
+    data = flow_data(FlowSpec(1, "h0", "h1", 4096))
+    agent = HostAgent.__new__(HostAgent)  # its buffers alone: no NIC needed to compare them
+    agent._inbound = {1: (None, None, data.copy()), 2: (None, None, data.copy())}  # type: ignore[dict-item]
+    agent._inbound[2][2][4095] ^= 1
+    assert await agent.holds(1, data) and not await agent.holds(2, data)
+    assert agent._inbound == {}  # a flow's inbound state ends with its check
