@@ -168,7 +168,9 @@ class QueuePair(QPEndpoint):
             raise LocalVerbsError(
                 f"send queue of QP 0x{self.qpn:06x} is full ({self.max_send_wr} outstanding)"
             )
-        op = WrOpcode(wr.opcode)
+        op = wr.opcode
+        if not isinstance(op, WrOpcode):  # an int (the pure build lets one in): checked here
+            op = WrOpcode(op)  # an enum's call is ~3 000 instructions: not per compiled post
         need = Access.NONE
         if op in (WrOpcode.RDMA_READ, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
             need = Access.LOCAL_WRITE

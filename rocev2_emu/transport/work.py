@@ -13,7 +13,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
@@ -80,7 +80,7 @@ class SendFlags(enum.IntFlag):
     INLINE = 8
 
 
-WC_OPCODE_OF: dict[WrOpcode, WcOpcode] = {
+WC_OPCODE_OF: Final[dict[WrOpcode, WcOpcode]] = {
     WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE,
     WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
     WrOpcode.SEND: WcOpcode.SEND,

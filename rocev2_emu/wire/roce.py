@@ -35,7 +35,7 @@ from rocev2_emu.wire.bth import (
     Ext,
     Reth,
 )
-from rocev2_emu.wire.crc import crc32
+from rocev2_emu.wire.crc import crc32 as _crc32_of_platform
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import (
     ECN_ECT0,
@@ -60,6 +60,8 @@ from rocev2_emu.wire.pfc import PfcFrame, decode_pfc_untrusted
 DSCP_ROCE: Final = 26  # priority 3 by the default DSCP map
 DSCP_CNP: Final = 48  # priority 6
 ICRC_LE: Final = struct.Struct("<I")
+# Final: the compiled module reads a C static per call, not its globals dict
+crc32: Final = _crc32_of_platform
 _ROCE_MIN: Final = ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
 _FIXED_LEN: Final = IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
 _PADS: Final = (b"", b"\0", b"\0\0", b"\0\0\0")
@@ -296,7 +298,7 @@ class FrameTemplate:
 # IPv4+UDP header bytes already validated, with the BTH's first word -> CRC state of the ICRC
 # through BTH byte 4 (masked).  A pure memo (the key is every byte the state covers but the
 # masked BTH byte), bounded; it spares the checksum, the masking and two CRC calls per packet.
-_VALID_HEADERS: dict[bytes, int] = {}
+_VALID_HEADERS: Final[dict[bytes, int]] = {}
 _VALID_HEADERS_MAX: Final = 4096
 _IPUDP: Final = struct.Struct("!BBHHHBBHIIHHHH")
 _BTH_AT: Final = ETH_LEN + IPV4_LEN + UDP_LEN
@@ -332,13 +334,14 @@ def _check_ip_udp(header: bytes) -> int:
 # Python-level call, and a list index is cheaper than a dict look-up on every frame
 _LAYOUT: Final = [int(OPCODE_LAYOUT[op]) if op in OPCODE_LAYOUT else -1 for op in range(256)]
 _EXT_LEN: Final = [OPCODE_EXT_LEN.get(op, 0) for op in range(256)]
-_X_DETH, _X_RETH, _X_ATOMIC_ETH, _X_AETH = (
-    int(Ext.DETH),
-    int(Ext.RETH),
-    int(Ext.ATOMIC_ETH),
-    int(Ext.AETH),
-)
-_X_ATOMIC_ACK_ETH, _X_IMM, _X_CNP_PAD = int(Ext.ATOMIC_ACK_ETH), int(Ext.IMM), int(Ext.CNP_PAD)
+# each its own Final: the compiled module reads a C static, not its globals dict, per frame
+_X_DETH: Final = int(Ext.DETH)
+_X_RETH: Final = int(Ext.RETH)
+_X_ATOMIC_ETH: Final = int(Ext.ATOMIC_ETH)
+_X_AETH: Final = int(Ext.AETH)
+_X_ATOMIC_ACK_ETH: Final = int(Ext.ATOMIC_ACK_ETH)
+_X_IMM: Final = int(Ext.IMM)
+_X_CNP_PAD: Final = int(Ext.CNP_PAD)
 
 
 def decode_frame_untrusted(
