@@ -19,3 +19,7 @@ In layers, each importing only those below it (an import-linter contract in pypr
 The host side never imports this package: :mod:`collectives.plugin` registers it through the
 ``rocev2_emu.plugins`` entry point.
 """
+
+from rocev2_emu import cores as _cores  # first: compiled or pure, before the ring operation loads
+
+del _cores

@@ -1,10 +1,11 @@
 """Which build of the protocol cores this process runs: ``compiled`` (mypyc) or ``pure``.
 
 The cores (pyproject.toml, ``[tool.rocev2-emu] compiled-cores``: wire, transport, cc, the NIC
-core, the switch pipeline, the event engine's heap) are compiled by ``setup.py`` at install
-where a C compiler exists; the build leaves ``_cores.json`` beside this file naming each
-compiled module and the SHA-256 of the source it came from.  On the first import of
-``rocev2_emu`` or ``switch`` this module decides, once, for the whole process:
+core, the switch pipeline, the event engine's heap, the collectives' ring operation) are
+compiled by ``setup.py`` at install where a C compiler exists; the build leaves
+``_cores.json`` beside this file naming each compiled module and the SHA-256 of the source it
+came from.  On the first import of ``rocev2_emu``, ``switch`` or ``collectives`` this module
+decides, once, for the whole process:
 
 * ``ROCEV2_EMU_PURE=1``, no manifest (nothing was compiled), a manifest for another Python, or a
   compiled module whose library is missing: the pure build, silently (it is what was asked for,
@@ -14,7 +15,7 @@ compiled module and the SHA-256 of the source it came from.  On the first import
   compiled modules call each other natively, so one stale module sends every one back to Python.
 
 "Pure" is enforced, not hoped for: a finder placed first on ``sys.meta_path`` loads every
-module of the two packages from its ``.py``, so an extension module left on disk by an earlier
+module of the three packages from its ``.py``, so an extension module left on disk by an earlier
 build is never imported.  ``rocev2-emu --version`` prints the outcome (``cores: compiled`` or
 ``cores: pure``) and why.
 """
@@ -34,7 +35,7 @@ from typing import Final
 
 PURE_ENV: Final = "ROCEV2_EMU_PURE"
 MANIFEST: Final = Path(__file__).with_name("_cores.json")
-_PACKAGES: Final = ("rocev2_emu", "switch")
+_PACKAGES: Final = ("rocev2_emu", "switch", "collectives")
 
 
 class SourceFirst(importlib.machinery.PathFinder):

@@ -17,7 +17,9 @@ completed write or failure calls its ``pump``, which reduces what arrived, grant
 back and writes the chunks now allowed, in the order a sender task and a receiver task woken
 together would (sender, receiver, sender).  The caller's task waits once, for the end.  In
 virtual and exact time that is no trio round per chunk (the engine runs the pump inside the
-NIC's completion handler); the emulated result is the task version's, byte for byte.
+NIC's completion handler); the emulated result is the task version's, byte for byte.  The
+pump runs for every chunk, so this module is compiled with the protocol cores (mypyc, where
+the package is installed with a C compiler; ``pyproject.toml``'s ``compiled-cores``).
 
 Schedules (``n`` ranks, ring position ``r``, segments as :func:`segments` cuts them):
 
