@@ -1,7 +1,7 @@
 """Which build of the protocol cores this process runs: ``compiled`` (mypyc) or ``pure``.
 
 The cores (pyproject.toml, ``[tool.rocev2-emu] compiled-cores``: wire, transport, cc, the NIC
-core, the switch pipeline, the event engine's heap, the collectives' ring operation) are
+core, the switch pipeline, the event engine's heap, the collectives' ring operation and links) are
 compiled by ``setup.py`` at install where a C compiler exists; the build leaves
 ``_cores.json`` beside this file naming each compiled module and the SHA-256 of the source it
 came from.  On the first import of ``rocev2_emu``, ``switch`` or ``collectives`` this module

@@ -25,6 +25,10 @@ the slot.
   copied into the receiver's slot when written and announced when the fabric delivers it (its
   size over the bandwidth it gets, plus the latency, later); the credit back is a zero-byte
   transfer (the latency).  On a ``free`` fabric both happen at once.
+
+Every chunk passes through here (a completion, a take, a grant, the next write), so this module
+is compiled with the protocol cores (mypyc; ``pyproject.toml``'s ``compiled-cores``), which is
+why :class:`_Rdma` is a trait: a compiled class has one base class and any number of traits.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Final
 
 import numpy as np
 import trio
+from mypy_extensions import trait
 
 from rocev2_emu.server.fabric import ServerFabric
 from rocev2_emu.verbs import (
@@ -275,9 +280,12 @@ class Completions:
                     woke = True
 
 
-class _Rdma(_Waitable):
+@trait
+class _Rdma:
     """The RC QPs of a link (mixed into both ends): one, or ``qps`` to stripe over, and the
-    grants' own QP when ``grant_dscp`` is set."""
+    grants' own QP when ``grant_dscp`` is set.  A trait (mypyc: a compiled class has one base
+    class, and any number of traits after it); its ends bring what it calls of
+    :class:`_Waitable` (:meth:`fail`)."""
 
     slots: int
     qps: list[QP]  # the data QPs
@@ -343,12 +351,15 @@ class _Rdma(_Waitable):
     def on_written(self) -> bool:
         return False
 
+    def fail(self, why: str) -> bool:
+        raise NotImplementedError  # _Waitable's, which each end inherits first
+
     def close(self) -> None:
         for qp in self.all_qps:
             qp.close()
 
 
-class RdmaRx(_Rdma, _Receiver):
+class RdmaRx(_Receiver, _Rdma):
     """The receiving end: registered slots the sender writes into."""
 
     def __init__(
@@ -386,7 +397,7 @@ class RdmaRx(_Rdma, _Receiver):
         return False
 
 
-class RdmaTx(_Rdma, _Sender):
+class RdmaTx(_Sender, _Rdma):
     """The sending end: holds credits, writes chunks into the receiver's slots."""
 
     def __init__(

@@ -30,6 +30,7 @@ from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine
 from rocev2_emu.topology.model import Topology
 from rocev2_emu.transport.errors import RemoteVerbsError
+from rocev2_emu.verbs import QP, RecvWR
 from rocev2_emu.wire.roce import rxe_udp_sport
 from tests.conftest import assert_png
 
@@ -315,12 +316,17 @@ def test_an_error_handling_a_completion_fails_the_ranks_links_not_the_fabric(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Completions are dispatched inside the NIC's driver (the engine, in virtual time): a link
-    whose handling raises must fail its rank's operation with the reason, not the engine."""
+    whose handling raises must fail its rank's operation with the reason, not the engine.  The
+    handling that raises here is a link's re-post of the receive a completion consumed (the
+    links are compiled: the verbs API they call is where a test can break them)."""
+    post_recv = QP.post_recv
 
-    def broken(self: RdmaRx, nbytes: int, imm: int | None, lane: int) -> None:
-        raise RuntimeError("boom")
+    def broken(self: QP, wrs: RecvWR | list[RecvWR]) -> None:
+        if isinstance(wrs, RecvWR):  # one at a time: a completion's, not the connection's
+            raise RuntimeError("boom")
+        post_recv(self, wrs)
 
-    monkeypatch.setattr(RdmaRx, "on_receive", broken)
+    monkeypatch.setattr(QP, "post_recv", broken)
     results, _ = run_virtual(fabric(2, 2, 1, 1), "stop", {"rank": -1, "at": 1, "timeout": 0.02})
     assert len(results) == 2
     for outcome in results.values():
