@@ -10,15 +10,22 @@ results (the check value of "123456789" is 0xcbf43926).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
-crc32: Callable[..., int]
-try:
-    from isal.isal_zlib import crc32 as _isal_crc32
 
-    crc32 = _isal_crc32
-    IMPLEMENTATION = "isal"
-except ImportError:  # pragma: no cover - depends on the platform's wheels
-    from zlib import crc32 as _zlib_crc32
+def _platform() -> tuple[Callable[..., int], str]:
+    try:
+        from isal.isal_zlib import crc32 as isal_crc32
 
-    crc32 = _zlib_crc32
-    IMPLEMENTATION = "zlib"
+        return isal_crc32, "isal"
+    except ImportError:  # pragma: no cover - depends on the platform's wheels
+        from zlib import crc32 as zlib_crc32
+
+        return zlib_crc32, "zlib"
+
+
+# Final: a compiled module that calls crc32 (every frame built or checked) reads a C static,
+# not the importing module's globals dict
+_CHOSEN: Final = _platform()
+crc32: Final[Callable[..., int]] = _CHOSEN[0]
+IMPLEMENTATION: Final = _CHOSEN[1]

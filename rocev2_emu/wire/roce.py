@@ -35,7 +35,7 @@ from rocev2_emu.wire.bth import (
     Ext,
     Reth,
 )
-from rocev2_emu.wire.crc import crc32 as _crc32_of_platform
+from rocev2_emu.wire.crc import crc32
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import (
     ECN_ECT0,
@@ -60,8 +60,6 @@ from rocev2_emu.wire.pfc import PfcFrame, decode_pfc_untrusted
 DSCP_ROCE: Final = 26  # priority 3 by the default DSCP map
 DSCP_CNP: Final = 48  # priority 6
 ICRC_LE: Final = struct.Struct("<I")
-# Final: the compiled module reads a C static per call, not its globals dict
-crc32: Final = _crc32_of_platform
 _ROCE_MIN: Final = ETH_LEN + IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
 _FIXED_LEN: Final = IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
 _PADS: Final = (b"", b"\0", b"\0\0", b"\0\0\0")
