@@ -13,6 +13,7 @@ with msgpack between processes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Protocol
@@ -87,11 +88,37 @@ class FlowPeer(Protocol):
         ...
 
 
+_BLOCK_WORDS: Final = 8192  # 64 KiB: a flow's bytes are blocks of one random block, each keyed
+_MASK64: Final = (1 << 64) - 1
+
+
+@functools.cache
+def _random_block() -> np.ndarray:
+    return np.random.PCG64(0).random_raw(_BLOCK_WORDS)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on each 64-bit word (numpy's uint64 arithmetic wraps)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out: np.ndarray = x ^ (x >> np.uint64(31))
+    return out
+
+
 def flow_data(spec: FlowSpec) -> np.ndarray:
-    """The bytes flow ``spec`` writes: pseudo-random, fixed by its id (PCG64's raw 64-bit
-    words, little-endian: a third of the time ``Generator.integers`` takes for bytes)."""
-    words = np.random.PCG64(spec.id).random_raw(-(-spec.size // 8))
-    return words.astype("<u8", copy=False).view(np.uint8)[: spec.size]
+    """The bytes flow ``spec`` writes, fixed by its id: each 64 KiB block is one random block
+    (PCG64's words) XOR a 64-bit key that SplitMix64 draws from (id, block), so no two blocks
+    of any flows are alike and a misplaced block is caught.  A sixth of the time a PCG64
+    seeded per flow takes (1 023 flows of 64 KiB: 11 ms against 68 ms; ids and blocks below
+    2**32, the keys are distinct: both steps are bijections)."""
+    words = -(-spec.size // 8)
+    blocks = -(-words // _BLOCK_WORDS)
+    first = np.uint64((spec.id << 32) & _MASK64)
+    keys = _splitmix((np.arange(blocks, dtype=np.uint64) + first) * np.uint64(0x9E3779B97F4A7C15))
+    block = _random_block()[: min(words, _BLOCK_WORDS)]
+    data = (block[None, :] ^ keys[:, None]).reshape(-1)[:words]
+    out: np.ndarray = data.astype("<u8", copy=False).view(np.uint8)[: spec.size]
+    return out
 
 
 def data_digest(data: np.ndarray) -> str:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from rocev2_emu.wire.ethernet import VXLAN_LEN
+
+_PROBABILITIES: Final = ("loss", "duplicate", "reorder", "corrupt")
+_AMOUNTS: Final = (*_PROBABILITIES, "delay", "jitter", "reorder_hold")  # the fields but the seed
 
 
 @dataclass(slots=True)
@@ -31,13 +34,11 @@ class LinkFaults:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "seed" and (
-                not isinstance(value, int | float) or not 0 <= value < math.inf
-            ):
-                raise ValueError(f"link fault {f.name}={value!r} must be a finite number >= 0")
-        for name in ("loss", "duplicate", "reorder", "corrupt"):
+        for name in _AMOUNTS:  # not dataclasses.fields(): a tuple of Field objects per link
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"link fault {name}={value!r} must be a finite number >= 0")
+        for name in _PROBABILITIES:
             if getattr(self, name) > 1:
                 raise ValueError(f"link fault {name}={getattr(self, name)} is not a probability")
 
@@ -48,9 +49,7 @@ class LinkFaults:
 
     @property
     def active(self) -> bool:
-        return any(
-            getattr(self, n) for n in ("loss", "duplicate", "reorder", "corrupt", "delay", "jitter")
-        )
+        return bool(self.delay) or not self.delay_only
 
 
 def faults_from_request(settings: Any) -> LinkFaults:

@@ -86,6 +86,10 @@ class Topology:
     servers: dict[str, list[str]] = field(default_factory=dict)
     # each node's emulated IPv4 as an integer (-1: a switch), filled by routes_by_ip
     _host_ips: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (node, link index) -> the node's port on that link, filled a node at a time by port_of
+    _ports: dict[tuple[str, int], int] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def hosts(self) -> list[Node]:
@@ -193,7 +197,12 @@ class Topology:
 
     def port_of(self, name: str, link: Link) -> int:
         """The index of the port of node ``name`` on ``link``."""
-        return next(i for i, (lk, _) in enumerate(self.nodes[name].ports) if lk is link)
+        ports = self.nodes[name].ports
+        i = self._ports.get((name, link.index), -1)
+        if not 0 <= i < len(ports) or ports[i][0] is not link:  # first asked, or ports changed
+            self._ports.update({(name, lk.index): j for j, (lk, _) in enumerate(ports)})
+            i = next(j for j, (lk, _) in enumerate(ports) if lk is link)
+        return i
 
     def host_link(self, name: str) -> tuple[Link, Node]:
         """A host's one link and the switch (or host) at its other end."""
@@ -238,8 +247,8 @@ def shortest_path_routes(
     over the links not in ``down``.  A host no longer reachable gets no ports.
 
     A host on one link is reached through its switch, so every other switch routes it as it
-    routes that switch: one search per switch hosts hang off, not one per host (a k = 16
-    fat-tree: 128 searches instead of 1 024), and each switch takes that switch's hosts in one
+    routes that switch: the switches hosts hang off are searched for all at once
+    (:func:`_toward_switches`), not once per host, and each switch takes a switch's hosts in one
     step (:func:`_hosts_behind`)."""
     routes: dict[str, dict[str, tuple[int, ...]]] = {
         s: {} for s, n in nodes.items() if n.kind is NodeKind.SWITCH
@@ -247,6 +256,7 @@ def shortest_path_routes(
     behind = _hosts_behind(nodes, down)
     graph = _switch_graph(nodes, down)
     done: set[str] = set()
+    toward = _toward_switches(graph, [a for a in behind if a in graph])
     for host in (n for n in nodes.values() if n.kind is NodeKind.HOST):
         attach = _attachment(host, down)
         if attach is not None:
@@ -254,7 +264,8 @@ def shortest_path_routes(
                 continue
             done.add(attach)
             names = behind[attach]
-            dist, table = _toward(nodes, graph, attach, down)
+            # a host's attachment is a switch, or the other host of a pair joined by their link
+            table = toward[attach] if attach in graph else _toward_host(nodes, graph, attach, down)
             for sw, to in routes.items():
                 if sw == attach:
                     for name in names:
@@ -262,8 +273,8 @@ def shortest_path_routes(
                         to[name] = tuple(
                             i for i, (lk, _) in enumerate(nodes[sw].ports) if lk is link
                         )
-                elif sw in dist:
-                    to.update(dict.fromkeys(names, table[sw]))
+                elif (ports := table.get(sw)) is not None:
+                    to.update(dict.fromkeys(names, ports))
                 elif not down:
                     raise TopologyError(f"{path}: [[switch]] {sw}: cannot reach host {names[0]}")
                 else:
@@ -330,38 +341,74 @@ def _switch_graph(nodes: dict[str, Node], down: frozenset[int]) -> dict[str, lis
     }
 
 
-def _toward(
+def _toward_host(
     nodes: dict[str, Node],
     graph: dict[str, list[tuple[int, str]]],
     start: str,
     down: frozenset[int],
-) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Hops to ``start`` (a switch, or a host another host hangs off), and each switch's
-    ports on shortest paths to it through switches only (``graph``: :func:`_switch_graph`); a
-    switch that cannot reach it is in neither."""
-    if start not in graph:  # a host: the other end of a pair of hosts joined by their link
-        dist = _distances(nodes, start, down)
-        table = {
-            sw: tuple(i for i, peer in ports if dist.get(peer) == dist[sw] - 1)
-            for sw, ports in graph.items()
-            if sw in dist
-        }
-        return dist, table
-    # a switch: over the switches alone, as a search never passes a host; a switch's
-    # neighbours one hop nearer are all found before it leaves the queue (breadth first)
-    dist = {start: 0}
-    table = {}
-    queue = deque([start])
-    while queue:
-        cur = queue.popleft()
-        hops = dist[cur]
-        nearer = []
-        for i, peer in graph[cur]:
-            d = dist.get(peer)
-            if d is None:
-                dist[peer] = hops + 1
-                queue.append(peer)
-            elif d == hops - 1:
-                nearer.append(i)
-        table[cur] = tuple(nearer)
-    return dist, table
+) -> dict[str, tuple[int, ...]]:
+    """Each switch's ports on shortest paths to host ``start`` through switches only
+    (``graph``: :func:`_switch_graph`); a switch that cannot reach it is not in it."""
+    dist = _distances(nodes, start, down)
+    return {
+        sw: tuple(i for i, peer in ports if dist.get(peer) == dist[sw] - 1)
+        for sw, ports in graph.items()
+        if sw in dist
+    }
+
+
+def _toward_switches(
+    graph: dict[str, list[tuple[int, str]]], starts: list[str]
+) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Per switch of ``starts``: every other switch's ports on shortest paths to it through
+    switches only (``graph``: :func:`_switch_graph`); a switch that cannot reach it is not in
+    it.
+
+    One breadth-first search for all of ``starts`` at once, on bit sets (an integer per switch,
+    a bit per start): a round ORs each switch's set with its neighbours', so round ``d`` finds
+    the starts ``d`` hops away.  A port leads nearer to the starts its peer has one hop closer;
+    the starts are then split into classes that take the same ports - a handful per switch on a
+    regular fabric - instead of one search and one port scan per start (k = 16: 128)."""
+    order = list(graph)
+    at = {sw: k for k, sw in enumerate(order)}
+    peers = [[at[peer] for _, peer in graph[sw]] for sw in order]
+    reach = [0] * len(order)
+    for b, sw in enumerate(starts):
+        reach[at[sw]] |= 1 << b
+    rings = [[m] for m in reach]  # rings[k][d]: the starts d hops from switch k
+    while True:
+        grown = []
+        for k, near in enumerate(peers):
+            m = reach[k]
+            for j in near:
+                m |= reach[j]
+            grown.append(m)
+        if grown == reach:
+            break
+        for ring, m, before in zip(rings, grown, reach, strict=True):
+            ring.append(m & ~before)
+        reach = grown
+    toward: dict[str, dict[str, tuple[int, ...]]] = {sw: {} for sw in starts}
+    for k, sw in enumerate(order):
+        ring = rings[k]
+        classes: dict[int, list[int]] = {reach[k] & ~ring[0]: []}
+        for (i, _), j in zip(graph[sw], peers[k], strict=True):
+            there = rings[j]
+            nearer = 0
+            for d in range(1, len(ring)):
+                nearer |= ring[d] & there[d - 1]
+            if nearer:
+                split: dict[int, list[int]] = {}
+                for cls, ports in classes.items():
+                    if inside := cls & nearer:
+                        split[inside] = [*ports, i]
+                    if outside := cls & ~nearer:
+                        split[outside] = ports
+                classes = split
+        for cls, ports in classes.items():
+            tup = tuple(ports)
+            while cls:
+                low = cls & -cls
+                toward[starts[low.bit_length() - 1]][sw] = tup
+                cls ^= low
+    return toward

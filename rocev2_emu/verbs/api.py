@@ -49,7 +49,7 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR, WorkCompletion
-from rocev2_emu.wire.ethernet import LINK_UDP_PORT
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT, ip_to_int
 from rocev2_emu.wire.pcap import PcapWriter
 
 __all__ = ["CQ", "MR", "PD", "QP", "Context", "DeviceConfig", "RemoteQP"]
@@ -335,7 +335,7 @@ class QP:
         """RESET -> INIT -> RTR -> RTS towards ``remote``, with perftest's usual attributes;
         ``traffic_class`` is the DSCP of the QP's packets (the NIC's default when None)."""
         try:
-            ipaddress.IPv4Address(remote.gid)
+            ip_to_int(remote.gid)  # the IPv4Address check, remembered per address
         except ValueError as exc:
             raise LocalVerbsError(f"remote GID {remote.gid!r}: not an IPv4 address") from exc
         self.modify(QPAttr(qp_state=QPState.INIT, port_num=1, pkey_index=0, qp_access_flags=access))

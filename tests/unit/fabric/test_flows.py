@@ -58,6 +58,14 @@ def test_a_flows_bytes_are_fixed_by_its_id_and_as_long_as_it() -> None:
     assert np.array_equal(one, again) and not np.array_equal(one, other)
 
 
+def test_no_two_blocks_of_flows_are_alike() -> None:
+    """A block delivered to the wrong offset, or into another flow, is caught."""
+    block = 64 << 10
+    a, b = (flow_data(FlowSpec(i, "h0", "h1", 3 * block)).reshape(3, block) for i in (1, 2))
+    blocks = list(a) + list(b)
+    assert all(not np.array_equal(x, y) for i, x in enumerate(blocks) for y in blocks[i + 1 :])
+
+
 async def test_a_destination_holds_a_flow_only_if_every_byte_is_the_sources() -> None:
     """The in-process check of a flow's bytes (no digests): one byte off is not verified."""
     data = flow_data(FlowSpec(1, "h0", "h1", 4096))

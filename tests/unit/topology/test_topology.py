@@ -4,6 +4,7 @@ the key and the bad value."""
 from __future__ import annotations
 
 import math
+import random
 import re
 import tomllib
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine, single_switch
-from rocev2_emu.topology.model import TopologyError, shortest_path_routes
+from rocev2_emu.topology.model import TopologyError, _toward_switches, shortest_path_routes
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -51,6 +52,41 @@ def test_routes_with_links_down_and_of_a_pair_of_hosts() -> None:
     assert shortest_path_routes(t.nodes, t.path, frozenset({h0[0].index}))["core0"]["h0"] == ()
     pair = {"fabric": {"name": "pair"}, "host": [{"name": "a"}, {"name": "b"}]}
     assert parse({**pair, "link": [{"a": "a", "b": "b"}]}, "pair.toml").routes == {}
+
+
+def _one_search_per_start(
+    graph: dict[str, list[tuple[int, str]]], start: str
+) -> dict[str, tuple[int, ...]]:
+    """The plain way: a breadth-first search from ``start``, then each switch's ports to a
+    neighbour one hop nearer (the reference the all-at-once search must equal)."""
+    dist, queue = {start: 0}, [start]
+    for cur in queue:
+        for _, peer in graph[cur]:
+            if peer not in dist:
+                dist[peer] = dist[cur] + 1
+                queue.append(peer)
+    return {
+        sw: tuple(i for i, peer in graph[sw] if dist.get(peer) == dist[sw] - 1)
+        for sw in graph
+        if sw in dist and sw != start
+    }
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_search_for_all_starts_finds_each_starts_shortest_paths(seed: int) -> None:
+    """Random switch graphs (parallel links, switches cut off, several components): the
+    bit-set search gives every start the ports a search of its own gives."""
+    rng = random.Random(seed)
+    names = [f"s{i}" for i in range(rng.randint(1, 40))]
+    graph: dict[str, list[tuple[int, str]]] = {n: [] for n in names}
+    for _ in range(rng.randint(0, 3 * len(names))):
+        a, b = rng.choice(names), rng.choice(names)
+        if a != b:
+            graph[a].append((len(graph[a]), b))
+            graph[b].append((len(graph[b]), a))
+    starts = rng.sample(names, rng.randint(1, len(names)))
+    toward = _toward_switches(graph, starts)
+    assert toward == {s: _one_search_per_start(graph, s) for s in starts}
 
 
 def test_addresses_and_switch_config() -> None:
