@@ -113,9 +113,14 @@ class SwitchCore(Core):
         self.by_vni = {p.vni: p.index for p in config.ports}
         lossless = config.lossless if config.pfc_enabled else frozenset()
         self.mmu = Mmu(config.mmu, len(config.ports), lossless)
-        self.ecn = [
-            p.ecn or EcnThresholds.for_rate(p.rate_bps or NOMINAL_BPS) for p in config.ports
-        ]
+        by_rate: dict[float, EcnThresholds] = {}  # one default per line rate (frozen: shared)
+        self.ecn: list[EcnThresholds] = []
+        for p in config.ports:
+            rate = p.rate_bps or NOMINAL_BPS
+            ecn = p.ecn or by_rate.get(rate)
+            if ecn is None:
+                ecn = by_rate[rate] = EcnThresholds.for_rate(rate)
+            self.ecn.append(ecn)
         self.watchdog = Watchdog(len(config.ports), config.watchdog_detect, config.watchdog_restore)
         self._rng = random.Random(config.seed)
         self._ecmp_salt = config.seed & 0xFFFFFFFF

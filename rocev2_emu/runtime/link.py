@@ -36,7 +36,7 @@ class LinkFaults:
     def __post_init__(self) -> None:
         for name in _AMOUNTS:  # not dataclasses.fields(): a tuple of Field objects per link
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+            if not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"link fault {name}={value!r} must be a finite number >= 0")
         for name in _PROBABILITIES:
             if getattr(self, name) > 1:
