@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, Protocol
 
 import numpy as np
+import numpy.random  # loaded lazily by numpy otherwise: in the first flow's set-up
 import trio
 
 from rocev2_emu.control import auth

@@ -121,9 +121,13 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
 
 def check_transition(current: QPState, attr: QPAttr) -> QPState:
     """Validate a modify-QP call; returns the target state or raises LocalVerbsError."""
-    target = current if attr.qp_state is None else QPState(attr.qp_state)
+    target = attr.qp_state
+    if target is None:
+        target = current
+    elif not isinstance(target, QPState):  # an int: EnumType.__call__, the slow way
+        target = QPState(target)
     given = attr.mask()
-    if target in (S.RESET, S.ERR):
+    if target is QPState.RESET or target is QPState.ERR:
         if given:
             raise LocalVerbsError(
                 f"{current.name}->{target.name} takes no attributes, got {sorted(given)}"
