@@ -35,6 +35,7 @@ from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.exact import (
     Coordinator,
     SyncError,
+    ask_nodes,
     quiet_stats,
 )
 from rocev2_emu.fabric.report import merge_stats, stats_delta
@@ -157,18 +158,17 @@ class ExactCollectiveJob:
                 f"node processes not joined within {self.join_timeout:g} s: "
                 + ", ".join(coordinator.missing())
             )
+        # each process starts its hosts' ranks in the topology's order, the processes at once
+        # (each its own engine, its clock held at 0), then waits for them
+        hosts = [h.name for h in topo.hosts]
         start = {"cmd": "collective", "name": self.name, "params": self.params, "store": "exact"}
-        for h in topo.hosts:
-            reply = await control(h.address, start)
-            if "error" in reply:
-                raise RuntimeError(f"host {h.name}: {reply['error']}")
+        await ask_nodes(topo, coordinator, hosts, start)
         coordinator.release()
+        done = {"cmd": "collective", "results": True}
+        replies = await ask_nodes(topo, coordinator, hosts, done, timeout=math.inf)
         results: dict[int, Any] = {}
-        for h in topo.hosts:
-            reply = await control(h.address, {"cmd": "collective", "results": True}, timeout=1e6)
-            if "error" in reply:
-                raise RuntimeError(f"host {h.name}: {reply['error']}")
-            results.update({int(k): v for k, v in reply["results"].items()})
+        for name in hosts:  # as the hosts come in the topology
+            results.update({int(k): v for k, v in replies[name]["results"].items()})
         return results, await quiet_stats(topo, coordinator)
 
     async def node_died(self, name: str, code: int) -> bool:

@@ -285,6 +285,10 @@ class ChangeLinks:
             change_faults(self.faults)  # a map of LinkFaults' fields, each a number
 
 
+# the commands a node process answers for itself (on any of its nodes' control ports)
+PROCESS_COMMANDS: Final = frozenset(
+    {"engine", "node_stats", "change_links", "stop", "open_flows", "for_nodes"}
+)
 MAX_PROCESS_NODES: Final = 32  # nodes per process-level request (a control message <= 1 MiB)
 
 
@@ -309,12 +313,20 @@ class NodeStats(ProcessNodes):
 
 
 @dataclass(frozen=True, slots=True)
-class StartHostsFlows(ProcessNodes):
-    """``start_flows`` (``t0``, ``verify``) to each host of ``names`` (a flows job tells each
-    process its senders, not each sender)."""
+class ForNodes(ProcessNodes):
+    """``request`` to each node of ``names`` in turn, as if sent to its own control port:
+    ``{"replies": [reply, ...]}`` in the order of ``names`` (a job tells each process its hosts
+    in one request - a connection and a thread's hand-over per process, not per host).  Not a
+    command of the process itself (``for_nodes``, ``node_stats``, ``stop``...): only what a
+    node answers."""
 
-    t0: float
-    verify: bool = True
+    request: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        ProcessNodes.__post_init__(self)
+        cmd = self.request.get("cmd")
+        if not isinstance(cmd, str) or cmd in PROCESS_COMMANDS:
+            raise ValueError(f"request: a command of a node, not {cmd!r:.40}")
 
 
 def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
@@ -454,13 +466,9 @@ async def exact_nodes(
             }
         }
 
-    async def start_hosts_flows(req: StartHostsFlows) -> dict[str, Any]:
-        start = {"cmd": "start_flows", "t0": req.t0, "verify": req.verify}
-        for name, address in zip(req.names, addresses(req.names), strict=True):
-            reply = await ports[address, CONTROL_PORT](start)
-            if "error" in reply:
-                raise ValueError(f"{name}: {reply['error']}")
-        return {"started": len(req.names)}
+    async def for_nodes(req: ForNodes) -> dict[str, Any]:
+        asked = addresses(req.names)
+        return {"replies": [await ports[address, CONTROL_PORT](req.request) for address in asked]}
 
     agents: dict[str, HostAgent] = {}  # this process's hosts' (filled below)
     more: Table = {
@@ -469,8 +477,9 @@ async def exact_nodes(
         "change_links": (ChangeLinks, change_links_handler(topo, engine)),
         "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
         "open_flows": (OpenFlows, partial(open_flows_on, agents)),
-        "start_hosts_flows": (StartHostsFlows, start_hosts_flows),
+        "for_nodes": (ForNodes, for_nodes),
     }
+    assert set(more) == PROCESS_COMMANDS
     changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
 
     def on_change(change: LinkChange, now: float) -> None:
@@ -643,12 +652,14 @@ class ExactFlowsJob:
         # the clock is held until released: the sources are told in any order, each process
         # its own, all start at t0; what arrived is checked after the run (no out-of-band wait
         # inside it)
-        asks = by_process(coordinator.names, set(sources))
-        start = {"cmd": "start_hosts_flows", "t0": self.t0, "verify": False}
-        await _gather(len(asks), lambda i: _ask(topo, asks[i][0], {**start, "names": asks[i]}))
+        await ask_nodes(
+            topo, coordinator, sources, {"cmd": "start_flows", "t0": self.t0, "verify": False}
+        )
         coordinator.release()
-        replies = await _ask_all(topo, sources, {"cmd": "flow_results"}, timeout=math.inf)
-        results = [FlowResult(**r) for reply in replies for r in reply["results"]]
+        replies = await ask_nodes(
+            topo, coordinator, sources, {"cmd": "flow_results"}, timeout=math.inf
+        )
+        results = [FlowResult(**r) for reply in replies.values() for r in reply["results"]]
         await self._verify(topo, results)
         return sorted(results, key=lambda r: r.id), await quiet_stats(topo, coordinator)
 
@@ -723,19 +734,41 @@ async def _gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]
     return results
 
 
+async def ask_nodes(
+    topo: Topology,
+    coordinator: Coordinator,
+    names: list[str],
+    request: dict[str, Any],
+    timeout: float = 30.0,
+) -> dict[str, dict[str, Any]]:
+    """``request`` to each node of ``names``: a ``for_nodes`` request to each process for its
+    nodes (in the order of ``names``' processes, :data:`MAX_PROCESS_NODES` at a time), the
+    processes at once; each node's reply by name.  A RuntimeError names the first node that
+    answered with an error."""
+    asks = by_process(coordinator.names, set(names))
+    replies = await _gather(
+        len(asks),
+        lambda i: _ask(
+            topo, asks[i][0], {"cmd": "for_nodes", "names": asks[i], "request": request}, timeout
+        ),
+    )
+    got: dict[str, dict[str, Any]] = {}
+    for group, reply in zip(asks, replies, strict=True):
+        each = reply.get("replies")
+        if not isinstance(each, list) or len(each) != len(group):
+            raise SyncError(f"{group[0]}'s process: no reply for each node ({str(reply)[:200]})")
+        for name, one in zip(group, each, strict=True):
+            if not isinstance(one, dict) or "error" in one:
+                why = one.get("error") if isinstance(one, dict) else one
+                raise RuntimeError(f"host {name}: {why}")
+            got[name] = one
+    return got
+
+
 async def _ask_each(addresses: list[str], msgs: list[dict[str, Any]]) -> list[Any]:
     """``msgs[i]`` to the node at ``addresses[i]``, for each (the clock is held): their replies,
     in order."""
     return await _gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
-
-
-async def _ask_all(
-    topo: Topology, names: list[str], msg: dict[str, Any], timeout: float = 30.0
-) -> list[dict[str, Any]]:
-    """:func:`_ask` each node of ``names``, several at once: their replies, in that order (a
-    thousand senders of an incast are told to start in a fraction of the time one request
-    after another takes)."""
-    return await _gather(len(names), lambda i: _ask(topo, names[i], msg, timeout))
 
 
 async def _ask(

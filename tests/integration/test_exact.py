@@ -217,6 +217,7 @@ asks = [  # then what an exact run refuses
     ("leaf0", {"cmd": "node_stats", "names": ["h0"]}),  # one process per node here
     ("leaf0", {"cmd": "node_stats", "names": []}),
     ("leaf0", {"cmd": "node_stats", "names": ["leaf0"]}),  # the one it answers
+    ("h0", {"cmd": "for_nodes", "names": ["h0"], "request": {"cmd": "set_faults", "faults": {}}}),
 ]
 print(json.dumps([trio.run(control, topo.nodes[n].address, m) for n, m in asks]))
 """
@@ -253,7 +254,7 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
         assert asked.returncode == 0, asked.stderr
         at_line, refused = asked.stdout.splitlines()
         at = float(at_line)
-        *errors, answered = json.loads(refused)
+        *errors, answered, handed = json.loads(refused)
         link, faults, malformed, elsewhere, empty = (r["error"] for r in errors)
         assert link.startswith("set_link: an exact run changes its fabric only at emulated")
         assert faults.startswith("set_faults: an exact run changes its fabric only at emulated")
@@ -261,6 +262,9 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
         assert elsewhere == "node_stats: 'h0' is not a node of this process"
         assert empty == "node_stats: names: 1 to 32 nodes at once"
         assert list(answered["nodes"]) == ["leaf0"] and "pfc_tx" in answered["nodes"]["leaf0"]
+        # a request handed to each node is answered as the node answers it (here: refused)
+        (refused_there,) = handed["replies"]
+        assert refused_there["error"].startswith("set_faults: an exact run changes its fabric")
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     topo = load(topo_path)

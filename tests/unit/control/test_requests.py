@@ -21,7 +21,7 @@ from rocev2_emu.control.requests import (
     serve_table,
 )
 from rocev2_emu.fabric.agent import AgentServer, OpenFlows
-from rocev2_emu.fabric.exact import ChangeLinks, NodeStats, StartHostsFlows
+from rocev2_emu.fabric.exact import ChangeLinks, ForNodes, NodeStats
 from switch.node import SetRoutes, control_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -112,7 +112,7 @@ def test_the_architecture_doc_lists_the_rows_nodes_and_plugins_add() -> None:
         "change_links": (ChangeLinks, _never),
         "node_stats": (NodeStats, _never),
         "open_flows": (OpenFlows, _never),
-        "start_hosts_flows": (StartHostsFlows, _never),
+        "for_nodes": (ForNodes, _never),
         "collective": (CollectiveRequest, _never),
     }
     assert "```\n" + "\n".join(describe(added)) + "\n```" in doc
@@ -135,10 +135,15 @@ def test_typed_rows_of_nodes_and_plugins_refuse_what_is_not_their_shape() -> Non
         decode(NodeStats, "node_stats", {"names": ["h0", 7]})
     with pytest.raises(RequestError, match=r"names: 1 to 32 nodes at once"):
         decode(NodeStats, "node_stats", {"names": [f"h{i}" for i in range(33)]})
-    with pytest.raises(RequestError, match=r"start_hosts_flows\.t0: missing"):
-        decode(StartHostsFlows, "start_hosts_flows", {"names": ["h0"]})
+    with pytest.raises(RequestError, match=r"for_nodes\.request: missing"):
+        decode(ForNodes, "for_nodes", {"names": ["h0"]})
     with pytest.raises(RequestError, match=r"names: node names are strings"):
-        decode(StartHostsFlows, "start_hosts_flows", {"names": [3], "t0": 0.001})
+        decode(ForNodes, "for_nodes", {"names": [3], "request": {"cmd": "stats"}})
+    for inner in ({"cmd": "for_nodes", "names": ["h0"], "request": {}}, {"cmd": "stop"}, {}):
+        with pytest.raises(RequestError, match=r"request: a command of a node, not"):
+            decode(ForNodes, "for_nodes", {"names": ["h0"], "request": inner})
+    asked = decode(ForNodes, "for_nodes", {"names": ["h0", "h1"], "request": {"cmd": "stats"}})
+    assert asked.request == {"cmd": "stats"}
     with pytest.raises(RequestError, match=r"flows: 1 to 256 at once"):
         decode(OpenFlows, "open_flows", {"flows": []})
     with pytest.raises(RequestError, match=r"flows\[1\]: .* is not \{spec, dst\}"):
