@@ -339,6 +339,9 @@ class Coordinator:
         self.quiet = trio.Event()  # set by a round that found the fabric quiet
         self._chans: dict[str, Any] = {}
         self._changed = trio.Event()
+        self._deciding = False  # a round is being decided and granted
+        self._again = False  # and another was asked for meanwhile
+        self._complete = 0  # reports that completed a round
         self._holding: set[str] = set()
         self._busy: set[str] = set()  # processes whose application decides in wall time
         self._done: set[str] = set()  # processes whose application has finished
@@ -462,8 +465,9 @@ class Coordinator:
                 if msg.get("done") and name not in self._done:
                     self._done.add(name)
                     self._done_changed.set()
-                if len(self.reports) == len(self.names):  # the round may be decided
-                    self._changed.set()
+                if len(self.reports) == len(self.names):  # the round may be decided: here,
+                    self._complete += 1  # with no hand-over to another task on the path of
+                    await self._round()  # every window
         except ControlError as exc:
             if name in self._chans and not self.finished:
                 raise SyncError(f"node {name} went away ({exc})") from exc
@@ -491,48 +495,75 @@ class Coordinator:
             self._changed.set()  # a round to hand it out, even in an idle fabric
 
     async def _rounds(self) -> None:
+        """Rounds that no report completes (a release, a change, a round decided while the
+        last was still being granted), and the watch for a stall."""
         await self.connected.wait()
         while True:
+            complete = self._complete
             with trio.move_on_after(STALL_SECONDS) as scope:
                 await self._changed.wait()
-            if scope.cancelled_caught and not self.held and not self._busy:
+            if (
+                scope.cancelled_caught
+                and self._complete == complete
+                and not self.held
+                and not self._busy
+            ):
                 # (an application deciding in wall time - a training script computing - may
                 # take as long as it takes: its process is alive, its connection open)
                 raise SyncError(self._stalled())
             self._changed = trio.Event()
-            if self.held or len(self.reports) < len(self.names):
-                continue
-            window = next_window(self.reports, self.lookahead)
-            store_next = self.store.next_time()
-            if store_next is not None:
-                window.until = min(window.until, store_next + self.lookahead)
-                window.quiet = False
-            if self._changes:
-                window.quiet = False
-            if self._poll:
-                self._poll = False
-                window.until, window.quiet = max(self.until, 0.0), False
-                await self._grant(window, everyone=True)
-                continue
-            if window.quiet:
-                self.quiet.set()
-            if window.until <= self.until:
-                # nothing can move (a held clock): wait for a report that changes it - or one
-                # from a process that has work before the end of the window it was granted
-                # (its clock held or paused until then, or woken while it waited): the same
-                # window again, for it alone
-                again = [
-                    name
-                    for name, report in self.reports.items()
-                    if report.next_time < self.until and name not in self._holding
-                ]
-                if again:
-                    await self._grant_again(again, window)
-                continue
-            self.now = window.until - self.lookahead
-            await self._paced(window.until)
-            self._show()
-            await self._grant(window)
+            await self._round()
+
+    async def _round(self) -> None:
+        """Decide the next round if it can be and grant it (one decision at a time: one asked
+        for meanwhile - a report that completes a round while a grant waits for room - is
+        taken by :meth:`_rounds` next)."""
+        if self._deciding:
+            self._again = True
+            return
+        self._deciding = True
+        try:
+            await self._decide()
+        finally:
+            self._deciding = False
+            if self._again:
+                self._again = False
+                self._changed.set()
+
+    async def _decide(self) -> None:
+        if self.held or len(self.reports) < len(self.names):
+            return
+        window = next_window(self.reports, self.lookahead)
+        store_next = self.store.next_time()
+        if store_next is not None:
+            window.until = min(window.until, store_next + self.lookahead)
+            window.quiet = False
+        if self._changes:
+            window.quiet = False
+        if self._poll:
+            self._poll = False
+            window.until, window.quiet = max(self.until, 0.0), False
+            await self._grant(window, everyone=True)
+            return
+        if window.quiet:
+            self.quiet.set()
+        if window.until <= self.until:
+            # nothing can move (a held clock): wait for a report that changes it - or one
+            # from a process that has work before the end of the window it was granted
+            # (its clock held or paused until then, or woken while it waited): the same
+            # window again, for it alone
+            again = [
+                name
+                for name, report in self.reports.items()
+                if report.next_time < self.until and name not in self._holding
+            ]
+            if again:
+                await self._grant_again(again, window)
+            return
+        self.now = window.until - self.lookahead
+        await self._paced(window.until)
+        self._show()
+        await self._grant(window)
 
     async def _paced(self, until: float) -> None:
         """With a pace: wait until the wall clock lets the run reach ``until`` (emulated)."""
@@ -600,6 +631,12 @@ class Coordinator:
             + ("" if store is None else f"; the store's next operation at t={store * 1e6:.3f} us")
         )
 
+    async def _send(self, name: str, grant: dict[str, Any]) -> None:
+        try:
+            await self._chans[name].send(grant)
+        except ControlError as exc:
+            raise SyncError(f"node {name} went away ({exc})") from exc
+
     async def _grant_again(self, names: list[str], window: Window) -> None:
         """The window granted last, again, to processes ``names`` only: they report again."""
         self.rounds += 1
@@ -607,7 +644,7 @@ class Coordinator:
             del self.reports[name]
             self._granted[name] = self._granted.get(name, 0) + 1
             grant = {"until": self.until, "expect": window.sources.get(name, {})}
-            await self._chans[name].send(grant)
+            await self._send(name, grant)
 
     async def _grant(self, window: Window, *, everyone: bool = False) -> None:
         """Send the window to every process that has something to do in it: a process whose
@@ -629,7 +666,7 @@ class Coordinator:
         everyone = everyone or bool(changes)
         reports, self.reports = self.reports, {}
         woken = 0
-        for name, chan in self._chans.items():
+        for name in self._chans:
             report = reports.get(name)
             if (
                 not everyone
@@ -649,7 +686,7 @@ class Coordinator:
                 grant["changes"] = changes
             self._granted[name] = self._granted.get(name, 0) + 1
             woken += 1
-            await chan.send(grant)
+            await self._send(name, grant)
         if not woken:
             # nobody had anything to do before the window's end (a store operation bounded it,
             # and gave no reply yet): no report will come, so decide the next round now

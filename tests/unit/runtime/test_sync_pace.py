@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from rocev2_emu.runtime.sync import Coordinator
+from rocev2_emu.runtime.sync import Coordinator, LinkChange, Report
 
 
 async def test_a_paced_coordinator_waits_until_the_wall_clock_allows_the_window(
@@ -50,3 +50,40 @@ def test_the_progress_line_names_the_time_reached_and_what_bounds_the_windows() 
     silent = Coordinator(["h0"], 1e-6, b"")
     silent._show()  # no terminal: no line, nothing to clear
     silent.clear_progress()
+
+
+class _Chan:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send(self, msg: dict[str, object]) -> None:
+        self.sent.append(msg)
+
+
+async def test_a_round_asked_for_while_one_waits_for_its_pace_is_decided_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The report that completes a round decides it in its own connection's task; a change
+    asked for while that window waits for its pace is not spun on (the mock clock could not
+    jump) but handed out with it, and the watch for stalls decides nothing more until a report
+    comes."""
+    c = Coordinator(["a", "b"], 1e-6, b"", pace=1000.0)
+    chans = c._chans = {name: _Chan() for name in c.names}
+    c.connected.set()
+    c.held, c.until, c.now = False, 1e-6, 1e-6
+    c._anchor = (1e-6, trio.current_time())  # 1 us on from here: 1 ms of wall
+    c.reports = {"a": Report(1e-6, False, {}, 0), "b": Report(1.5e-6, False, {"a": 3}, 0)}
+    change = LinkChange(None, (("a", "b"),), False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c._rounds)
+        nursery.start_soon(c._round)  # as the connection whose report completed the round
+        await trio.sleep(0.5e-3)  # the window waits for its pace
+        assert chans["a"].sent == chans["b"].sent == []
+        c._take_changes("b", [change])  # asks _rounds for a round meanwhile
+        await trio.sleep(1e-3)
+        assert [m["until"] for m in chans["a"].sent] == [2e-6]
+        assert chans["a"].sent[0]["expect"] == {"b": 3} and chans["b"].sent[0]["expect"] == {}
+        assert chans["b"].sent[0]["changes"] == [change.at_instant(1e-6).wire()]
+        await trio.sleep(10.0)
+        assert len(chans["a"].sent) == len(chans["b"].sent) == 1  # no report, no round
+        nursery.cancel_scope.cancel()
