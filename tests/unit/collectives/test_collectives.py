@@ -103,6 +103,16 @@ def test_bench_patterns_and_expected_values() -> None:
     assert set(pattern(1, 20, np.dtype(np.int32), "prod").tolist()) == {1, 2}
 
 
+def test_a_topology_s_places_are_worked_out_once_and_a_caller_s_list_is_its_own() -> None:
+    one, two = fabric(2, 4, 2, 1), fabric(2, 4, 2, 2)
+    first = places_for(one)
+    first.pop()  # the caller's list: what it does to it stays with it
+    again = places_for(one)
+    assert len(again) == 8 and again[:7] == first
+    assert [p.rank for p in places_for(two)] == list(range(16))  # another topology: its own
+    assert places_for(one) == again
+
+
 @pytest.mark.slow
 def test_every_op_and_dtype_on_16_ranks() -> None:
     topo = fabric(2, 4, 2, 2)  # 8 hosts x 2 ranks; hierarchical runs too
