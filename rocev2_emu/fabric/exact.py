@@ -759,9 +759,9 @@ async def ask_nodes(
     timeout: float = 30.0,
 ) -> dict[str, dict[str, Any]]:
     """``request`` to each node of ``names``: a ``for_nodes`` request to each process for its
-    nodes (in the order of ``names``' processes, :data:`MAX_PROCESS_NODES` at a time), the
-    processes at once; each node's reply by name.  A RuntimeError names the first node that
-    answered with an error."""
+    nodes among them, in the order the process holds them (the topology's, whatever the order
+    of ``names``), :data:`MAX_PROCESS_NODES` at a time, the processes at once; each node's reply
+    by name.  A RuntimeError names the first node that answered with an error."""
     asks = by_process(coordinator.names, set(names))
     replies = await _gather(
         len(asks),
