@@ -63,9 +63,6 @@ class Pump:
         self.pcap = pcap
         self.core = core
         self._recv = recv or port.recv
-        self._send: list[Callable[[Datagram], bool]] = (
-            [port.send] if peers is None else [partial(port.send_to, peer=p) for p in peers]
-        )
         self._send_batch: list[Callable[[list[Datagram]], int]] = (
             [port.send_batch]
             if peers is None
@@ -211,10 +208,20 @@ class Pump:
         return True
 
     def _flush(self) -> bool:
-        backlog, send = self._backlog, self._send
+        """Send the backlog in order: each run of datagrams to one link (what a link's delay
+        released together, up to ``TX_BATCH``) in one batched call; False when the socket
+        would block (the rest stays, in order)."""
+        backlog, send_batch = self._backlog, self._send_batch
         while backlog:
-            index, pending = backlog[0]
-            if not send[index](pending):
+            index = backlog[0][0]
+            run: list[Datagram] = []
+            for to, datagram in backlog:
+                if to != index or len(run) == TX_BATCH:
+                    break
+                run.append(datagram)
+            sent = send_batch[index](run)
+            for _ in range(sent):
+                backlog.popleft()
+            if sent < len(run):
                 return False
-            backlog.popleft()
         return True
