@@ -190,9 +190,11 @@ class Pump:
                     return False
                 batch = []
             if link is not None:
-                backlog.extend((index, d) for d in link.submit(datagram, now))
-                if not self._flush():
-                    return False
+                now_due = link.submit(datagram, now)  # usually none: held for the delay
+                if now_due:
+                    backlog.extend((index, d) for d in now_due)
+                    if not self._flush():
+                        return False
             else:
                 batch.append(datagram)
                 batch_index = index
