@@ -10,8 +10,9 @@ kernel a run of equal-size datagrams in one ``sendmsg`` with a ``UDP_SEGMENT`` c
 and a socket with ``UDP_GRO`` on receives runs of them coalesced, which ``recv`` splits by the
 segment size the kernel reports.  Each datagram is still one frame on the emulated link (a
 capture of the socket traffic, ``tshark -i lo``, sees the coalesced datagrams; ``--pcap`` files
-do not).  Where the kernel or the socket refuses either, the port falls back to one datagram per
-call and says so (:attr:`UdpPort.batch_mode`).
+do not).  Where the kernel, the socket or the path refuses either (a GSO segment above the MTU
+of a container bridge), the port falls back to one datagram per call and says so
+(:attr:`UdpPort.batch_mode`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def batch_mode(port: object) -> str:
     return mode if isinstance(mode, str) else "off"
 
 
+# What a GSO send answers where this socket's path cannot take it: no GSO there (EIO, EINVAL,
+# ENOPROTOOPT, EOPNOTSUPP), or a segment larger than the path's MTU (EMSGSIZE from Linux 6.x,
+# EINVAL before) - a container bridge's 1 500 bytes against a 4 162-byte frame.  One datagram per
+# call from then on: the kernel fragments each as it always did.  Any other error is the
+# datagrams' own (a refused peer) and counted.
+_NO_GSO: Final = frozenset(
+    (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EMSGSIZE)
+)
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
 
@@ -255,7 +264,7 @@ class UdpPort:
             except BlockingIOError:
                 return i
             except OSError as exc:
-                if exc.errno in (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+                if exc.errno in _NO_GSO:
                     self.gso = False  # this socket's path cannot segment: one by one from now
                     return self._send_each(datagrams, i, count, peer)
                 self.tx_errors += 1  # e.g. ECONNREFUSED from an earlier ICMP error
