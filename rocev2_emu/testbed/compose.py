@@ -4,7 +4,8 @@ Writes, under ``--out`` (default ``.``):
 
 * ``docker-compose.yml`` - the testbed on the exact clock: one service per switch and host of
   the topology, each running ``rocev2-emu node --clock exact`` at a fixed address on one
-  bridge network (``[fabric] subnet``, default 172.30.0.0/24: node i at .10 + i) and joining
+  bridge network (``[fabric] subnet``, default 172.30.0.0/24: node i at .10 + i; MTU
+  ``BRIDGE_MTU``, so a frame's datagram is neither fragmented nor refused a GSO send) and joining
   the coordinator that the ``job`` service serves (``bench all-reduce --attach --clock exact
   --sync``, at the top of the subnet; the nodes wait up to ``JOIN_TIMEOUT`` for it, the job
   for them), so that the job prints the virtual run's figures and the nodes end with it;
@@ -64,6 +65,10 @@ from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import Node, NodeKind, Topology, refuse_split_servers
 
 DEFAULT_SUBNET = "172.30.0.0/24"
+# The bridge's MTU: jumbo, as a RoCE fabric's links are.  A 4 096-byte RoCE frame is a 4 162-byte
+# VXLAN datagram; over the default 1 500 the kernel fragments each and refuses the wall-clock
+# ports' GSO sends (runtime/ports.py falls back to one datagram per call there).
+BRIDGE_MTU = 9000
 IMAGE = "rocev2-emu:latest"
 PROMETHEUS_IMAGE = "rocev2-emu-prometheus:latest"  # built by compose, from deploy/prometheus
 BASE_IMAGE = "${ROCEV2_BASE_IMAGE:-debian:bookworm-slim}"  # where a registry is reachable
@@ -232,6 +237,8 @@ def _monitoring(extra: dict[str, ipaddress.IPv4Address], subnet: str) -> list[st
         "networks:",
         "  fabric:",
         "    driver: bridge",
+        "    driver_opts:",
+        f'      com.docker.network.driver.mtu: "{BRIDGE_MTU}"',
         "    ipam:",
         "      config:",
         f"        - subnet: {ipaddress.IPv4Network(subnet)}",

@@ -13,7 +13,7 @@ import pytest
 from collectives import launcher
 from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
-from rocev2_emu.testbed.compose import SYNC_PORT, TRAIN_SYNC_PORT, generate
+from rocev2_emu.testbed.compose import BRIDGE_MTU, SYNC_PORT, TRAIN_SYNC_PORT, generate
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.model import TopologyError
 
@@ -208,3 +208,14 @@ def _built_here(text: str) -> None:
         assert built, f"{name} would be pulled: {image.group(1)}"
         checked += 1
     assert checked == 17  # the secret service, 14 nodes, the job, Prometheus
+
+
+def test_every_bridge_network_is_jumbo_so_a_frame_is_one_datagram() -> None:
+    """A 4 162-byte frame datagram over a 1 500-byte bridge is fragmented and refused a GSO
+    send; the testbed's bridge carries it whole."""
+    for name in ("docker-compose.yml", "docker-compose.wall.yml", "docker-compose.training.yml"):
+        text = (ROOT / name).read_text()
+        bridge = text[text.index("\nnetworks:\n") :]
+        assert "driver: bridge" in bridge, name
+        assert f'com.docker.network.driver.mtu: "{BRIDGE_MTU}"' in bridge, name
+    assert BRIDGE_MTU >= 4162 + 28  # the datagram and its IPv4 and UDP headers
