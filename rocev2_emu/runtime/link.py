@@ -73,12 +73,10 @@ class FaultyLink:
         self._held: list[tuple[float, int, bytes]] = []
         self._seq = 0
         self.lost = self.duplicated = self.reordered = self.corrupted = 0
-        self._fixed = faults.delay if faults.delay_only else None  # no dice to roll
 
     def update(self, faults: LinkFaults) -> None:
         """New fault settings at run time; frames already held keep their release times."""
         self.faults = faults
-        self._fixed = faults.delay if faults.delay_only else None
 
     def fates(self, datagram: bytes | bytearray, now: float) -> list[tuple[float, bytes]]:
         """What becomes of one datagram sent at ``now``: (arrival time, datagram) for each copy
@@ -109,13 +107,6 @@ class FaultyLink:
 
     def submit(self, datagram: bytes | bytearray, now: float) -> list[bytes | bytearray]:
         """Datagrams to send right away; the rest are held until :meth:`due`."""
-        if self._fixed is not None:  # a delay alone (every frame of a wall-clock run's links)
-            at = now + self._fixed
-            if at > now:
-                self._seq += 1
-                heapq.heappush(self._held, (at, self._seq, bytes(datagram)))
-                return []
-            return [bytes(datagram)]
         out: list[bytes | bytearray] = []
         for at, data in self.fates(datagram, now):
             if at > now:
