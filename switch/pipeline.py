@@ -189,7 +189,7 @@ class SwitchCore(Core):
             known = self._learn(header)
         rewritten, prio, ports = known
         total = header[2] << 8 | header[3]
-        if _IP + total > len(data):
+        if total < 20 or _IP + total > len(data):  # shorter than its own header, or cut
             ps.drops["malformed"] += 1
             return
         ttl = header[8]

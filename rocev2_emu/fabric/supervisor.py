@@ -230,13 +230,13 @@ async def _supervise(
     secret, created = auth.load_or_create(topo_path)
     auth.use(secret)  # the job's own requests prove it too
     env = {**os.environ, auth.ENV: secret.hex()}  # the environment, not argv: ps shows argv
+    tails: dict[str, deque[str]] = {}
     try:
         async with trio.open_nursery() as nursery:
             sync = None
             if coordinator is not None:
                 coordinator.secret = secret
                 sync = await nursery.start(partial(coordinator.serve, local=True))
-            tails: dict[str, deque[str]] = {}
             for name in _process_names(topo, only, coordinator is not None, workers):
                 argv = _node_argv(topo_path, name, tdf, epoch, sync, workers)
                 procs[name] = await _start(argv, env, blanks, name)
@@ -274,12 +274,43 @@ async def _supervise(
                     raise await _named_death(procs, exc) from exc
             stopping.set()
             nursery.cancel_scope.cancel()
+    except BaseException as exc:
+        blamed = _blamed(exc)
+        if blamed is None or blamed.node not in procs:
+            raise
+        words = await _last_words(procs[blamed.node], tails[blamed.node])
+        if not words:
+            raise
+        raise SyncError(f"{blamed}; it said: {words}", blamed.node) from exc
     finally:
         stopping.set()
         await _stop(procs)
         if created is not None:
             created.unlink(missing_ok=True)  # the fabric is gone; so is the secret it made
     return outcome
+
+
+def _blamed(exc: BaseException) -> SyncError | None:
+    """The SyncError inside ``exc`` that blames a node process, if any."""
+    if isinstance(exc, SyncError):
+        return exc if exc.node is not None else None
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _blamed(inner)) is not None:
+                return found
+    return None
+
+
+async def _last_words(proc: NodeProcess, tail: deque[str]) -> str:
+    """The last error line node process ``proc`` wrote on stderr (its tail so far, and what
+    it writes until its pipe closes, at most two seconds): the line that names why it left."""
+    if proc.stderr is not None:
+        with trio.move_on_after(2):
+            while chunk := await proc.stderr.receive_some(65536):
+                tail.extend(chunk.decode(errors="replace").splitlines())
+    lines = [line.strip() for line in tail if line.strip()]
+    said = [line for line in lines if line.startswith("rocev2-emu")]
+    return (said or lines or [""])[-1]
 
 
 def _process_names(

@@ -17,6 +17,7 @@ import contextlib
 import heapq
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -119,6 +120,8 @@ class ExactEngine(Engine):
         self.chan = SyncLink(chan) if chan is not None else None
         self.links: list[RemoteLink] = []
         self._by_vni: dict[int, RemoteLink] = {}
+        self._peers: set[tuple[str, int]] = set()  # the far ends' addresses, one per process
+        self.strays = 0  # datagrams from addresses that are no peer's, dropped
         self.sent: dict[str, int] = {}
         self.received = 0
         self.received_from: dict[str, int] = {}  # frames received from each other process
@@ -157,6 +160,7 @@ class ExactEngine(Engine):
             raise EngineError(f"two links with VNI {link.vni} in {self.name}")
         self.links.append(link)
         self._by_vni[link.vni] = link
+        self._peers.add(link.peer)
         self.sent.setdefault(link.peer_name, 0)
         self.received_from.setdefault(link.peer_name, 0)
         return link
@@ -318,6 +322,9 @@ class ExactEngine(Engine):
             vni = data[4] << 16 | data[5] << 8 | data[6] if len(data) >= 8 else -1
             link = self._by_vni.get(vni)
             if link is None or sender != link.peer:
+                if sender not in self._peers:  # a stranger's: dropped and counted
+                    self._stray(sender)
+                    continue
                 raise SyncError(
                     f"{self.name}: a datagram from {sender[0]}:{sender[1]} with VNI {vni} is on "
                     "no link of this node"
@@ -335,6 +342,20 @@ class ExactEngine(Engine):
             self.received += 1
             self.received_from[link.peer_name] += 1
             events.arrive(link.node, link.port, at, seq, frame)
+
+    def _stray(self, sender: tuple[str, int]) -> None:
+        """A datagram from an address that is no peer of this process: not the run's (only
+        root could send from a peer's bound address), so it is dropped and counted - the run
+        goes on, as a switch drops a frame from a stranger.  Said on stderr at the first and
+        then at every power of two."""
+        self.strays += 1
+        if self.strays & (self.strays - 1) == 0:
+            print(
+                f"rocev2-emu: {self.name}: dropped a datagram from {sender[0]}:{sender[1]}, "
+                f"no peer of this node ({self.strays} so far)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     async def _take_in(self, expect: Any) -> bool:
         """Until every frame the others sent this process is on the heap (``expect``: how many
@@ -384,6 +405,7 @@ class ExactEngine(Engine):
             "sent": self.sent,
             "received": self.received,
             "window": self.rounds,
+            "strays": self.strays,
             "store": [op.wire() for op in ops],
             "changes": [c.wire() for c in changes],
         }

@@ -90,7 +90,12 @@ def sync_label(address: SyncAddress) -> str:
 
 
 class SyncError(Exception):
-    """The synchronised run cannot go on (a dead or silent process, a broken link)."""
+    """The synchronised run cannot go on (a dead or silent process, a broken link); ``node``:
+    the process it is about, when one is to blame (its own last error line explains it)."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class RunOver(Exception):
@@ -228,6 +233,7 @@ class Report:
     sent: dict[str, int]  # frames sent to each other process since the start
     received: int  # frames received since the start
     window: int = 0  # how many windows it had been granted when it reported
+    strays: int = 0  # datagrams from addresses that are no peer's, dropped since the start
     store: list[StoreOp] = field(default_factory=list)  # operations for the store
     changes: list[LinkChange] = field(default_factory=list)  # changes to the fabric it asks for
 
@@ -242,13 +248,14 @@ class Report:
             sent = {str(k): int(v) for k, v in dict(msg["sent"]).items()}
             received = int(msg["received"])
             window = int(msg["window"])
+            strays = int(msg.get("strays", 0))
             store = [StoreOp.from_wire(op) for op in msg.get("store", ())]
             changes = [LinkChange.from_wire(c) for c in msg.get("changes", ())]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a sync report's field is missing or wrong: {exc!r}") from exc
         if math.isnan(next_time):
             raise ValueError("a sync report's next time is NaN")
-        return cls(next_time, quiet, sent, received, window, store, changes)
+        return cls(next_time, quiet, sent, received, window, strays, store, changes)
 
 
 @dataclass(slots=True)
@@ -371,7 +378,12 @@ class Coordinator:
         """How the run was synchronised: its windows, and how many processes each woke."""
         n = len(self.names)
         woken = (self.rounds * n - self.skipped) / self.rounds if self.rounds else 0.0
-        return f"{self.rounds} windows, {woken:.1f} of {n} processes woken per window"
+        said = f"{self.rounds} windows, {woken:.1f} of {n} processes woken per window"
+        strays = {name: r.strays for name, r in sorted(self.reports.items()) if r.strays}
+        if strays:
+            who = ", ".join(f"{name} {count}" for name, count in strays.items())
+            said += f"; {sum(strays.values())} datagrams from no peer dropped ({who})"
+        return said
 
     async def finish(self) -> None:
         """The job is done: tell every node (each exits quietly)."""
@@ -470,7 +482,7 @@ class Coordinator:
                     await self._round()  # every window
         except ControlError as exc:
             if name in self._chans and not self.finished:
-                raise SyncError(f"node {name} went away ({exc})") from exc
+                raise SyncError(f"node {name} went away ({exc})", name) from exc
         finally:
             with trio.CancelScope(shield=True):
                 if mine is not None:
@@ -635,7 +647,7 @@ class Coordinator:
         try:
             await self._chans[name].send(grant)
         except ControlError as exc:
-            raise SyncError(f"node {name} went away ({exc})") from exc
+            raise SyncError(f"node {name} went away ({exc})", name) from exc
 
     async def _grant_again(self, names: list[str], window: Window) -> None:
         """The window granted last, again, to processes ``names`` only: they report again."""

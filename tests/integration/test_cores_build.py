@@ -57,3 +57,17 @@ def test_compiled_and_pure_cores_give_the_same_json_byte_for_byte() -> None:
     assert all(r["verified"] for r in a["faulty"]["results"])
     assert a["scenario_incast"]["ok"] is True  # its four settings ran and its checks passed
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@pytest.mark.timeout(300)
+def test_fuzzed_datagrams_raise_in_neither_build_and_both_count_the_same() -> None:
+    """200 000 seeded datagrams into a switch and a NIC (tests/integration/cores_fuzz.py): no
+    input raises in either build (a raise exits non-zero), and every counter agrees."""
+    _require_compiled()
+    args = [sys.executable, "-m", "tests.integration.cores_fuzz", "200000", "5"]
+    a = json.loads(_run(args, pure=False, timeout=120))
+    b = json.loads(_run(args, pure=True, timeout=250))
+    assert (a.pop("build"), b.pop("build")) == ("compiled", "pure")
+    assert a["switch"]["ports"][0]["drops"]["malformed"] > 0
+    assert a["nic"]["sent"] > 0 and sum(a["nic"]["drops"].values()) > 0
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

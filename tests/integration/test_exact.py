@@ -592,3 +592,78 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(600)
+def test_datagrams_from_a_stranger_are_dropped_and_the_exact_run_goes_on(tmp_path: Path) -> None:
+    """A local process with no secret sends datagrams to the link ports of a paced exact run's
+    nodes, with the VNIs of their links: each node drops and counts them (a line on stderr),
+    and the run ends as the virtual run does, JSON byte for byte (it used to stop)."""
+    import socket
+
+    from rocev2_emu.topology.file import load
+
+    topo_path = str(ROOT / "examples" / "topologies" / "single-switch.toml")
+    flows = str(ROOT / "examples" / "flows" / "incast-4to1.toml")
+    topo = load(topo_path)
+    exact, virtual = tmp_path / "exact.json", tmp_path / "virtual.json"
+    done = _up([topo_path, "--virtual", "--flows", flows, "--json", str(virtual)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = [topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
+    with (
+        _up_until_ready([*run, "--json", str(exact)], "h4") as proc,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger,
+    ):
+        stranger.bind(("127.0.0.1", 0))
+        for node in ("sw0", "h4", "h0"):
+            address = topo.nodes[node].address
+            for link, _ in topo.nodes[node].ports:
+                vxlan = bytes((0x08, 0, 0, 0)) + (link.vni << 8).to_bytes(4, "big")
+                for _ in range(3):
+                    stranger.sendto(vxlan + bytes(60), (address, 14789))
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "datagrams from no peer dropped (" in out and "sw0 " in out, out  # the run's summary
+    assert exact.read_bytes() == virtual.read_bytes()
+
+
+def _spoofed_udp(src: str, dst: str, port: int, payload: bytes) -> None:
+    """One UDP datagram from ``src``:``port`` to ``dst``:``port`` whatever binds ``src``: a raw
+    socket (root only) - what a link peer that breaks the run's framing would send."""
+    import socket
+    import struct
+
+    udp = struct.pack("!HHHH", port, port, 8 + len(payload), 0) + payload
+    ip = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
+        socket.inet_aton(src), socket.inet_aton(dst),
+    )  # fmt: skip
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
+        raw.sendto(ip + udp, (dst, 0))
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_that_breaks_the_framing_stops_the_run_and_the_node_says_why() -> None:
+    """A datagram from sw0's own address to h4 with no room for the sync trailer (a raw
+    socket: only root sends from a peer's address) stops the exact run, and the line the
+    user reads is h4's own, not only that its connection closed."""
+    if os.geteuid() != 0:
+        message = "sending from a link peer's address needs root (a raw socket)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + "; CI runs as root", pytrace=False)
+        pytest.skip(message)
+    from rocev2_emu.topology.file import load
+
+    topo_path = str(ROOT / "examples" / "topologies" / "single-switch.toml")
+    flows = str(ROOT / "examples" / "flows" / "incast-4to1.toml")
+    topo = load(topo_path)
+    link = next(lk for lk, peer in topo.nodes["h4"].ports if peer == "sw0")
+    run = [topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
+    with _up_until_ready(run, "h4") as proc:
+        vxlan = bytes((0x08, 0, 0, 0)) + (link.vni << 8).to_bytes(4, "big")
+        sw0, h4 = topo.nodes["sw0"].address, topo.nodes["h4"].address
+        _spoofed_udp(sw0, h4, 14789, vxlan + bytes(4))
+        _, err = proc.communicate(timeout=120)  # a wall-clock deadline, not a hang
+    assert proc.returncode == 1, err[-2000:]
+    assert "node h4 went away" in err, err[-2000:]
+    assert "it said: rocev2-emu" in err and "no room for the sync trailer" in err, err[-2000:]
