@@ -36,7 +36,11 @@ class LinkFaults:
     def __post_init__(self) -> None:
         for name in _AMOUNTS:  # not dataclasses.fields(): a tuple of Field objects per link
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value < math.inf
+            ):
                 raise ValueError(f"link fault {name}={value!r} must be a finite number >= 0")
         for name in _PROBABILITIES:
             if getattr(self, name) > 1:
@@ -59,8 +63,13 @@ def faults_from_request(settings: Any) -> LinkFaults:
     if not isinstance(settings, dict):
         raise ValueError(f"link faults must be a map, not {type(settings).__name__}")
     for name, value in settings.items():
+        if name not in _AMOUNTS and name != "seed":
+            raise ValueError(f"link fault {name!r}: no such setting (one of {', '.join(_AMOUNTS)})")
         if isinstance(value, bool):
             raise ValueError(f"link fault {name}={value!r} must be a number, not a boolean")
+        if not isinstance(value, int if name == "seed" else int | float):
+            # checked here, not by the dataclass: the compiled build's own TypeError names no field
+            raise ValueError(f"link fault {name}={value!r} must be a number")
     return LinkFaults(**settings)
 
 

@@ -349,17 +349,22 @@ def _links(
         rate = item.get("rate_gbps", ld["rate_gbps"])
         delay = item.get("delay_us", ld["delay_us"])
         loss = item.get("loss", ld["loss"])
-        if not isinstance(rate, int | float) or not 0 <= rate < math.inf:
+        if not _is_number(rate) or not 0 <= rate < math.inf:
             raise fail(f"{where} rate_gbps", rate, "must be a finite number >= 0")
-        if not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+        if not _is_number(delay) or not 0 <= delay < math.inf:
             raise fail(f"{where} delay_us", delay, "must be a finite number >= 0")
-        if not isinstance(loss, int | float) or not 0 <= loss <= 1:
+        if not _is_number(loss) or not 0 <= loss <= 1:
             raise fail(f"{where} loss", loss, "must be a probability")
         link = Link(len(links), item["a"], item["b"], rate * 1e9, delay * 1e-6, float(loss))
         links.append(link)
         nodes[link.a].ports.append((link, link.b))
         nodes[link.b].ports.append((link, link.a))
     return links
+
+
+def _is_number(value: Any) -> bool:
+    """An int or a float, not a boolean (TOML's ``true`` is no rate, delay or probability)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:

@@ -136,6 +136,17 @@ def test_errors_name_file_key_and_value(patch: dict[str, dict[str, object]], mes
         parse(data, "net.toml")
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("loss", True), ("rate_gbps", True), ("delay_us", False)]
+)
+def test_a_links_boolean_is_no_number(key: str, value: bool) -> None:
+    """``[[link]] loss = true`` ran with loss 1.0, ``rate_gbps = true`` at 1 Gbit/s."""
+    data = tomllib.loads(single_switch(2))
+    data["link"][0][key] = value
+    with pytest.raises(TopologyError, match=rf"\[\[link\]\] #1 {key} = {value}"):
+        parse(data, "x.toml")
+
+
 def test_link_and_node_errors(tmp_path: Path) -> None:
     data = tomllib.loads(single_switch(2))
     data["link"][0]["b"] = "sw9"
@@ -171,10 +182,14 @@ def test_link_faults_refuse_what_no_link_can_do(faults: dict[str, Any]) -> None:
         LinkFaults(**faults)
 
 
-@pytest.mark.parametrize("faults", [{"loss": True}, {"delay": False}, [("loss", 0.1)]])
+@pytest.mark.parametrize(
+    "faults",
+    [{"loss": True}, {"delay": False}, [("loss", 0.1)], {"loss": "x"}, {"seed": 1.5}, {"lost": 1}],
+)
 def test_a_set_faults_request_with_a_boolean_or_no_map_is_refused(faults: Any) -> None:
-    """A boolean is no probability (``loss=True`` was taken as 1.0 through set_faults)."""
-    with pytest.raises(ValueError, match=r"not a boolean|must be a map"):
+    """A boolean is no probability (``loss=True`` was taken as 1.0 through set_faults); a
+    string is named as the field's in both builds (the compiled one's own TypeError named none)."""
+    with pytest.raises(ValueError, match=r"not a boolean|must be a map|must be a number|no such"):
         faults_from_request(faults)
     assert faults_from_request({"loss": 0.1, "seed": 3}) == LinkFaults(loss=0.1, seed=3)
 
