@@ -6,9 +6,10 @@ bytes).  Every send and receive has a deadline; a framing fault, a closed peer o
 deadline is a :class:`ControlError` naming what happened, never a hang.
 
 A server holds at most :data:`MAX_CONNECTIONS` authenticated clients and, on their own, at
-most :data:`MAX_UNPROVEN` that have not yet proved the secret (:func:`connection_limit`: the
-next of either is closed at once), so sockets that never authenticate cannot take an
-authenticated client's place; before its proof a client may send no message longer than
+most :data:`MAX_UNPROVEN` that have not yet proved the secret (:func:`connection_limit`: one
+more admitted is closed at once; a newcomer to full unproven slots closes the oldest unproven
+one), so sockets that never authenticate cannot take an authenticated client's place nor keep
+one out; before its proof a client may send no message longer than
 :data:`MAX_PROOF` bytes (a proof is about 45), so it cannot make the server hold a megabyte for
 it; and a client that starts a message must finish it within :data:`MESSAGE_DEADLINE` seconds
 (a slow or stalled sender is dropped).  Each is counted in
@@ -163,7 +164,7 @@ async def serve_requests(
     try:
         if secret is not None and not await _authenticate(chan, secret):
             return
-        if not _admitted():
+        if not admit():
             return
         while True:
             try:
@@ -213,36 +214,37 @@ async def _authenticate(chan: MessageChannel, secret: bytes) -> bool:
 
 
 class _Slots:
-    """One server's connections: those not yet admitted (proving the secret) and those in."""
+    """One server's connections: those not yet admitted (proving the secret), oldest first,
+    each with the cancel scope that closes it, and how many are in.  Grows to the limits."""
 
     def __init__(self, limit: int, unproven_limit: int) -> None:
         self.limit = limit
         self.unproven_limit = unproven_limit
-        self.unproven = 0
+        self.unproven: dict[object, trio.CancelScope] = {}  # insertion order: oldest first
         self.admitted = 0
 
 
-# the slots of the server this connection's task serves, and whether it was admitted
-_SLOT: contextvars.ContextVar[tuple[_Slots, list[bool]] | None] = contextvars.ContextVar(
+# the slots of the server this connection's task serves, and its key there (None: admitted)
+_SLOT: contextvars.ContextVar[tuple[_Slots, list[object | None]] | None] = contextvars.ContextVar(
     "control_slot", default=None
 )
 
 
-def _admitted() -> bool:
+def admit() -> bool:
     """Move this connection from the unproven to the admitted slots (once it proved the secret,
     or at once on a server without one); False, counted, when those are full."""
     entry = _SLOT.get()
     if entry is None:
         return True
     slots, state = entry
-    if state[0]:
+    if state[0] is None:
         return True
     if slots.admitted >= slots.limit:
         DROPPED.labels(reason="connection_limit").inc()
         return False
-    slots.unproven -= 1
+    del slots.unproven[state[0]]
     slots.admitted += 1
-    state[0] = True
+    state[0] = None
     return True
 
 
@@ -253,25 +255,31 @@ def connection_limit(
 ) -> Callable[[S], Awaitable[None]]:
     """``handler`` for ``trio.serve_listeners``, holding at most ``limit`` admitted connections
     and ``unproven_limit`` not yet admitted (:func:`serve_requests` admits a connection once it
-    proved the secret): one more of either is closed at once and counted
-    (``reason="connection_limit"`` or ``"unproven_limit"``)."""
+    proved the secret).  One more admitted is closed at once (``reason="connection_limit"``);
+    a newcomer when the unproven slots are full closes the oldest unproven connection instead
+    (``reason="unproven_limit"``): silent sockets cannot keep a client with the secret out,
+    they can only push each other out."""
     slots = _Slots(limit, unproven_limit)
 
     async def handle(stream: S) -> None:
-        if slots.unproven >= slots.unproven_limit:
+        if len(slots.unproven) >= slots.unproven_limit:
             DROPPED.labels(reason="unproven_limit").inc()
-            await stream.aclose()
-            return
-        slots.unproven += 1
-        state = [False]
+            oldest = next(iter(slots.unproven))
+            slots.unproven.pop(oldest).cancel()
+        key = object()
+        state: list[object | None] = [key]
         token = _SLOT.set((slots, state))
         try:
-            await handler(stream)
+            with trio.CancelScope() as scope:
+                slots.unproven[key] = scope
+                await handler(stream)
+            if scope.cancelled_caught:
+                await trio.aclose_forcefully(stream)
         finally:
-            if state[0]:
+            if state[0] is None:
                 slots.admitted -= 1
             else:
-                slots.unproven -= 1
+                slots.unproven.pop(key, None)
             _SLOT.reset(token)
 
     return handle

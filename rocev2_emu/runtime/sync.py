@@ -72,6 +72,8 @@ from rocev2_emu.control.channel import (
     ControlError,
     MessageChannel,
     _authenticate,
+    admit,
+    connection_limit,
 )
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.runtime.link import faults_from_request
@@ -429,7 +431,10 @@ class Coordinator:
                 sock.listen(len(self.names) + 16)
                 listeners.append(trio.SocketListener(sock))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio.serve_listeners, self._connection, listeners)
+                # every process once, and a few more: a stranger's sockets are closed, oldest
+                # first, and cannot hold the coordinator's files (or a node) up
+                handler = connection_limit(self._connection, len(self.names) + 16)
+                nursery.start_soon(trio.serve_listeners, handler, listeners)
                 task_status.started(where)
                 await self._rounds()
         finally:
@@ -441,7 +446,7 @@ class Coordinator:
         name = None
         mine: SyncLink | None = None  # this connection's, once it is a node's
         try:
-            if not await _authenticate(chan, self.secret):
+            if not await _authenticate(chan, self.secret) or not admit():
                 return
             hello = await chan.recv()
             name = hello.get("hello") if isinstance(hello, dict) else None

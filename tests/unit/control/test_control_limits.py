@@ -110,9 +110,12 @@ def test_connections_beyond_the_limit_are_closed_at_once_and_counted() -> None:
     assert dropped("connection_limit") == before + 1
 
 
-def test_clients_that_never_prove_the_secret_cannot_take_an_authenticated_clients_place() -> None:
+def test_clients_that_never_prove_the_secret_cannot_keep_an_authenticated_client_out() -> None:
     """Issue 28: 256 connections without the secret filled every slot and a client with the
-    secret was refused until they closed; they have slots of their own now."""
+    secret was refused until they closed; they had slots of their own then, and 64 silent ones
+    re-opened as the server dropped them still kept a client out (issue 59).  A newcomer to
+    full unproven slots now closes the oldest unproven connection: strangers push each other
+    out, and the client with the secret, the newest, proves it and is served."""
     before = dropped("unproven_limit")
     secret = auth.new()
 
@@ -122,24 +125,32 @@ def test_clients_that_never_prove_the_secret_cannot_take_an_authenticated_client
         )
         async with trio.open_nursery() as nursery:
             strangers = []
-            for _ in range(5):  # they connect and say nothing: three held, two closed
+            for _ in range(5):  # they connect and say nothing: the two oldest are closed
                 server, client = trio.testing.memory_stream_pair()
                 strangers.append(client)
                 nursery.start_soon(handle, server)
                 await trio.testing.wait_all_tasks_blocked()
-            # a client with the secret, once a stranger gives up its place, is served
-            await strangers[0].aclose()
-            await trio.testing.wait_all_tasks_blocked()
+            for stranger in strangers[:2]:
+                while await stranger.receive_some():  # the challenge, then the close
+                    pass
+            # a client with the secret while three strangers still hold every unproven slot
             server, client = trio.testing.memory_stream_pair()
             nursery.start_soon(handle, server)
             chan = MessageChannel(client, timeout=10.0)
             await prove_secret(chan, secret, "the test server")
             await chan.send("x")
             assert await chan.recv() == {"echo": "x"}
+            # admitted, it is out of reach of the strangers that come after it
+            for _ in range(4):
+                server, other = trio.testing.memory_stream_pair()
+                nursery.start_soon(handle, server)
+                await trio.testing.wait_all_tasks_blocked()
+            await chan.send("y")
+            assert await chan.recv() == {"echo": "y"}
             nursery.cancel_scope.cancel()
 
     run(main)
-    assert dropped("unproven_limit") == before + 2
+    assert dropped("unproven_limit") == before + 6  # 2 + 1 (for the client) + 3
 
 
 def test_before_its_proof_a_client_cannot_make_the_server_hold_a_megabyte() -> None:

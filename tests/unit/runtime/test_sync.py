@@ -360,3 +360,43 @@ async def test_a_local_run_s_nodes_join_over_a_unix_socket_removed_afterwards() 
             await chan.aclose()
             nursery.cancel_scope.cancel()
     assert not await trio.Path(where).parent.exists()
+
+
+def test_the_coordinator_holds_a_bounded_number_of_connections_that_never_prove_the_secret() -> (
+    None
+):
+    """2 000 silent connections took a supervisor from 56 to 2 059 open files (issue 59); the
+    coordinator now holds at most MAX_UNPROVEN of them, closing the oldest for each newcomer."""
+    from rocev2_emu.control.channel import DROPPED, MAX_UNPROVEN
+
+    def dropped() -> float:
+        return float(DROPPED.labels(reason="unproven_limit")._value.get())
+
+    before = dropped()
+    extra = 8
+
+    async def main() -> None:
+        coordinator = Coordinator(["a"], 1e-6, b"secret")
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(coordinator.serve)
+            silent = []
+            try:
+                for _ in range(MAX_UNPROVEN + extra):
+                    silent.append(await trio.open_tcp_stream(host, port))
+                with trio.fail_after(10):
+                    while dropped() < before + extra:  # each newcomer closed the oldest
+                        await trio.sleep(0.01)
+                closed = 0
+                for stream in silent[:extra]:
+                    with trio.fail_after(10):
+                        while await stream.receive_some():  # the challenge, then the close
+                            pass
+                    closed += 1
+                assert closed == extra
+            finally:
+                for stream in silent:
+                    await stream.aclose()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert dropped() == before + extra
