@@ -142,7 +142,7 @@ def test_clients_that_never_prove_the_secret_cannot_keep_an_authenticated_client
             assert await chan.recv() == {"echo": "x"}
             # admitted, it is out of reach of the strangers that come after it
             for _ in range(4):
-                server, other = trio.testing.memory_stream_pair()
+                server, _other = trio.testing.memory_stream_pair()
                 nursery.start_soon(handle, server)
                 await trio.testing.wait_all_tasks_blocked()
             await chan.send("y")

@@ -383,16 +383,10 @@ def test_the_coordinator_holds_a_bounded_number_of_connections_that_never_prove_
             try:
                 for _ in range(MAX_UNPROVEN + extra):
                     silent.append(await trio.open_tcp_stream(host, port))
-                with trio.fail_after(10):
-                    while dropped() < before + extra:  # each newcomer closed the oldest
-                        await trio.sleep(0.01)
-                closed = 0
-                for stream in silent[:extra]:
+                for stream in silent[:extra]:  # each newcomer closed the oldest
                     with trio.fail_after(10):
                         while await stream.receive_some():  # the challenge, then the close
                             pass
-                    closed += 1
-                assert closed == extra
             finally:
                 for stream in silent:
                     await stream.aclose()
