@@ -21,6 +21,7 @@ Inputs follow a pattern every rank can reproduce, so each rank checks its own re
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -73,23 +74,43 @@ def expected(
     coll: str, n: int, count: int, dtype: np.dtype, op: str, rank: int, root: int
 ) -> np.ndarray:
     """What rank ``rank`` must hold after ``coll`` on ``count`` elements per rank."""
-    if coll == "all_gather":
-        return np.concatenate([pattern(k, count, dtype, op) for k in range(n)])
+    if coll == "all_gather":  # block k is rank k's input
+        return _blocks(n, count, 0, dtype, op)
     if coll == "broadcast":
         return pattern(root, count, dtype, op)
-    if coll == "all_to_all":  # block i from rank i: its block for this rank
-        return np.concatenate([pattern(k, count, dtype, op, offset=rank * count) for k in range(n)])
+    if coll == "all_to_all":  # block k from rank k: its block for this rank
+        return _blocks(n, count, rank * count, dtype, op)
     if coll == "send_recv":
         return pattern((rank - 1) % n, count, dtype, op)
     total = count * n if coll == "reduce_scatter" else count
     # every pattern repeats with period PATTERN_PERIOD: reduce one period, then repeat it
     period = min(total, PATTERN_PERIOD)
-    acc = pattern(0, period, dtype, op)
-    for k in range(1, n):
-        ops.combine(op, acc, pattern(k, period, dtype, op))
-    ops.finish(op, acc, n)
-    acc = np.tile(acc, -(-total // period))[:total]
+    acc = np.tile(_reduced_period(n, period, dtype.str, op), -(-total // period))[:total]
     return acc[rank * count : (rank + 1) * count] if coll == "reduce_scatter" else acc
+
+
+def _blocks(n: int, count: int, offset: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Block k (k < n) is ``pattern(k, count, offset=offset)``, in one array operation: rank
+    k's pattern is the first rank's shifted by k (a period of PATTERN_PERIOD)."""
+    k = np.arange(n, dtype=np.int64)[:, None]
+    i = np.arange(offset, offset + count, dtype=np.int64)[None, :]
+    m = (k + i) % PATTERN_PERIOD
+    values = 1 + (m == 0) if op == "prod" else m
+    out: np.ndarray = values.astype(dtype).reshape(-1)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _reduced_period(n: int, period: int, dtype: str, op: str) -> np.ndarray:
+    """One period of the reduction of every rank's pattern, in rank order (as the arithmetic
+    of a reduction in rank order gives it): worked out once per job and shared by its ranks,
+    not once per rank (n steps each).  Read-only: callers tile it into a new array."""
+    acc = pattern(0, period, np.dtype(dtype), op)
+    for k in range(1, n):
+        ops.combine(op, acc, pattern(k, period, np.dtype(dtype), op))
+    ops.finish(op, acc, n)
+    acc.flags.writeable = False
+    return acc
 
 
 async def _once(
@@ -126,16 +147,8 @@ async def bench(comm: Communicator, p: dict[str, Any]) -> list[dict[str, Any]]:
             row = {"size": per_rank * n * dtype.itemsize, "count": per_rank * n}
         for inplace in (False, True):
             total = per_rank * n if coll in ("reduce_scatter", "all_to_all") else per_rank
-            x = (
-                pattern(comm.rank, total, dtype, p["op"])
-                if coll != "reduce_scatter"
-                else np.concatenate(
-                    [
-                        pattern(comm.rank, per_rank, dtype, p["op"], offset=k * per_rank)
-                        for k in range(n)
-                    ]
-                )
-            )
+            # (reduce-scatter's n blocks of per_rank, block k at offset k x per_rank: one run)
+            x = pattern(comm.rank, total, dtype, p["op"])
             for _ in range(p["warmup"]):
                 await _once(comm, coll, x.copy(), inplace, p)
             await comm.barrier()

@@ -90,14 +90,12 @@ class Communicator(RankSession):
         order = options.order
         comm._nursery = nursery
         comm.completions.attach()
-        members = ring_order(places, order)
+        members, positions = comm.plan.ring(order)
         if rank == members[0]:
             log.info(
                 "ring order (%s): %s", order, " -> ".join(f"{r}@{places[r].host}" for r in members)
             )
-        rings = {"flat": members}
-        for level in comm.hierarchy.levels:
-            rings.update(comm.hierarchy.rings[level])
+        rings = {"flat": (members, positions[rank]), **comm.hierarchy.rank_ring_members(rank)}
         if rank == members[0] and comm.hierarchy.levels:
             log.info("hierarchy: %s", " < ".join(comm.hierarchy.levels))
         try:

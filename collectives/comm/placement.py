@@ -143,9 +143,20 @@ class Hierarchy:
     ring_of: dict[str, dict[int, str]]
     refused: str | None = None  # why there is no hierarchy (a level of unequal groups)
     ranks_per_nic: int = 1  # the most ranks sharing one host's NIC
+    pos_of: dict[str, dict[int, int]] = field(default_factory=dict)  # a rank's place in its ring
 
     def rank_rings(self, rank: int) -> list[str]:
         return [self.ring_of[level][rank] for level in self.levels]
+
+    def rank_ring_members(self, rank: int) -> dict[str, tuple[list[int], int]]:
+        """Each ring of ``rank`` (bottom up): its members and the rank's position in it."""
+        return {
+            self.ring_of[level][rank]: (
+                self.rings[level][self.ring_of[level][rank]],
+                self.pos_of[level][rank],
+            )
+            for level in self.levels
+        }
 
 
 def hierarchy(places: list[RankPlace]) -> Hierarchy:
@@ -160,6 +171,7 @@ def hierarchy(places: list[RankPlace]) -> Hierarchy:
     levels: list[str] = []
     rings: dict[str, dict[str, list[int]]] = {}
     ring_of: dict[str, dict[int, str]] = {}
+    pos_of: dict[str, dict[int, int]] = {}
 
     def cut(level: str, key: Any) -> dict[Any, list[int]]:
         groups: dict[Any, list[int]] = {}
@@ -178,12 +190,13 @@ def hierarchy(places: list[RankPlace]) -> Hierarchy:
             why = f"its {level}s hold different numbers of ranks {sizes}"
             return Hierarchy([], {}, {}, why, per_nic)
         levels.append(level)
-        rings[level], ring_of[level] = {}, {}
+        rings[level], ring_of[level], pos_of[level] = {}, {}, {}
         for members in groups.values():
             name = f"{level}:{members[0]}"
             rings[level][name] = members
             for pos, r in enumerate(members):
                 ring_of[level][r] = name
+                pos_of[level][r] = pos
                 path[r] += (pos,)
     if not levels:
         why = "no level below the whole job has more than one rank"
@@ -191,7 +204,40 @@ def hierarchy(places: list[RankPlace]) -> Hierarchy:
     top = cut("top", lambda p: "")
     rings["top"] = {f"top:{m[0]}": m for m in top.values()}
     ring_of["top"] = {r: f"top:{m[0]}" for m in top.values() for r in m}
-    return Hierarchy([*levels, "top"], rings, ring_of, None, per_nic)
+    pos_of["top"] = {r: pos for m in top.values() for pos, r in enumerate(m)}
+    return Hierarchy([*levels, "top"], rings, ring_of, None, per_nic, pos_of)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """What every rank of a job shares, worked out once per job rather than once per rank: the
+    hierarchy, and each ring order with every rank's position in it.  Grows as the ranks times
+    the levels (and the orders asked for)."""
+
+    places: list[RankPlace]
+    hierarchy: Hierarchy
+    _orders: dict[str, tuple[list[int], dict[int, int]]] = field(default_factory=dict)
+
+    def ring(self, order: str) -> tuple[list[int], dict[int, int]]:
+        """The flat ring in ``order`` (:func:`ring_order`) and each rank's position in it."""
+        got = self._orders.get(order)
+        if got is None:
+            members = ring_order(self.places, order)
+            got = self._orders[order] = (members, {r: i for i, r in enumerate(members)})
+        return got
+
+
+_PLAN: list[JobPlan] = []  # the last job's: its ranks ask for it with the same places list
+
+
+def plan_of(places: list[RankPlace]) -> JobPlan:
+    """The plan of the job whose ranks are ``places`` (the list every rank of the job is given:
+    the same object, so the plan is made for its first rank and shared by the others)."""
+    if _PLAN and _PLAN[0].places is places:
+        return _PLAN[0]
+    plan = JobPlan(places, hierarchy(places))
+    _PLAN[:] = [plan]
+    return plan
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import trio
 from collectives.comm import ring
 from collectives.comm.links import Completions, LinkError, LocalTx, RdmaRx, RdmaTx
 from collectives.comm.metrics import RankMetrics
-from collectives.comm.placement import CommOptions, HostGroup, RankPlace, Ring, hierarchy
+from collectives.comm.placement import CommOptions, HostGroup, RankPlace, Ring, plan_of
 from collectives.comm.store import Store, StoreTimeout
 from rocev2_emu.verbs import CQ, MR, PD, Access, Context, QPInfo
 
@@ -75,7 +75,8 @@ class RankSession(abc.ABC):
         self.cq = CQ(ctx, 1 << 16)
         self.completions = Completions(self.cq)
         self.rings: dict[str, Ring] = {}
-        self.hierarchy = hierarchy(places)  # the levels of the hierarchical all-reduce
+        self.plan = plan_of(places)  # shared by the job's ranks
+        self.hierarchy = self.plan.hierarchy  # the levels of the hierarchical all-reduce
         self.seq = 0
         self.p2p_seq: dict[tuple[str, int], int] = {}  # ("send" | "recv", peer) -> messages
         self._connecting = trio.Lock()
@@ -97,15 +98,15 @@ class RankSession(abc.ABC):
         but at least 60 s of wall time (processes start at their own pace)."""
         return max(self._wall(self.options.timeout), 60.0)
 
-    async def _connect(self, rings: dict[str, list[int]], *, barrier: bool = True) -> None:
-        """One link per hop of each ring this rank is in, through the store; then a barrier
-        of the job (``barrier=False``: of the links' peers only, for point-to-point links made
-        while other ranks do something else)."""
+    async def _connect(
+        self, rings: dict[str, tuple[list[int], int]], *, barrier: bool = True
+    ) -> None:
+        """One link per hop of each of this rank's ``rings`` (name: its members and this rank's
+        position), through the store; then a barrier of the job (``barrier=False``: of the
+        links' peers only, for point-to-point links made while other ranks do something
+        else)."""
         pending: list[tuple[Ring, str]] = []
-        for name, members in rings.items():
-            if self.rank not in members:
-                continue
-            pos = members.index(self.rank)
+        for name, (members, pos) in rings.items():
             n = len(members)
             ring_ = Ring(name, members, pos, None, None)
             self.rings[name] = ring_
@@ -169,7 +170,7 @@ class RankSession(abc.ABC):
         # no write may reach a QP before it is ready to receive: each end says when it is
         for name in rings:
             await self.store.set(f"{self.options.job}/{name}/ready/{self.rank}", 1)
-        for name, members in rings.items():
+        for name, (members, _) in rings.items():
             for peer_rank in set(members) - {self.rank}:
                 await self._get(f"{self.options.job}/{name}/ready/{peer_rank}", wait)
 
@@ -191,9 +192,10 @@ class RankSession(abc.ABC):
         different peers at different times."""
         async with self._connecting:  # a send and a recv to one peer at once connect it once
             missing = {
-                self.pair_name(self.rank, p): sorted((self.rank, p))
+                self.pair_name(self.rank, p): (pair, pair.index(self.rank))
                 for p in peers
                 if self.pair_name(self.rank, p) not in self.rings
+                for pair in [sorted((self.rank, p))]
             }
             if missing:
                 await self._connect(missing, barrier=False)

@@ -51,22 +51,34 @@ from rocev2_emu.server.fabric import ServerFabric, host_server_fabric, open_serv
 from rocev2_emu.topology.model import NodeKind, Topology
 from rocev2_emu.verbs import Context, RemoteVerbsError
 
-# the last topology's places: a process of an exact run starts each of its hosts' ranks from
-# the same topology (64 hosts of a k = 8 fat-tree per process with --workers 2: 64 walks of all
-# 128 hosts, 0.08 s, were 1 % of each process's samples)
-_PLACES: list[tuple[Topology, tuple[RankPlace, ...]]] = []
+# the last topology's places, and each host's: every rank of a job (and every host of a
+# process of an exact run) reads the same list, so the job's plan
+# (collectives.comm.placement.plan_of) is worked out once and shared
+_PLACES: list[tuple[Topology, list[RankPlace], dict[str, list[RankPlace]]]] = []
 
 
 def places_for(topo: Topology) -> list[RankPlace]:
     """Every rank's place; a leaf's pod is the set of switches above it (a fat-tree's edge
     switches of one pod share their aggregation switches; a leaf-spine has one pod).  The
     places follow from what a topology is made of (hosts, their ranks, links and servers),
-    which nothing changes once it is read: a topology's are worked out once."""
-    if _PLACES and _PLACES[0][0] is topo:
-        return list(_PLACES[0][1])
-    places = _places(topo)
-    _PLACES[:] = [(topo, tuple(places))]
-    return places
+    which nothing changes once it is read: a topology's are worked out once, and every caller
+    gets the same list (read it; never change it)."""
+    return _placed(topo)[1]
+
+
+def host_places(topo: Topology, host: str) -> list[RankPlace]:
+    """The places of ``host``'s ranks (without a walk of every rank)."""
+    return _placed(topo)[2].get(host, [])
+
+
+def _placed(topo: Topology) -> tuple[Topology, list[RankPlace], dict[str, list[RankPlace]]]:
+    if not _PLACES or _PLACES[0][0] is not topo:
+        places = _places(topo)
+        by_host: dict[str, list[RankPlace]] = {}
+        for p in places:
+            by_host.setdefault(p.host, []).append(p)
+        _PLACES[:] = [(topo, places, by_host)]
+    return _PLACES[0]
 
 
 def _places(topo: Topology) -> list[RankPlace]:
@@ -165,7 +177,7 @@ async def run_host_ranks(
     fabric (None: one of the job's own); ``group``: the job's ranks of the server, shared with
     the server's other hosts (None: this host's ranks are the server's)."""
     places = places_for(topo)
-    mine = [p for p in places if p.host == host]
+    mine = host_places(topo, host)
     options = comm_options(topo, params)
     results: dict[int, Any] = {}
     stores: list[tuple[Store, Store | None]] = []

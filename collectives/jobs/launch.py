@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from collectives.comm.metrics import HostCollectiveMetrics
 from collectives.comm.store import StoreServer
-from collectives.jobs.job import places_for, run_virtual
+from collectives.jobs.job import host_places, run_virtual
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
@@ -122,7 +122,7 @@ class CollectiveJob:
             self.died[name].set()
         if self.topo is None or self.topo.nodes[name].kind is not NodeKind.HOST:
             return False  # a switch: the fabric is broken, stop
-        ranks = [p.rank for p in places_for(self.topo) if p.host == name]
+        ranks = [p.rank for p in host_places(self.topo, name)]
         await self.server.store.set(
             f"{self.params['job_id']}/abort", f"host {name} (ranks {ranks}) died with code {code}"
         )

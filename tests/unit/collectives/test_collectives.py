@@ -19,10 +19,10 @@ from collectives.comm import ops, ring
 from collectives.comm.communicator import Communicator, RankPlace, ring_order
 from collectives.comm.links import RdmaRx, RdmaTx
 from collectives.comm.metrics import HostCollectiveMetrics
-from collectives.comm.placement import hierarchy
+from collectives.comm.placement import hierarchy, plan_of
 from collectives.comm.session import CollectiveError
 from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
-from collectives.jobs.job import comm_options, places_for, run_virtual
+from collectives.jobs.job import comm_options, host_places, places_for, run_virtual
 from collectives.jobs.registry import job
 from rocev2_emu.control import auth
 from rocev2_emu.fabric.nodes import rank_progress
@@ -103,14 +103,19 @@ def test_bench_patterns_and_expected_values() -> None:
     assert set(pattern(1, 20, np.dtype(np.int32), "prod").tolist()) == {1, 2}
 
 
-def test_a_topology_s_places_are_worked_out_once_and_a_caller_s_list_is_its_own() -> None:
+def test_a_topology_s_places_are_worked_out_once_and_shared_with_its_plan() -> None:
     one, two = fabric(2, 4, 2, 1), fabric(2, 4, 2, 2)
     first = places_for(one)
-    first.pop()  # the caller's list: what it does to it stays with it
-    again = places_for(one)
-    assert len(again) == 8 and again[:7] == first
+    assert places_for(one) is first  # the same list: the job's plan is made once for it
+    assert plan_of(first) is plan_of(places_for(one))
+    assert host_places(one, "h1") == [p for p in first if p.host == "h1"]
     assert [p.rank for p in places_for(two)] == list(range(16))  # another topology: its own
-    assert places_for(one) == again
+    assert places_for(one) == first
+    plan = plan_of(first)
+    members, positions = plan.ring("topology")
+    assert [members[positions[r]] for r in range(8)] == list(range(8))
+    rings = plan.hierarchy.rank_ring_members(5)
+    assert all(members[pos] == 5 for members, pos in rings.values()) and len(rings) == 2
 
 
 @pytest.mark.slow
