@@ -22,6 +22,7 @@ from pathlib import Path
 from collectives.bench import nccl as bench
 from collectives.bench import virtual as virtual_bench
 from collectives.comm import ops
+from collectives.jobs.failures import failures
 from collectives.jobs.job import run_virtual
 from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
 from rocev2_emu.cli.args import host_port, nonnegative_int, positive_float, positive_int
@@ -328,8 +329,8 @@ def main(which: str, args: BenchOptions) -> int:
         )
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
-        for r, why in sorted(failed.items()):
-            print(f"# rank {r}: {why}", file=sys.stderr)
+        for line in failures(failed):
+            print(f"# {line}", file=sys.stderr)
         print(f"# {len(failed)} of {ranks} ranks failed", file=sys.stderr)
         return 1
     lines, wrong = bench.table(coll, params, results)

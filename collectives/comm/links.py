@@ -7,11 +7,12 @@ goes to slot ``k mod slots``; the receiver hands the credit back after it has re
 the slot.
 
 * :class:`RdmaTx` / :class:`RdmaRx` - across hosts, over the verbs API only: the data is an RDMA
-  WRITE with immediate into the receiver's registered slot (the immediate names the operation,
-  step and chunk), the credit a zero-length SEND with immediate back.  A link may stripe its
-  items over several RC QP pairs (NCCL's ``NCCL_IB_QPS_PER_CONNECTION``): item k goes on QP
-  k mod q, each QP with its own UDP source port, so ECMP sees q flows; each QP delivers in
-  order, so the receiver takes item k from QP k mod q's arrivals and the order is whole again.
+  WRITE with immediate into the receiver's registered slot (the immediate names the operation
+  and the item, :func:`collectives.comm.ring.imm_of`), the credit a zero-length SEND with
+  immediate back.  A link may stripe its items over several RC QP pairs (NCCL's
+  ``NCCL_IB_QPS_PER_CONNECTION``): item k goes on QP k mod q, each QP with its own UDP source
+  port, so ECMP sees q flows; each QP delivers in order, so the receiver takes item k from QP
+  k mod q's arrivals and the order is whole again.
   The credits are the receiver's clear-to-send grants (receiver-driven admission, as Meta's
   collective library does instead of DCQCN): the sender never has more than ``slots`` chunks
   in flight per link.  With ``grant_dscp`` they travel on a QP of their own at that DSCP (a

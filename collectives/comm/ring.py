@@ -6,9 +6,12 @@ own buffer.  Ranges are cut into chunks of at most one slot; chunk c of step s m
 after chunk c of the step it depends on has been received (the data it carries was reduced
 there), so consecutive steps overlap chunk by chunk as in NCCL's ring.
 
-The immediate of every write names the operation (its sequence number mod 256), the step and
-the chunk: ``seq << 24 | step << 16 | chunk``; a receiver that sees anything but the item it
+The immediate of every write names the operation (its sequence number mod 256) and the item:
+the write's place among the operation's writes on that link, which the sender counts in its
+sends and the receiver in its receipts (the predecessor's step s sends what step s receives,
+cut into the same chunks): ``seq << 24 | item``.  A receiver that sees anything but the item it
 expects next fails the operation (the rings of two ranks disagree, or a stale write arrived).
+An operation may have up to 2^24 writes on a link, whatever its steps (a ring of any length).
 Slots are taken in a ring that runs on across operations: a rank may start the next operation
 while its successor still drains this one.
 
@@ -45,8 +48,7 @@ from collectives.comm import ops
 from collectives.comm.links import LinkError, Rx, Tx
 from rocev2_emu.verbs import MR
 
-MAX_STEPS: Final = 255
-MAX_CHUNKS: Final = 0xFFFF
+MAX_ITEMS: Final = 1 << 24  # writes of one operation on one link (the immediate's low bits)
 
 
 class ProtocolError(Exception):
@@ -104,8 +106,9 @@ def _chunks(rng: tuple[int, int], chunk: int) -> list[tuple[int, int]]:
     return [(a, min(hi, a + chunk)) for a in range(lo, hi, chunk)]
 
 
-def imm_of(seq: int, step: int, chunk: int) -> int:
-    return (seq & 0xFF) << 24 | step << 16 | chunk
+def imm_of(seq: int, item: int) -> int:
+    """The immediate of write ``item`` (its place among the operation's writes on the link)."""
+    return (seq & 0xFF) << 24 | item
 
 
 class Operation:
@@ -132,8 +135,6 @@ class Operation:
     ) -> None:
         """``steps`` on ``work`` (registered as ``mr`` for RDMA sends); ``progress`` holds one
         string saying what is awaited, for the caller's timeout message."""
-        if len(steps) > MAX_STEPS:
-            raise ValueError(f"{len(steps)} ring steps > {MAX_STEPS}: too many ranks in one ring")
         slot_bytes = (tx or rx).slot_bytes if (tx or rx) else 1 << 20  # type: ignore[union-attr]
         chunk = max(1, slot_bytes // work.itemsize)
         self.work, self.mr, self.tx, self.rx = work, mr, tx, rx
@@ -147,12 +148,15 @@ class Operation:
         for s, step in enumerate(steps):
             if step.send is not None and tx is not None:
                 pieces = _chunks(step.send, chunk)
-                if len(pieces) > MAX_CHUNKS:
-                    raise ValueError(f"{len(pieces)} chunks in one step > {MAX_CHUNKS}")
                 self.sends += [(s, c, lo, hi, step.after) for c, (lo, hi) in enumerate(pieces)]
             pieces = _chunks(step.recv, chunk) if step.recv is not None and rx is not None else []
             self.recvs += [(s, c, lo, hi, step.reduce) for c, (lo, hi) in enumerate(pieces)]
             self.done.append([False] * len(pieces))
+        if max(len(self.sends), len(self.recvs)) > MAX_ITEMS:
+            raise ValueError(
+                f"{max(len(self.sends), len(self.recvs))} writes on one link > {MAX_ITEMS}: "
+                "larger slots (slot_bytes) or a shorter ring"
+            )
         self.sent = 0  # sends posted
         self.received = 0  # receipts reduced or copied
         self.error: BaseException | None = None
@@ -225,7 +229,7 @@ class Operation:
                 self.progress[0] = f"step {s} chunk {c} from {self.pred}"
                 break
             imm, nbytes, slot = got
-            want = imm_of(self.seq, s, c)
+            want = imm_of(self.seq, self.received)
             if imm != want or nbytes != (hi - lo) * work.itemsize:
                 raise ProtocolError(
                     f"expected step {s} chunk {c} ({(hi - lo) * work.itemsize} B, immediate "
@@ -257,8 +261,9 @@ class Operation:
                 self.progress[0] = f"a credit from {self.succ}"
                 return
             b0, b1 = lo * itemsize, hi * itemsize
+            imm = imm_of(self.seq, self.sent)
             self.sent += 1
-            if tx.write(slot, self.raw[b0:b1], self.mr, b0, imm_of(self.seq, s, c)):
+            if tx.write(slot, self.raw[b0:b1], self.mr, b0, imm):
                 self._woke = True
 
 

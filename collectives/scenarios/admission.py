@@ -40,6 +40,7 @@ import numpy as np
 
 from collectives.comm.communicator import Communicator
 from collectives.comm.links import RdmaRx, RdmaTx
+from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields
@@ -144,7 +145,7 @@ def one(
         results, fab = run_topology_data(data, "admission", tdf, "admission_op", p, mode=mode)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}
     if bad:
-        raise RuntimeError(f"admission {workload}: ranks failed: {dict(list(bad.items())[:3])}")
+        raise RuntimeError(f"admission {workload}: " + "; ".join(failures(bad)))
     # an operation ends when its last rank does
     per_op = [max(v["times"][k] for v in results.values()) for k in range(iters)]
     links = [link for v in results.values() for link in v["links"]]

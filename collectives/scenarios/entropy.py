@@ -32,6 +32,7 @@ import numpy as np
 
 from collectives.comm.communicator import Communicator
 from collectives.comm.session import BUS_FACTOR
+from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields
@@ -142,7 +143,7 @@ def one(
         results, fab = run_topology_data(data, "ecmp-entropy", tdf, "entropy_op", p, mode=mode)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "time" in v)}
     if bad:
-        raise RuntimeError(f"ecmp-entropy {coll} {ecmp} x{qps}: ranks failed: {bad}")
+        raise RuntimeError(f"ecmp-entropy {coll} {ecmp} x{qps}: " + "; ".join(failures(bad)))
     t = max(v["time"] for v in results.values())
     n = len(results)
     loads = spine_loads(topo, fab["port_tx_bytes"])

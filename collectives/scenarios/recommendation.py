@@ -24,6 +24,7 @@ import tomllib
 from typing import Any
 
 from collectives.bench import dlrm
+from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_virtual_recorded
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
@@ -53,7 +54,7 @@ def recommendation(
         results, fab = run_virtual_recorded(topo, "dlrm", params, setting, mode)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
         if bad:
-            raise RuntimeError(f"recommendation {setting}: ranks failed: {bad}")
+            raise RuntimeError(f"recommendation {setting}: " + "; ".join(failures(bad)))
         got = dlrm.summary(results)
         rows.append({"setting": setting, "ranks": len(results), **got, "pfc_tx": fab["pfc_tx"]})
         lines.append(

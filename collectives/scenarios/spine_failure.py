@@ -38,6 +38,7 @@ import trio
 
 from collectives.comm.communicator import Communicator
 from collectives.comm.session import BUS_FACTOR
+from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
 from collectives.scenarios.common import job_fields
@@ -161,7 +162,7 @@ def run(
         )
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "spans" in v)}
     if bad:
-        raise RuntimeError(f"spine-failure {spines} spines: ranks failed: {list(bad.items())[:2]}")
+        raise RuntimeError(f"spine-failure {spines} spines: " + "; ".join(failures(bad)))
     spans = [
         (
             min(v["spans"][k][0] for v in results.values()),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from collectives.comm.communicator import Communicator
+from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_virtual_recorded
 from collectives.jobs.registry import job
 from rocev2_emu.experiments import harness
@@ -146,7 +147,7 @@ def straggler(
         results, fab = run_virtual_recorded(topo, "iterations", params, setting, mode, flows=flows)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
         if bad:
-            raise RuntimeError(f"straggler {setting}: ranks failed: {bad}")
+            raise RuntimeError(f"straggler {setting}: " + "; ".join(failures(bad)))
         times, last = summarize(results)
         p50, p99 = statistics.median(times), percentile(times, 0.99)
         slowest_tenth = sorted(times)[-max(1, math.ceil(len(times) / 10)) :]

@@ -110,6 +110,29 @@ def _links(pairs: list[tuple[str, str]]) -> list[str]:
     return [line for a, b in pairs for line in ("[[link]]", f'a = "{a}"', f'b = "{b}"', "")]
 
 
+PORT_SET_ASIDE = 96 * 1024 + 8 * 4096  # a port's PFC headroom and per-priority reserve (defaults)
+DEFAULT_BUFFER = 12 << 20  # the topology file's [buffer] size_bytes when none is written
+
+
+def buffer_for(widest: int) -> int:
+    """A switch buffer for ports up to ``widest``: twice what they set aside (96 KiB of PFC
+    headroom and 8 x 4 KiB of reserve each, which the topology file checks), and never below
+    the file's default."""
+    return max(DEFAULT_BUFFER, 2 * widest * PORT_SET_ASIDE)
+
+
+def _buffer(switches: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """The ``[buffer]`` section the widest of ``switches`` needs, or none where the default
+    holds (every shipped example): a generated file is one its parser takes, whatever its size."""
+    ports = dict.fromkeys(switches, 0)
+    for a, b in pairs:
+        for end in (a, b):
+            if end in ports:
+                ports[end] += 1
+    size = buffer_for(max(ports.values(), default=0))
+    return [] if size == DEFAULT_BUFFER else ["[buffer]", f"size_bytes = {size}", ""]
+
+
 def single_switch(
     hosts: int,
     rate_gbps: float = 100.0,
@@ -122,7 +145,7 @@ def single_switch(
     shape = f"single-switch --hosts {hosts}"
     lines = _header("single-switch", shape, rate_gbps, delay_us, tdf, servers)
     host_lines, pairs = _servers(["sw0"] * hosts, servers)
-    lines += _nodes("switch", ["sw0"]) + host_lines
+    lines += _buffer(["sw0"], pairs) + _nodes("switch", ["sw0"]) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
 
@@ -143,8 +166,9 @@ def leaf_spine(
     shape = f"leaf-spine --spines {spines} --leaves {leaves} --hosts-per-leaf {hosts_per_leaf}"
     lines = _header("leaf-spine", shape, rate_gbps, delay_us, tdf, servers)
     host_lines, hosts = _servers([leaf for leaf in lf for _ in range(hosts_per_leaf)], servers)
-    lines += _nodes("switch", sp + lf) + host_lines
-    lines += _links([(leaf, spine) for leaf in lf for spine in sp] + hosts)
+    pairs = [(leaf, spine) for leaf in lf for spine in sp] + hosts
+    lines += _buffer(sp + lf, pairs) + _nodes("switch", sp + lf) + host_lines
+    lines += _links(pairs)
     return "\n".join(lines)
 
 
@@ -174,12 +198,12 @@ def fat_tree(
                 server = (p * half + i) * half + j
                 pairs += hosts[server * per : (server + 1) * per]
     lines = _header(f"fat-tree-k{k}", f"fat-tree -k {k}", rate_gbps, delay_us, tdf, servers)
+    lines += _buffer(cores + aggs + edges, pairs)
     lines += _nodes("switch", cores + aggs + edges) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
 
 
-PORT_SET_ASIDE = 96 * 1024 + 8 * 4096  # a port's PFC headroom and per-priority reserve (defaults)
 SPINE_SPARE = 1.125  # Meta keeps 12.5 % spare spine capacity (Gangidi et al., SIGCOMM 2024)
 
 
@@ -243,12 +267,13 @@ def ai_zone(
     shape += f" --server-fabric {server_fabric}"
     lines = _header("ai-zone", shape, host_gbps, delay_us, tdf)
     lines += ["[server]", f'fabric = "{server_fabric}"', ""]
-    # every switch needs 96 KiB of PFC headroom and 8 x 4 KiB of reserve per port, and a shared
-    # pool beyond that (topology_file checks): the fabric's buffer is sized for its widest
-    # switch (an RTSW, or an ATSW with a port per CTSW), twice what the ports set aside
-    widest = max(per_leaf + ctsws, zones * ctsws if zones > 1 else 0)
-    lines += ["[buffer]", f"size_bytes = {max(12 << 20, 2 * widest * PORT_SET_ASIDE)}", ""]
+    # the fabric's buffer is sized for its widest switch that takes it (an RTSW, an ATSW with a
+    # port per CTSW, or a CTSW without a deep buffer of its own: a port per leaf and ATSW)
     ctsw_ports = leaves + (atsws if zones > 1 else 0)
+    widest = max(per_leaf + ctsws, zones * ctsws if zones > 1 else 0)
+    if ctsw_buffer_mb <= 0:
+        widest = max(widest, ctsw_ports)
+    lines += ["[buffer]", f"size_bytes = {buffer_for(widest)}", ""]
     if 0 < ctsw_buffer_mb * 2**20 <= ctsw_ports * PORT_SET_ASIDE:
         raise ValueError(
             f"--ctsw-buffer-mb {ctsw_buffer_mb:g}: a CTSW's {ctsw_ports} ports set aside "

@@ -76,7 +76,7 @@ def test_ring_all_reduce_schedule_is_right_by_hand(n: int, count: int) -> None:
 def test_segments_split_evenly_and_cover_everything() -> None:
     assert ring.segments(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert ring.segments(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
-    assert ring.imm_of(0x1FF, 3, 7) == 0xFF030007
+    assert ring.imm_of(0x1FF, 0x30007) == 0xFF030007
 
 
 def test_topology_order_is_leaf_major_whatever_the_rank_order() -> None:

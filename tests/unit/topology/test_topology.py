@@ -279,3 +279,19 @@ def test_generators_write_servers_of_several_accelerators() -> None:
         Servers(2, "nvswitch")
     with pytest.raises(ValueError, match="--ranks-per-host 0"):
         Servers(0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        lambda: single_switch(130),
+        lambda: leaf_spine(2, 2, 200),
+        lambda: ai_zone(2, 128, 2, 8, ctsws=8, atsws=4),  # a CTSW of 132 ports, no deep buffer
+        lambda: ai_zone(1, 64, 1, 8, ctsws=2, rails=True),  # a rail of 64 servers
+    ],
+)
+def test_every_generated_shape_is_a_file_its_parser_takes(text: Any) -> None:
+    """``topology ai-zone --zones 2 --racks 128 --servers-per-rack 2 --accelerators 8 --ctsws 8
+    --atsws 4`` wrote a buffer too small for its CTSWs, which bench refused (issue 55)."""
+    topo = parse(tomllib.loads(text()), "generated.toml")
+    assert topo.switches
