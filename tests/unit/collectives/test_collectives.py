@@ -22,12 +22,13 @@ from collectives.comm.metrics import HostCollectiveMetrics
 from collectives.comm.placement import hierarchy, plan_of
 from collectives.comm.session import CollectiveError
 from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
+from collectives.jobs.failures import failures, rank_ranges
 from collectives.jobs.job import comm_options, host_places, places_for, run_virtual
 from collectives.jobs.registry import job
 from rocev2_emu.control import auth
 from rocev2_emu.fabric.nodes import rank_progress
 from rocev2_emu.topology.file import parse
-from rocev2_emu.topology.generate import fat_tree, leaf_spine
+from rocev2_emu.topology.generate import fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import Topology
 from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.verbs import QP, RecvWR
@@ -568,3 +569,26 @@ def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
     out = capsys.readouterr().out
     assert "# spare spines: busbw after the failure" in out and "reported, not checked" in out
     assert out.count(": pass") == 3 and "FAIL" not in out
+
+
+def test_a_jobs_failures_are_said_once_per_reason_with_the_ranks_as_ranges() -> None:
+    bad: dict[int, Any] = {r: {"error": "ValueError: too long"} for r in range(1024)}
+    bad[2000] = {"error": "LinkError: gone"}
+    bad[2001] = [1, 2]  # what a rank returned instead of a result
+    assert failures(bad) == [
+        "ranks 0-1023: ValueError: too long",
+        "rank 2000: LinkError: gone",
+        "rank 2001: [1, 2]",
+    ]
+    assert rank_ranges([8, 0, 1, 2, 5, 7]) == "0-2, 5, 7-8"
+
+
+def test_a_flat_ring_of_more_than_128_ranks_runs() -> None:
+    """130 ranks: 258 steps, past the 255 that 8 bits of step in the immediate allowed."""
+    topo = parse(tomllib.loads(single_switch(130)), "ss130.toml")
+    p = bench_params([4096], algo="ring", iters=1, warmup=0)
+    results, _ = run_virtual(topo, "bench", p)
+    assert len(results) == 130
+    assert all(
+        r[0]["outofplace"]["wrong"] == 0 == r[0]["inplace"]["wrong"] for r in results.values()
+    )
