@@ -25,7 +25,14 @@ from collectives.comm import ops
 from collectives.jobs.failures import failures
 from collectives.jobs.job import run_virtual
 from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
-from rocev2_emu.cli.args import host_port, nonnegative_int, positive_float, positive_int
+from rocev2_emu.cli.args import (
+    add_payload,
+    host_port,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    with_payload,
+)
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric.exact import process_layout
@@ -92,6 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "receiver admits per link is slots x slot bytes",
     )
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
+    add_payload(g)
     g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
     g.add_argument(
         "--attach",
@@ -176,6 +184,7 @@ class BenchOptions:
     slots: int = 4
     slot_bytes: int = 256 << 10
     topology: str | None = None
+    payload: str | None = None  # --payload: "none" for a timing-only run
     virtual: bool = False
     attach: bool = False
     clock: str = "wall"
@@ -234,7 +243,7 @@ def main(which: str, args: BenchOptions) -> int:
             "(rocev2-emu up FILE), whose secret lets the bench's ranks join it"
         )
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
-    topo = resolve_names(topo)  # a swarm testbed names its nodes; resolve them once
+    topo = with_payload(resolve_names(topo), args.payload)  # (a swarm testbed names its nodes)
     params = bench.params(
         bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),
         coll,
@@ -291,8 +300,8 @@ def main(which: str, args: BenchOptions) -> int:
     print(
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {args.stepfactor}(factor) "
         f"warmup iters: {args.warmup_iters} iters: {args.iters} validation: {args.check} "
-        f"algo: {args.algo} order: {args.order} qps per connection: {args.qps_per_connection}; "
-        "times in emulated us"
+        f"algo: {args.algo} order: {args.order} qps per connection: {args.qps_per_connection}"
+        f"{'; payload: none (timing only)' if topo.timing_only else ''}; times in emulated us"
     )
     if args.ui and (args.virtual or args.attach):
         raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")

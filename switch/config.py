@@ -65,6 +65,7 @@ class SwitchConfig:
     watchdog_action: str = "drop"  # or "forward"
     seed: int = 0
     ecmp: str = "5-tuple"  # one of ECMP_MODES
+    timing_only: bool = False  # frames carry their headers only (a timing-only run)
 
     def priority_of(self, dscp: int) -> int:
         return priority_of(self.dscp_map, dscp)

@@ -31,6 +31,7 @@ from rocev2_emu.wire.ethernet import (
     VXLAN_LEN,
     checksum_update,
     ipv4_checksum,
+    wire_len,
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
 from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc, pause_time
@@ -46,6 +47,7 @@ from switch.mmu import ADMIT_DROP, ADMIT_HEADROOM, Mmu
 from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
+_ELIDED_MIN: Final = _IP + 20 + 8 + 12  # a timing-only frame: IPv4, UDP and BTH at least
 
 
 class _Entry:
@@ -128,6 +130,7 @@ class SwitchCore(Core):
             raise ValueError(f"switch {config.name}: ecmp {config.ecmp!r}: one of {ECMP_MODES}")
         self._ecmp_mode = ECMP_MODES.index(config.ecmp)
         self._watchdog_drops = config.watchdog_action == "drop"  # else "forward"
+        self._elide = config.timing_only
         self._flows: dict[bytes, int] = {}
         # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
@@ -164,7 +167,8 @@ class SwitchCore(Core):
         """One VXLAN datagram arrived on ``port``.  Never raises for bad input: counts it."""
         ps = self.ports[port]
         ps.rx_packets += 1
-        ps.rx_bytes += max(0, len(data) - VXLAN_LEN)  # a runt counts as a packet, not as bytes
+        # a runt counts as a packet, not as bytes; an elided frame (timing-only) as a whole one
+        ps.rx_bytes += wire_len(data) if self._elide else max(0, len(data) - VXLAN_LEN)
         if not ps.up:
             ps.drops["link_down"] += 1
             return
@@ -189,7 +193,10 @@ class SwitchCore(Core):
             known = self._learn(header)
         rewritten, prio, ports = known
         total = header[2] << 8 | header[3]
-        if total < 20 or _IP + total > len(data):  # shorter than its own header, or cut
+        if total < 20 or (
+            _IP + total > len(data)  # shorter than its own header, or cut - or, in a timing-only
+            and not (self._elide and len(data) >= _ELIDED_MIN)  # run, a frame's headers
+        ):
             ps.drops["malformed"] += 1
             return
         ttl = header[8]
@@ -331,7 +338,7 @@ class SwitchCore(Core):
             if pacer.ready(now):
                 datagram = self._dequeue(index, ps, now)
                 if datagram is not None:
-                    size = len(datagram) - VXLAN_LEN
+                    size = wire_len(datagram) if self._elide else len(datagram) - VXLAN_LEN
                     ps.tx_packets += 1
                     ps.tx_bytes += size
                     pacer.depart(size, now)

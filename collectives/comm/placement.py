@@ -256,6 +256,7 @@ class CommOptions:
     retry_cnt: int = 7
     qps_per_connection: int = 1  # RC QPs a link stripes over (NCCL_IB_QPS_PER_CONNECTION)
     grant_dscp: int | None = None  # the clear-to-send grants' own QP at this DSCP (None: none)
+    timing_only: bool = False  # the fabric carries headers only: no arithmetic on what arrives
 
     @classmethod
     def for_job(
@@ -265,6 +266,7 @@ class CommOptions:
         retry_cnt: int,
         params: dict[str, Any],
         server_gbps: float = 0.0,
+        timing_only: bool = False,
     ) -> CommOptions:
         """A job's options: the fabric's link rate, MTU, retries and server fabric's rate, and
         the job's parameters
@@ -289,4 +291,5 @@ class CommOptions:
             retry_cnt=retry_cnt,
             qps_per_connection=qps,
             grant_dscp=grant,
+            timing_only=timing_only,
         )

@@ -132,14 +132,18 @@ class Operation:
         progress: list[str],
         pred: str = "the predecessor",
         succ: str = "the successor",
+        compute: bool = True,
     ) -> None:
         """``steps`` on ``work`` (registered as ``mr`` for RDMA sends); ``progress`` holds one
-        string saying what is awaited, for the caller's timeout message."""
+        string saying what is awaited, for the caller's timeout message; ``compute=False`` (a
+        timing-only run): what arrives is neither reduced nor copied - the writes, credits and
+        their order are the same, the values are not."""
         slot_bytes = (tx or rx).slot_bytes if (tx or rx) else 1 << 20  # type: ignore[union-attr]
         chunk = max(1, slot_bytes // work.itemsize)
         self.work, self.mr, self.tx, self.rx = work, mr, tx, rx
         self.raw = work.view(np.uint8)
         self.op, self.seq, self.progress, self.pred, self.succ = op, seq, progress, pred, succ
+        self.compute = compute
         # what this rank sends, in order: (step, chunk, lo, hi, the step it waits on)
         self.sends: list[tuple[int, int, int, int, int | None]] = []
         # what it receives, in order: (step, chunk, lo, hi, reduce)
@@ -235,11 +239,12 @@ class Operation:
                     f"expected step {s} chunk {c} ({(hi - lo) * work.itemsize} B, immediate "
                     f"{want:#x}), got immediate {imm:#x} with {nbytes} B"
                 )
-            incoming = rx.slot(slot, nbytes).view(work.dtype)
-            if reduce:
-                ops.combine(self.op, work[lo:hi], incoming)
-            else:
-                work[lo:hi] = incoming
+            if self.compute:
+                incoming = rx.slot(slot, nbytes).view(work.dtype)
+                if reduce:
+                    ops.combine(self.op, work[lo:hi], incoming)
+                else:
+                    work[lo:hi] = incoming
             self.received += 1
             self.done[s][c] = True
             if rx.release(slot):

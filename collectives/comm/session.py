@@ -369,6 +369,7 @@ class RankSession(abc.ABC):
             progress=progress,
             pred=f"rank {r.members[(pos - 1) % n]}",
             succ=f"rank {r.members[(pos + 1) % n]}",
+            compute=not self.options.timing_only,
         ).run()
 
     @abc.abstractmethod

@@ -116,6 +116,7 @@ def comm_options(topo: Topology, params: dict[str, Any]) -> CommOptions:
         int(topo.transport.get("retry_cnt", 7)),
         params,
         topo.server.bandwidth_bps / 1e9,
+        topo.timing_only,
     )
 
 

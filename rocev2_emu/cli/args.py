@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from rocev2_emu.topology.model import PAYLOADS, Topology
+
 
 def _number(text: str, kind: type[int] | type[float]) -> float:
     try:
@@ -73,3 +75,23 @@ def host_port(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 172.30.0.251:7470)")
     return host, int(port)
+
+
+def add_payload(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--payload real|none`` (every command that runs a fabric with a job takes it)."""
+    p.add_argument(
+        "--payload",
+        choices=PAYLOADS,
+        help="real: frames carry their bytes and every value is checked; none: timing only - "
+        "frames carry their headers (their lengths count on the wire), no payload is copied, "
+        "no ICRC computed, no arithmetic done: every emulated time, mark, pause and "
+        "retransmission is the real run's, values are not checked (default: the topology's "
+        "[fabric] payload, else real)",
+    )
+
+
+def with_payload(topo: Topology, payload: str | None) -> Topology:
+    """``topo`` with ``--payload`` applied, if given."""
+    if payload is not None:
+        topo.payload = payload
+    return topo

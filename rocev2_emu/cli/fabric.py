@@ -12,10 +12,12 @@ from typing import Any
 import trio
 
 from rocev2_emu.cli.args import (
+    add_payload,
     nonnegative_float,
     positive_float,
     positive_int,
     sync_address,
+    with_payload,
 )
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
@@ -65,6 +67,7 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         "cross as datagrams, the results are the same",
     )
     p.add_argument("--json", metavar="FILE", help="also write the results and counters as JSON")
+    add_payload(p)
     p.add_argument(
         "--ui",
         nargs="?",
@@ -82,7 +85,7 @@ def _up_args(p: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    topo = _load(args.topology)
+    topo = with_payload(_load(args.topology), args.payload)
     beside: Any = None
     watch: Any = None
     if args.virtual and args.workers is not None:  # virtual time split over processes: the
@@ -168,6 +171,7 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
     )
     p.add_argument("--clock", choices=["wall", "exact"], default="wall", help="(wall)")
+    add_payload(p)
     p.add_argument(
         "--sync",
         type=sync_address,
@@ -192,7 +196,7 @@ def _node_args(p: argparse.ArgumentParser) -> None:
 
 
 def _node(args: argparse.Namespace) -> int:
-    topo = _load(args.topology)
+    topo = with_payload(_load(args.topology), args.payload)
     opts = nodes.NodeOptions(
         args.tdf or topo.tdf, args.epoch, not args.no_metrics, args.parent_pid, args.metrics_addr
     )

@@ -54,7 +54,7 @@ def fairness(
     run = fabric_run(data, flows, ("sw0", n), 50e-6, "pfc+dcqcn", mode)
     ends = [r.start + r.fct for r in run.results]
     bounds = [f.start for f in flows] + sorted(ends)  # phase k: bounds[k] to bounds[k + 1]
-    lines, ok = [], all(r.verified for r in run.results)
+    lines, ok = [], all(r.ok for r in run.results)
     jains, per_flow = [], []
     for k in range(len(bounds) - 1):
         lo, hi = bounds[k], bounds[k + 1]

@@ -44,7 +44,7 @@ def fluid_model(
         data["ecn"].update(_FLUID_ECN)
         run = fabric_run(data, flows, ("sw0", n), 100e-6, f"N={n}", mode)
         runs.append(run)
-        ok = ok and all(r.verified for r in run.results)
+        ok = ok and all(r.ok for r in run.results)
         link = Bottleneck(
             _FLUID_RATE * G,
             n,

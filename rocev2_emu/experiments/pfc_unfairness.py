@@ -101,7 +101,7 @@ def pfc_unfairness(
             else "PFC alone is fair to ports, not flows (the lone sender gets about C/2)"
         )
         lines.append(f"{'':>10}  check: {text}: {'pass' if good else 'FAIL'}")
-        ok = ok and good and all(r.verified for r in run.results)
+        ok = ok and good and all(r.ok for r in run.results)
     return runs, lines, ok
 
 

@@ -88,7 +88,7 @@ def victim_flow(
             rates[1] >= 75 and rates[1] >= 1.5 * rates[0],
         ),
     ]
-    ok = all(r.verified for run in runs for r in run.results)
+    ok = all(r.ok for run in runs for r in run.results)
     check, good = check_lines(checks)
     lines += check
     ok = ok and good

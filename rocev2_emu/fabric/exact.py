@@ -677,7 +677,8 @@ class ExactFlowsJob:
             topo, coordinator, sources, {"cmd": "flow_results"}, timeout=math.inf
         )
         results = [FlowResult(**r) for reply in replies.values() for r in reply["results"]]
-        await self._verify(topo, results)
+        if not topo.timing_only:  # (timing only: the fabric carried no bytes to check)
+            await self._verify(topo, results)
         return sorted(results, key=lambda r: r.id), await quiet_stats(topo, coordinator)
 
     async def _verify(self, topo: Topology, results: list[FlowResult]) -> None:

@@ -98,6 +98,7 @@ def host_config(
         max_inflight=topo.transport["max_inflight"],
         pacing_gbps=float(topo.transport["pacing_gbps"]),
         batch_io=topo.batch_io,
+        timing_only=topo.timing_only,
         ingress=IngressConfig(
             rx_bps=node.rx_gbps * 1e9, priorities=frozenset(topo.pfc["lossless_priorities"])
         )

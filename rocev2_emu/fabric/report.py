@@ -118,12 +118,14 @@ def report(
     )
     for r in results:
         gbps = r.size * 8 / r.fct / 1e9 if r.fct else 0.0
-        ok = "ok, verified" if r.verified else r.status
+        ok = {True: "ok, verified", None: "ok, not checked (timing only)"}.get(
+            r.verified if r.status == "ok" else False, r.status
+        )
         print(
             f"{r.id:>5} {r.src:>8} {r.dst:>8} {r.size:>10} {r.start * 1e6:>10.1f} "
             f"{r.fct * 1e6:>10.1f} {gbps:>8.2f}  {ok}"
         )
-    fcts = sorted(r.fct for r in results if r.verified)
+    fcts = sorted(r.fct for r in results if r.ok)
     if fcts:
         print(
             f"# FCT p50 {statistics.median(fcts) * 1e6:.1f} us, p99 "
@@ -151,7 +153,7 @@ def report(
             "kernel dropped): this run was not faithful; raise the TDF",
             file=sys.stderr,
         )
-    failed = [r for r in results if not r.verified]
+    failed = [r for r in results if not r.ok]
     if failed:
         print(f"# {len(failed)} flow(s) failed", file=sys.stderr)
     return 1 if failed else 0

@@ -124,11 +124,14 @@ def _node_argv(
     epoch: float,
     sync: SyncAddress | None = None,
     workers: int | None = None,
+    payload: str = "real",
 ) -> list[str]:
     """The ``rocev2-emu`` arguments of node process ``name``."""
     exact = [] if sync is None else ["--clock", "exact", "--sync", sync_label(sync)]
     if workers is not None:
         exact += ["--workers", str(workers)]
+    if payload != "real":  # (--payload none: the run's, which the file may not say)
+        exact += ["--payload", payload]
     return [
         "node",
         topo_path,
@@ -238,7 +241,7 @@ async def _supervise(
                 coordinator.secret = secret
                 sync = await nursery.start(partial(coordinator.serve, local=True))
             for name in _process_names(topo, only, coordinator is not None, workers):
-                argv = _node_argv(topo_path, name, tdf, epoch, sync, workers)
+                argv = _node_argv(topo_path, name, tdf, epoch, sync, workers, topo.payload)
                 procs[name] = await _start(argv, env, blanks, name)
                 tails[name] = deque(maxlen=8)
                 nursery.start_soon(_drain, procs[name].stderr, tails[name])

@@ -37,6 +37,7 @@ from rocev2_emu.wire.ethernet import (
     encode_vxlan,
     ip_to_int,
     mac_for_ip,
+    wire_len,
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
 from rocev2_emu.wire.pfc import PfcFrame, encode_pfc
@@ -73,6 +74,7 @@ class NicConfig:
     cnp_interval: float = PROFILES["paper"].cnp_interval  # at most one CNP per QP per interval
     cnp_dscp: int = DSCP_CNP
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
+    timing_only: bool = False  # payloads elided on the wire (FrameTemplate.build's elide)
 
 
 class NicCore(Core):
@@ -86,6 +88,7 @@ class NicCore(Core):
         self.ip = ip_to_int(config.ip)
         self.mac = config.mac or mac_for_ip(self.ip)
         self.counters = NicCounters()
+        self.elide = config.timing_only  # (read per frame: an attribute, not the config's)
         self.mrs = MemoryTable(self.rng)
         self.qps: dict[int, QueuePair] = {}
         self.cqs: list[CompletionQueue] = []
@@ -221,7 +224,9 @@ class NicCore(Core):
     def receive_datagram(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Handle one VXLAN datagram from the link.  Never raises for bad input: counts it."""
         if self.ingress is not None:  # a slow host: the frame waits in the receive buffer
-            if not self.ingress.arrive(bytes(data), now):
+            datagram = bytes(data)
+            size = wire_len(datagram) + VXLAN_LEN if self.elide else len(datagram)
+            if not self.ingress.arrive(datagram, now, size):
                 self.counters.rx_drops["rx_buffer_full"] += 1
             self._edge_pfc(now)
             return
@@ -240,12 +245,14 @@ class NicCore(Core):
     def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
         c = self.counters
         c.rx_packets += 1
-        c.rx_bytes += max(0, len(data) - VXLAN_LEN)  # a runt counts as a packet, not as bytes
         datagram = data if type(data) is bytes else bytes(data)
+        elide = self.elide
+        # (a runt counts as a packet, not as bytes; an elided frame as its whole length)
+        c.rx_bytes += wire_len(datagram) if elide else max(0, len(datagram) - VXLAN_LEN)
         try:
             if len(datagram) < VXLAN_LEN or not datagram[0] & VXLAN_FLAG_I:
                 raise MalformedFrame("vxlan", "not a VXLAN datagram (short, or no I flag)")
-            frame = decode_frame_at(datagram, VXLAN_LEN)
+            frame = decode_frame_at(datagram, VXLAN_LEN, not elide, elide)
         except MalformedFrame as exc:
             c.rx_drops[exc.reason] += 1
             return
@@ -309,7 +316,9 @@ class NicCore(Core):
         tpl = self._cnp_templates.get(qpn)
         if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests
             tpl = self._cnp_templates[qpn] = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
-        self.queue_control(tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True))
+        self.queue_control(
+            tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True, elide=self.elide)
+        )
         self.counters.np_cnp_sent += 1
 
     def _on_pfc(self, frame: PfcFrame, now: float) -> None:
@@ -336,7 +345,7 @@ class NicCore(Core):
         if datagram is None:
             pacer.idle = True  # the next frame starts a new busy period at its own time
             return None
-        size = len(datagram) - VXLAN_LEN
+        size = wire_len(datagram) if self.elide else len(datagram) - VXLAN_LEN
         c = self.counters
         c.tx_packets += 1
         c.tx_bytes += size
@@ -377,9 +386,11 @@ class NicCore(Core):
                     pkt.solicited,
                     pkt.ext,
                     pkt.payload,
+                    elide=self.elide,
                 )
                 if rc is not None and rc.rate < rc.line_rate and pkt.payload:
-                    rc.on_sent(size=len(datagram) - VXLAN_LEN, now=now)  # below line rate
+                    size = wire_len(datagram) if self.elide else len(datagram) - VXLAN_LEN
+                    rc.on_sent(size=size, now=now)  # below line rate
                 return datagram
         return None
 

@@ -36,7 +36,7 @@ class IngressQueue:
             raise ValueError(f"need 0 < xon < xoff < buffer, got {config}")
         self.config = config
         self.link_bps = link_bps
-        self.frames: deque[tuple[float, bytes]] = deque()  # (ready time, datagram)
+        self.frames: deque[tuple[float, bytes, int]] = deque()  # (ready time, datagram, size)
         self.bytes = 0
         self.busy_until = 0.0
         self.paused = False
@@ -44,24 +44,26 @@ class IngressQueue:
         self.dropped = 0
         self.pfc_sent = 0
 
-    def arrive(self, datagram: bytes, now: float) -> bool:
-        """Queue a datagram; False (a counted drop) when the buffer is full."""
-        size = len(datagram)
+    def arrive(self, datagram: bytes, now: float, size: int = -1) -> bool:
+        """Queue a datagram of ``size`` bytes (-1: its length; a timing-only run's elided frame
+        is its whole length); False (a counted drop) when the buffer is full."""
+        if size < 0:
+            size = len(datagram)
         if self.bytes + size > self.config.buffer_bytes:
             self.dropped += 1
             return False
         self.busy_until = (
             max(self.busy_until, now) + (size + WIRE_OVERHEAD) * 8 / self.config.rx_bps
         )
-        self.frames.append((self.busy_until, datagram))
+        self.frames.append((self.busy_until, datagram, size))
         self.bytes += size
         return True
 
     def due(self, now: float) -> list[bytes]:
         out = []
         while self.frames and self.frames[0][0] <= now:
-            _, datagram = self.frames.popleft()
-            self.bytes -= len(datagram)
+            _, datagram, size = self.frames.popleft()
+            self.bytes -= size
             out.append(datagram)
         return out
 

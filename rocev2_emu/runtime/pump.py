@@ -23,7 +23,7 @@ from rocev2_emu.runtime.clock import DilatedClock, LatenessMonitor
 from rocev2_emu.runtime.events import Core
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 from rocev2_emu.runtime.ports import DatagramPort
-from rocev2_emu.wire.ethernet import VXLAN_LEN
+from rocev2_emu.wire.ethernet import VXLAN_LEN, wire_len
 from rocev2_emu.wire.pcap import PcapWriter
 
 RX_BATCH: Final = 256  # datagrams drained per wake-up before the loop yields to other tasks
@@ -125,6 +125,7 @@ class Pump:
             self._recv,
             self.pcap,
         )
+        elide = bool(getattr(core, "elide", False))  # a timing-only NIC's frames: headers
         deadline: float | None = None
         while True:
             now = clock.now()
@@ -137,7 +138,7 @@ class Pump:
                     break
                 got += 1
                 if pcap is not None:  # a NIC's: its items are datagrams
-                    pcap.write(now, memoryview(item)[VXLAN_LEN:])
+                    pcap.write(now, memoryview(item)[VXLAN_LEN:], wire_len(item) if elide else -1)
                 deliver(item, now)
             core.handle_timer(now)
             if not self._transmit(now):
@@ -177,13 +178,16 @@ class Pump:
         if not self._flush():
             return False
         pcap = self.pcap
+        elide = pcap is not None and bool(getattr(self.core, "elide", False))
         batch: list[Datagram] = []  # due datagrams to one link, in order, sent together
         batch_index = -1
         next_out = self.core.next_out
         while (out := next_out(now)) is not None:
             index, datagram = out
             if pcap is not None:
-                pcap.write(now, memoryview(datagram)[VXLAN_LEN:])
+                pcap.write(
+                    now, memoryview(datagram)[VXLAN_LEN:], wire_len(datagram) if elide else -1
+                )
             link = links[index]
             if batch and (index != batch_index or link is not None or len(batch) >= TX_BATCH):
                 if not self._send_run(batch_index, batch):

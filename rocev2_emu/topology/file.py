@@ -6,6 +6,7 @@ routes computed (:mod:`rocev2_emu.topology.model`), from which the switch pipeli
 configurations are built.  Layout of the file::
 
     [fabric]        name, tdf, seed, mtu, subnet (nodes at its address 10 + i; default 127.10.x.y),
+                    payload ("real", default; "none": timing-only, frames carry their headers),
                     batch_io (UDP GSO/GRO between node processes; default true),
                     ecmp ("5-tuple", default; "5-tuple+qpn": Meta's E-ECMP, the BTH destination
                     QP hashed too; "destination": path pinning, one path per destination host)
@@ -48,6 +49,7 @@ from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, IntraServerConfig
 from rocev2_emu.server.crossbar import PRESETS as SERVER_FABRICS
 from rocev2_emu.topology.model import (
+    PAYLOADS,
     Link,
     Node,
     NodeKind,
@@ -68,6 +70,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "subnet": "",
         "batch_io": True,
         "ecmp": "5-tuple",
+        "payload": "real",
     },
     "link_defaults": {"rate_gbps": 100.0, "delay_us": 1.0, "loss": 0.0},
     "buffer": {
@@ -100,6 +103,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "mtu": int,
     "batch_io": bool,
     "ecmp": str,
+    "payload": str,
     "rate_gbps": (int, float),
     "delay_us": (int, float),
     "loss": (int, float),
@@ -205,6 +209,8 @@ def _sections(data: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
         raise fail("[buffer].mode", sec["buffer"]["mode"], f"must be one of {BUFFER_MODES}")
     if fab["ecmp"] not in ECMP_MODES:
         raise fail("[fabric].ecmp", fab["ecmp"], f"must be one of {', '.join(ECMP_MODES)}")
+    if fab["payload"] not in PAYLOADS:
+        raise fail("[fabric].payload", fab["payload"], f"must be one of {', '.join(PAYLOADS)}")
     if fab["mtu"] not in (256, 512, 1024, 2048, 4096):
         raise fail("[fabric].mtu", fab["mtu"], "must be one of 256, 512, 1024, 2048, 4096")
     for key in ("rate_gbps", "delay_us"):
@@ -428,6 +434,7 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
         fab["ecmp"],
         server,
         servers_of(nodes),
+        fab["payload"],
     )
 
 

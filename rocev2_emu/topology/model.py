@@ -26,6 +26,9 @@ class TopologyError(ValueError):
     """A topology file that cannot be used; the message names file, key and value."""
 
 
+PAYLOADS = ("real", "none")  # [fabric] payload, --payload: real bytes, or timing-only
+
+
 @dataclass(slots=True)
 class Link:
     index: int
@@ -84,6 +87,8 @@ class Topology:
     server: IntraServerConfig = PRESETS["nvlink"]  # what joins the ranks of a server ([server])
     # every server's hosts (its accelerators' NICs) in file order, servers by their first host
     servers: dict[str, list[str]] = field(default_factory=dict)
+    # "real": frames carry their bytes; "none": timing-only, their headers only (PAYLOADS)
+    payload: str = "real"
     # each node's emulated IPv4 as an integer (-1: a switch), filled by routes_by_ip
     _host_ips: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     # (node, link index) -> the node's port on that link, filled a node at a time by port_of
@@ -168,7 +173,14 @@ class Topology:
             watchdog_action=self.pfc["watchdog_action"],
             seed=self.seed + node.index,
             ecmp=self.ecmp,
+            timing_only=self.timing_only,
         )
+
+    @property
+    def timing_only(self) -> bool:
+        """Frames carry their headers only (``payload = "none"``): every emulated figure is
+        the run's with real bytes, no value is checked."""
+        return self.payload == "none"
 
     def routes_by_ip(
         self, switch: str, down: frozenset[int] = frozenset()

@@ -82,6 +82,7 @@ class DeviceConfig:
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
     pacing_gbps: float = 0.0  # every QP paced at this rate (when DCQCN is off); 0: line rate
     batch_io: bool = True  # UDP GSO/GRO where the kernel has them (runtime/ports.py)
+    timing_only: bool = False  # frames carry their headers only (a timing-only run)
 
 
 def rate_control(config: DeviceConfig) -> RateControlFactory:
@@ -141,6 +142,7 @@ class Context:
                 send_cnps=config.dcqcn is not None,
                 cnp_interval=(config.dcqcn or PROFILES["paper"]).cnp_interval,
                 max_inflight=config.max_inflight,
+                timing_only=config.timing_only,
             ),
             rng=None if config.seed is None else random.Random(config.seed),
         )

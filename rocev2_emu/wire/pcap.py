@@ -31,12 +31,14 @@ class PcapWriter:
         self._file.write(PCAP_GLOBAL.pack(PCAP_MAGIC_NS, 2, 4, 0, 0, SNAPLEN, LINKTYPE_ETHERNET))
         self.frames = 0
 
-    def write(self, now: float, frame: bytes | bytearray | memoryview) -> None:
-        """Record ``frame`` (Ethernet, no FCS) at emulated time ``now`` seconds."""
+    def write(self, now: float, frame: bytes | bytearray | memoryview, length: int = -1) -> None:
+        """Record ``frame`` (Ethernet, no FCS) at emulated time ``now`` seconds; ``length``: its
+        length on the wire when the frame is shorter (a timing-only run's headers), which
+        pcap keeps as the original length - Wireshark shows it as a capture cut short."""
         ns = round((now + self._epoch) * 1e9)
         sec, nsec = divmod(max(ns, 0), 1_000_000_000)
-        n = len(frame)
-        incl = min(n, SNAPLEN)
+        n = max(len(frame), length)
+        incl = min(len(frame), SNAPLEN)
         self._file.write(PCAP_RECORD.pack(sec, nsec, incl, n))
         self._file.write(memoryview(frame)[:incl])
         self.frames += 1

@@ -273,8 +273,11 @@ class FrameTemplate:
         becn: bool = False,
         ip_id: int = 0,
         pkey: int = DEFAULT_PKEY,
+        elide: bool = False,
     ) -> bytes:
-        """The complete VXLAN datagram of one RoCEv2 packet, ICRC included."""
+        """The complete VXLAN datagram of one RoCEv2 packet, ICRC included; ``elide`` (a
+        timing-only run): its headers only - the IPv4 and UDP lengths and the BTH's pad count
+        say the whole packet, the payload, pad and ICRC stay behind, no CRC is computed."""
         plen = len(payload)
         pad = -plen & 3
         total = _FIXED_LEN + len(ext) + plen + pad
@@ -282,6 +285,9 @@ class FrameTemplate:
         headers, crc = entry if entry is not None else self._headers(total, ip_id)
         flags = solicited << 7 | pad << 4
         word2 = ackreq << 31 | psn
+        if elide:
+            bth = BTH.pack(opcode, flags, pkey, fecn << 31 | becn << 30 | dqpn, word2)
+            return b"".join((headers, bth, ext))
         crc = crc32(BTH.pack(opcode, flags, pkey, 0xFF000000 | dqpn, word2), crc)
         if ext:
             crc = crc32(ext, crc)
@@ -357,9 +363,18 @@ def _u32(data: bytes, i: int) -> int:
     return data[i] << 24 | data[i + 1] << 16 | data[i + 2] << 8 | data[i + 3]
 
 
-def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame | PfcFrame:
+_ZEROS: Final = bytes(1 << 16)  # what an elided payload reads as (a view, never a copy)
+
+
+def decode_frame_at(
+    data: bytes, at: int, verify_icrc: bool = True, elided: bool = False
+) -> RoceFrame | PfcFrame:
     """:func:`decode_frame_untrusted` of the frame that starts at ``data[at]`` (a NIC passes a
-    whole VXLAN datagram and the frame's offset: no copy, no view of the headers)."""
+    whole VXLAN datagram and the frame's offset: no copy, no view of the headers).  ``elided``
+    (a timing-only run): a frame that ends exactly where its payload would begin, while its
+    IPv4 length says more, is the headers of a whole frame (:meth:`FrameTemplate.build`'s
+    ``elide``): its payload reads as zeros, its ICRC as 0 and is not checked.  Any other frame
+    shorter than its IPv4 length is truncated, as without ``elided``."""
     n = len(data) - at
     if n < ETH_LEN:
         raise MalformedFrame("truncated", f"Ethernet frame of {n} bytes < {ETH_LEN}")
@@ -368,7 +383,7 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
         if ethertype == ETHERTYPE_MAC_CONTROL:
             return decode_pfc_untrusted(memoryview(data)[at:])
         raise MalformedFrame("ethertype", f"ethertype 0x{ethertype:04x} is neither IPv4 nor PFC")
-    if n < _ROCE_MIN:
+    if n < _ROCE_MIN - (ICRC_LEN if elided else 0):  # (an elided frame has no ICRC)
         raise MalformedFrame("truncated", f"IPv4 RoCE frame of {n} bytes < {_ROCE_MIN}")
     ip = at + ETH_LEN
     header = data[ip : ip + IPV4_LEN + UDP_LEN + 4]
@@ -376,7 +391,8 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
     if crc is None:
         crc = _check_ip_udp(header)
     total = _u16(data, ip + 2)
-    if total > n - ETH_LEN or total < IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN:
+    cut = elided and total > n - ETH_LEN  # (checked below: only where the payload begins)
+    if (total > n - ETH_LEN and not cut) or total < IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN:
         raise MalformedFrame(
             "truncated", f"IPv4 total length {total} vs {n - ETH_LEN} bytes after Ethernet"
         )
@@ -399,9 +415,16 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
             f"opcode 0x{opcode:02x} needs {elen} header bytes + pad {pad}, "
             f"{end - e} left before the ICRC",
         )
+    if cut:
+        if len(data) != e + elen:
+            raise MalformedFrame(
+                "truncated", f"IPv4 total length {total} vs {n - ETH_LEN} bytes after Ethernet"
+            )
+        icrc = 0
+    else:
+        icrc = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
     view = memoryview(data)
-    icrc = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
-    if verify_icrc:
+    if verify_icrc and not cut:
         # ``crc`` went through BTH byte 4 (FECN, BECN, resv6, masked): the rest up to the ICRC
         computed = crc32(view[b + 5 : end], crc)
         if computed != icrc:
@@ -465,7 +488,7 @@ def decode_frame_at(data: bytes, at: int, verify_icrc: bool = True) -> RoceFrame
         atomic_eth,
         atomic_ack,
         deth,
-        view[e : end - pad],
+        memoryview(_ZEROS)[: end - pad - e] if cut else view[e : end - pad],
         icrc,
     )
 

@@ -667,3 +667,33 @@ def test_a_peer_that_breaks_the_framing_stops_the_run_and_the_node_says_why() ->
     assert proc.returncode == 1, err[-2000:]
     assert "node h4 went away" in err, err[-2000:]
     assert "it said: rocev2-emu" in err and "no room for the sync trailer" in err, err[-2000:]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_a_timing_only_exact_run_over_processes_is_the_virtual_run_with_real_bytes(
+    tmp_path: Path, workers: str | None
+) -> None:
+    """``--payload none`` with node processes (their frames cross as their headers): the
+    JSON is the one-process virtual run's with real payloads, every retransmission of a lossy
+    leaf-spine included, but for ``verified`` (null: not checked)."""
+    shipped = (ROOT / "examples" / "topologies" / "leaf-spine.toml").read_text()
+    topo = tmp_path / "leaf-spine.toml"
+    topo.write_text(shipped.replace("loss = 0.0", "loss = 0.002", 1))
+    flows = str(ROOT / "examples" / "flows" / "leaf-spine-shift.toml")
+    virtual, exact = tmp_path / "virtual.json", tmp_path / "exact.json"
+    done = _up([str(topo), "--virtual", "--flows", flows, "--json", str(virtual)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    split = ["--workers", workers] if workers else []
+    run = [str(topo), "--clock", "exact", *split, "--payload", "none", "--flows", flows]
+    done = _up([*run, "--json", str(exact)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok, not checked (timing only)" in done.stdout
+    real = json.loads(virtual.read_text())
+    assert real["fabric"]["retransmitted"] > 0
+    for r in real["results"]:
+        assert r.pop("verified") is True
+    timing = json.loads(exact.read_text())
+    for r in timing["results"]:
+        assert r.pop("verified") is None
+    assert json.dumps(real, sort_keys=True) == json.dumps(timing, sort_keys=True)
