@@ -22,6 +22,7 @@ from pathlib import Path
 from collectives.bench import nccl as bench
 from collectives.bench import virtual as virtual_bench
 from collectives.comm import ops
+from collectives.comm.communicator import ALGORITHMS
 from collectives.jobs.failures import failures
 from collectives.jobs.job import run_virtual
 from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
@@ -68,7 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-o", "--op", default="sum", choices=list(ops.OPS), help="reduction (sum)")
     g.add_argument("-d", "--datatype", default="float", choices=list(ops.DTYPES), help="(float)")
     g.add_argument("-r", "--root", type=int, default=0, help="broadcast root (0)")
-    g.add_argument("--algo", default="auto", choices=["ring", "hierarchical", "auto"])
+    g.add_argument(
+        "--algo",
+        default="auto",
+        choices=ALGORITHMS,
+        help="the all-reduce's schedule: a ring, the hierarchical rings, a double binary tree "
+        "over the servers (their fabric inside them), or auto: chosen by the cost model per "
+        "size and scale (auto)",
+    )
     g.add_argument("--order", default="topology", choices=["topology", "rank"], help="ring order")
     g.add_argument(
         "--qps-per-connection",

@@ -74,6 +74,9 @@ async def check(comm: Communicator, params: dict[str, Any]) -> list[str]:
                     mine = inputs[r].copy()
                     await comm.all_reduce(mine, op, out=mine, algo="hierarchical")
                     expect(f"all_reduce hierarchical in-place {op} {dtype} x{count}", mine, want)
+                if "all_reduce" in which:
+                    got = await comm.all_reduce(inputs[r], op, algo="tree")
+                    expect(f"all_reduce tree {op} {dtype} x{count}", got, want)
                 if "reduce" in which:
                     got = await comm.reduce(inputs[r], root=0, op=op)
                     if r == 0:

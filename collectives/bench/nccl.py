@@ -149,6 +149,8 @@ async def bench(comm: Communicator, p: dict[str, Any]) -> list[dict[str, Any]]:
             total = per_rank * n if coll in ("reduce_scatter", "all_to_all") else per_rank
             # (reduce-scatter's n blocks of per_rank, block k at offset k x per_rank: one run)
             x = pattern(comm.rank, total, dtype, p["op"])
+            if coll == "all_reduce":  # links made on first use, made before the clock starts
+                await comm.connect_for(x.nbytes, p["algo"])
             for _ in range(p["warmup"]):
                 await _once(comm, coll, x.copy(), inplace, p)
             await comm.barrier()

@@ -49,9 +49,11 @@ from collectives.comm.metrics import RankMetrics
 from collectives.comm.placement import CommOptions, HostGroup, RankPlace, ring_order
 from collectives.comm.session import BUS_FACTOR, CollectiveError, RankSession
 from collectives.comm.store import Store
+from collectives.comm.tree import TreeNode
 from rocev2_emu.verbs import Context
 
 log = logging.getLogger("collectives")
+ALGORITHMS = ("ring", "hierarchical", "tree", "auto")  # an all-reduce's schedules
 
 __all__ = [
     "BUS_FACTOR",
@@ -118,15 +120,13 @@ class Communicator(RankSession):
     ) -> np.ndarray:
         """Reduce ``x`` over all ranks into ``out`` (a new array; ``out=x`` works in place)."""
         flat = self._check(x, op)
-        if algo == "auto":  # where it is faster (collectives.comm.cost)
-            o = self.options
-            algo = cost.choose(
-                self.hierarchy, self.size, flat.nbytes, o.slot_bytes, o.link_gbps, o.server_gbps
-            )
-        if algo not in ("ring", "hierarchical"):
-            raise ValueError(f"algorithm {algo!r}: use ring, hierarchical or auto")
+        algo = self._choose(flat.nbytes, algo)  # auto: where it is faster (collectives.comm.cost)
+        if algo not in ALGORITHMS[:3]:
+            raise ValueError(f"algorithm {algo!r}: use {', '.join(ALGORITHMS)}")
         if algo == "hierarchical" and not self.hierarchy.levels:
             raise ValueError(f"no hierarchical all-reduce on this job: {self.hierarchy.refused}")
+        if algo == "tree":
+            await self._links(self.plan.tree_links(self.rank))  # (made once, on first use)
         work = flat.copy()
 
         async def body(progress: list[str]) -> None:
@@ -136,6 +136,8 @@ class Communicator(RankSession):
                 await self._ring(
                     "flat", ring.all_reduce_steps(segs, flat_ring.pos), work, op, progress
                 )
+            elif algo == "tree":
+                await self._tree(work, op, progress)
             else:
                 await self._hierarchical(work, op, progress)
             ops.finish(op, work, self.size)
@@ -163,6 +165,76 @@ class Communicator(RankSession):
         for name, segs in zip(reversed(names[:-1]), reversed(cuts), strict=True):
             r = self.rings[name]
             await self._ring(name, ring.all_gather_steps(segs, r.pos), work, "sum", progress)
+
+    async def connect_for(self, nbytes: int, algo: str = "auto") -> None:
+        """Make the links an all-reduce of ``nbytes`` with ``algo`` uses that are made on
+        first use (the trees'), so that a timed operation does not pay for them."""
+        if self._choose(nbytes, algo) == "tree":
+            await self._links(self.plan.tree_links(self.rank))
+
+    def _choose(self, nbytes: int, algo: str) -> str:
+        if algo != "auto":
+            return algo
+        o = self.options
+        group = len(self.plan.tree_group(self.rank)[0])
+        return cost.choose(
+            self.hierarchy, self.size, nbytes, o.slot_bytes, o.link_gbps, o.server_gbps, group
+        )
+
+    async def _tree(self, work: np.ndarray, op: str, progress: list[str]) -> None:
+        """Reduce-scatter over the server's ring, all-reduce this rank's shard over the two
+        trees of its group (one half each), all-gather over the server's ring
+        (:mod:`collectives.comm.tree`)."""
+        h = self.hierarchy
+        server = h.ring_of["server"][self.rank] if "server" in h.levels else None
+        lo, hi = 0, work.size
+        if server is not None:
+            r = self.rings[server]
+            segs = ring.segments(work.size, len(r.members))
+            await self._ring(server, ring.reduce_scatter_steps(segs, r.pos), work, op, progress)
+            lo, hi = segs[r.pos]
+        members, pos = self.plan.tree_group(self.rank)
+        if len(members) > 1:
+            mid = (lo + hi) // 2
+            shapes = self.plan.trees(len(members))
+            try:
+                async with trio.open_nursery() as nursery:
+                    for t, span in enumerate(((lo, mid), (mid, hi))):
+                        node = shapes[t][pos]
+                        nursery.start_soon(
+                            self._one_tree, t, node, members, span, work, op, progress
+                        )
+            except BaseExceptionGroup as group:
+                raise ring.first_error(group) from None
+        if server is not None:
+            await self._ring(server, ring.all_gather_steps(segs, r.pos), work, "sum", progress)
+
+    async def _one_tree(
+        self,
+        t: int,
+        node: TreeNode,
+        members: list[int],
+        span: tuple[int, int],
+        work: np.ndarray,
+        op: str,
+        progress: list[str],
+    ) -> None:
+        """``span`` reduced up tree ``t`` from the children, sent to the parent; the result
+        from the parent, sent down to the children."""
+
+        def link(q: int) -> str:
+            a, b = sorted((self.rank, members[q]))
+            return f"tree{t}:{a}-{b}"
+
+        async with trio.open_nursery() as nursery:
+            for c in node.children:
+                nursery.start_soon(self._message, link(c), False, span, work, op, progress, True)
+        if node.parent >= 0:
+            await self._message(link(node.parent), True, span, work, op, progress)
+            await self._message(link(node.parent), False, span, work, op, progress)
+        async with trio.open_nursery() as nursery:
+            for c in node.children:
+                nursery.start_soon(self._message, link(c), True, span, work, op, progress)
 
     async def reduce_scatter(
         self, x: np.ndarray, op: str = "sum", out: np.ndarray | None = None

@@ -10,11 +10,16 @@ its ranks (a server of a NIC per accelerator: once).  The model's
 ratio is the hierarchy's bandwidth time over the ring's (NIC bytes at the link rate plus
 fabric bytes at the fabric's rate; a free fabric costs nothing).
 
-The rule, set by the measured runs beside it in the docs: the hierarchy where a level exists
-and the message fits in one slot (latency rules there: fewer steps win), or where the model
-gives it at most ``THRESHOLD`` of the ring's time (the per-shard rings of several network
-levels collide on ECMP and do not overlap as one ring's steps do: the leaf-spine of 8 servers
-x 4 measured 11 - 15 % slower than the model says); else the ring.
+The rule, set by the measured runs beside it in the docs: the tree
+(:mod:`collectives.comm.tree`) where it has a group of at least ``TREE_GROUP`` ranks and its
+messages - half of a server's shard, sent whole - are at most ``TREE_MESSAGE`` bytes: there
+2 log2(m) steps beat the rings' steps on every fabric measured (the leaf-spine, a k = 8
+fat-tree, AI zones of 64 and 512 ranks; above it the rings' pipelined chunks win); else the
+hierarchy where a level exists and the message fits in one slot (latency rules there: fewer
+steps win), or where the bandwidth model gives it at most ``THRESHOLD`` of the ring's time
+(the per-shard rings of several network levels collide on ECMP and do not overlap as one
+ring's steps do: the leaf-spine of 8 servers x 4 measured 11 - 15 % slower than the model
+says); else the ring.
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ from typing import Final
 from collectives.comm.placement import Hierarchy
 
 THRESHOLD: Final = 0.85
+TREE_GROUP: Final = 4  # ranks a tree needs before it is worth its depth
+TREE_MESSAGE: Final = 32 << 10  # the largest message a tree sends whole, where it wins
+
+
+def tree_message(h: Hierarchy, nbytes: int) -> float:
+    """The message the tree sends: half of the shard a rank holds after its server's ring."""
+    server = len(next(iter(h.rings["server"].values()))) if "server" in h.levels else 1
+    return nbytes / server / 2
 
 
 def hierarchy_ratio(h: Hierarchy, ranks: int, link_gbps: float, server_gbps: float) -> float:
@@ -47,9 +60,18 @@ def hierarchy_ratio(h: Hierarchy, ranks: int, link_gbps: float, server_gbps: flo
 
 
 def choose(
-    h: Hierarchy, ranks: int, nbytes: int, slot_bytes: int, link_gbps: float, server_gbps: float
+    h: Hierarchy,
+    ranks: int,
+    nbytes: int,
+    slot_bytes: int,
+    link_gbps: float,
+    server_gbps: float,
+    tree_group: int = 0,
 ) -> str:
-    """``"hierarchical"`` or ``"ring"`` for an all-reduce of ``nbytes`` (the rule above)."""
+    """``"tree"``, ``"hierarchical"`` or ``"ring"`` for an all-reduce of ``nbytes`` (the rule
+    above; ``tree_group``: the ranks of a tree group, 0 for no tree)."""
+    if tree_group >= TREE_GROUP and tree_message(h, nbytes) <= TREE_MESSAGE:
+        return "tree"
     if not h.levels:
         return "ring"
     if nbytes <= slot_bytes:

@@ -33,6 +33,7 @@ from typing import Any
 import trio
 
 from collectives.comm.links import LocalRx, Rx, Tx
+from collectives.comm.tree import TreeNode, double_tree
 from rocev2_emu.server.crossbar import PRESETS
 from rocev2_emu.server.fabric import ServerFabric
 
@@ -217,6 +218,10 @@ class JobPlan:
     places: list[RankPlace]
     hierarchy: Hierarchy
     _orders: dict[str, tuple[list[int], dict[int, int]]] = field(default_factory=dict)
+    # the tree all-reduce's groups (collectives.comm.tree): the ranks holding one shard of
+    # their server on every server, in ring order, and each rank's group and position
+    _trees: dict[int, tuple[list[int], int]] = field(default_factory=dict)
+    _shapes: dict[int, tuple[list[TreeNode], list[TreeNode]]] = field(default_factory=dict)
 
     def ring(self, order: str) -> tuple[list[int], dict[int, int]]:
         """The flat ring in ``order`` (:func:`ring_order`) and each rank's position in it."""
@@ -225,6 +230,42 @@ class JobPlan:
             members = ring_order(self.places, order)
             got = self._orders[order] = (members, {r: i for i, r in enumerate(members)})
         return got
+
+    def tree_group(self, rank: int) -> tuple[list[int], int]:
+        """The ranks ``rank`` all-reduces its server's shard with over the two trees (the
+        ranks at its position in every server; every rank without servers of several), in
+        ring order, and its position among them."""
+        if not self._trees:
+            h = self.hierarchy
+            server = h.pos_of.get("server") if "server" in h.levels else None
+            groups: dict[int, list[int]] = {}
+            for r in ring_order(self.places, "topology", backwards=False):
+                groups.setdefault(0 if server is None else server[r], []).append(r)
+            for members in groups.values():
+                for pos, r in enumerate(members):
+                    self._trees[r] = (members, pos)
+        return self._trees[rank]
+
+    def trees(self, m: int) -> tuple[list[TreeNode], list[TreeNode]]:
+        """The two trees over ``m`` positions (:func:`~collectives.comm.tree.double_tree`)."""
+        if m not in self._shapes:
+            self._shapes[m] = double_tree(m)
+        return self._shapes[m]
+
+    def tree_links(self, rank: int) -> dict[str, tuple[list[int], int]]:
+        """The links ``rank`` needs for the two trees: one to each of its parents and children
+        (``tree0:a-b``, ``tree1:a-b``), each a ring of two, and its position in it."""
+        members, pos = self.tree_group(rank)
+        links: dict[str, tuple[list[int], int]] = {}
+        if len(members) < 2:
+            return links
+        for t, shape in enumerate(self.trees(len(members))):
+            node = shape[pos]
+            for q in (node.parent, *node.children):
+                if q >= 0:
+                    pair = sorted((rank, members[q]))
+                    links[f"tree{t}:{pair[0]}-{pair[1]}"] = (pair, pair.index(rank))
+        return links
 
 
 _PLAN: list[JobPlan] = []  # the last job's: its ranks ask for it with the same places list

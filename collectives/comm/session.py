@@ -79,6 +79,7 @@ class RankSession(abc.ABC):
         self.hierarchy = self.plan.hierarchy  # the levels of the hierarchical all-reduce
         self.seq = 0
         self.p2p_seq: dict[tuple[str, int], int] = {}  # ("send" | "recv", peer) -> messages
+        self.link_seq: dict[tuple[str, str], int] = {}  # ("send" | "recv", link) -> messages
         self._connecting = trio.Lock()
         self.aborted: str | None = None
         self.last: dict[str, Any] = {}
@@ -190,15 +191,33 @@ class RankSession(abc.ABC):
         """Links with each of ``peers`` (both ways), made on first use as NCCL makes its
         point-to-point connections: each pair waits only for itself, so ranks may connect
         different peers at different times."""
+        pairs = {self.pair_name(self.rank, p): sorted((self.rank, p)) for p in peers}
+        await self._links({name: (pair, pair.index(self.rank)) for name, pair in pairs.items()})
+
+    async def _links(self, links: dict[str, tuple[list[int], int]]) -> None:
+        """The two-member ``links`` (name: members, this rank's position) not made yet."""
         async with self._connecting:  # a send and a recv to one peer at once connect it once
-            missing = {
-                self.pair_name(self.rank, p): (pair, pair.index(self.rank))
-                for p in peers
-                if self.pair_name(self.rank, p) not in self.rings
-                for pair in [sorted((self.rank, p))]
-            }
+            missing = {name: link for name, link in links.items() if name not in self.rings}
             if missing:
                 await self._connect(missing, barrier=False)
+
+    async def _message(
+        self,
+        name: str,
+        send: bool,
+        span: tuple[int, int],
+        work: np.ndarray,
+        op: str,
+        progress: list[str],
+        reduce: bool = False,
+    ) -> None:
+        """One message on two-member link ``name``: ``span`` of ``work`` sent, or received
+        (reduced into it, or copied), numbered by this direction's count on the link."""
+        key = ("send" if send else "recv", name)
+        self.link_seq[key] = seq = self.link_seq.get(key, 0) + 1
+        rng = span if span[1] > span[0] else None
+        step = ring.Step(rng if send else None, None if send else rng, reduce, None)
+        await self._ring(name, [step], work, op, progress, seq)
 
     def _rdma(self, end: type[R], peer: int) -> R:
         """One end of an RDMA link with ``peer``, shaped by the options, its QPs' completions
