@@ -27,6 +27,7 @@ from collectives.jobs.failures import failures
 from collectives.jobs.job import run_virtual
 from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
 from rocev2_emu.cli.args import (
+    add_clock,
     add_payload,
     host_port,
     nonnegative_int,
@@ -115,13 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run on a fabric already running (rocev2-emu up FILE, the compose testbed); "
         "give its FILE as --topology",
     )
-    g.add_argument(
-        "--clock",
-        choices=["wall", "exact"],
-        default="wall",
-        help="with processes: wall (dilated by the TDF) or exact (every node on emulated time, "
-        "synchronised: the --virtual run's figures, on any machine)",
-    )
+    add_clock(g, None, "default: exact, wall with --attach (a fabric left running)")
     g.add_argument(
         "--sync",
         type=host_port,
@@ -195,7 +190,7 @@ class BenchOptions:
     payload: str | None = None  # --payload: "none" for a timing-only run
     virtual: bool = False
     attach: bool = False
-    clock: str = "wall"
+    clock: str | None = None  # None: exact, wall with --attach
     sync: tuple[str, int] | None = None  # --clock exact --attach: where the coordinator listens
     tdf: float | None = None
     pace: float | None = None  # --clock exact: wall seconds per emulated second, at least
@@ -269,6 +264,10 @@ def main(which: str, args: BenchOptions) -> int:
         **({"grant_dscp": args.grant_dscp} if args.grant_dscp is not None else {}),
     )
     ranks = sum(h.ranks for h in topo.hosts)
+    if args.virtual or args.clock == "virtual":
+        args = replace(args, virtual=True, clock="virtual")
+    elif args.clock is None:  # a run with a job is exact; one attached to a running fabric wall
+        args = replace(args, clock="wall" if args.attach else "exact")
     if args.virtual and args.workers is not None:  # virtual time split over processes: the
         args = replace(args, virtual=False, clock="exact")  # windows give one process's run
     exact = args.clock == "exact" and not args.virtual

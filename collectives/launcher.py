@@ -57,7 +57,7 @@ import trio
 from collectives.cli import map_task
 from collectives.comm.store import StoreServer, StoreTimeout, TcpStore
 from rocev2_emu.cli import commands
-from rocev2_emu.cli.args import nonnegative_float, positive_float, positive_int
+from rocev2_emu.cli.args import add_clock, nonnegative_float, positive_float, positive_int
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats, sync_label
 from rocev2_emu.fabric.report import merge_stats
@@ -558,13 +558,7 @@ def _args(p: argparse.ArgumentParser) -> None:
         "[--compute-ms MS] [--ui [ADDR:PORT]] [--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
     )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
-    p.add_argument(
-        "--clock",
-        choices=["wall", "exact"],
-        default="wall",
-        help="wall: dilated wall clock at the TDF (default); exact: every rank and node on "
-        "the event engine, synchronised - the same emulated figures on every run",
-    )
+    add_clock(p, "exact", "a rank's engine waits while its script computes", virtual=False)
     p.add_argument("--tdf", type=positive_float, help="override the topology's TDF (wall clock)")
     p.add_argument(
         "--ranks", type=positive_int, help="ranks on the first N hosts (default: every host)"

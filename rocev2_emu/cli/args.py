@@ -95,3 +95,40 @@ def with_payload(topo: Topology, payload: str | None) -> Topology:
     if payload is not None:
         topo.payload = payload
     return topo
+
+
+CLOCKS = ("exact", "wall")  # with processes; --virtual (or --clock virtual) is one process
+
+
+def add_clock(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
+    default: str | None,
+    says: str = "",
+    *,
+    virtual: bool = True,
+) -> None:
+    """``--clock exact|wall`` (and ``virtual``, with ``--virtual`` its alias, where the command
+    runs in one process too): every command that runs processes takes it.  ``default``: a
+    run with a job is exact (None: the command decides from its arguments, :func:`clock_of`);
+    ``says``: what the command adds."""
+    p.add_argument(
+        "--clock",
+        choices=(*CLOCKS, "virtual") if virtual else CLOCKS,
+        default=default,
+        help="exact: every node on emulated time, synchronised - the figures of one process "
+        "in virtual time, on any machine however loaded; wall: dilated by the TDF, for live "
+        "interop"
+        + ("; virtual: one process (as --virtual)" if virtual else "")
+        + (f"; {says}" if says else f" (default {default})"),
+    )
+
+
+def clock_of(args: argparse.Namespace, job: bool) -> str:
+    """The run's clock: ``--virtual`` or ``--clock``, else exact for a run with a job and wall
+    for a fabric left running (``up`` without flows, a bench attached to one)."""
+    if getattr(args, "virtual", False) or args.clock == "virtual":
+        return "virtual"
+    if args.clock is not None:
+        clock: str = args.clock
+        return clock
+    return "exact" if job else "wall"

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from rocev2_emu.cli.args import positive_float, positive_int
+from rocev2_emu.cli.args import add_clock, positive_float, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.tools.perftest import wait_until_listening
 
@@ -29,14 +29,7 @@ def set_demo(demo: Demo) -> None:
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
-    p.add_argument(
-        "--clock",
-        choices=["exact", "wall"],
-        default="exact",
-        help="the all-reduce demo's clock: exact (every node on emulated time, synchronised: "
-        "the same figures as in virtual time, on any machine; the default) or wall (dilated "
-        "by --tdf, for live interop)",
-    )
+    add_clock(p, "exact", virtual=False)
     p.add_argument(
         "--tdf", type=float, help="time-dilation factor of --clock wall (default: the topology's)"
     )

@@ -12,7 +12,9 @@ from typing import Any
 import trio
 
 from rocev2_emu.cli.args import (
+    add_clock,
     add_payload,
+    clock_of,
     nonnegative_float,
     positive_float,
     positive_int,
@@ -43,13 +45,7 @@ def _up_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one process in virtual time (deterministic; needs --flows)",
     )
-    p.add_argument(
-        "--clock",
-        choices=["wall", "exact"],
-        default="wall",
-        help="with processes: wall (dilated by the TDF, for live interop) or exact (every node "
-        "on emulated time, synchronised: the virtual run's results; needs --flows)",
-    )
+    add_clock(p, None, "default: exact with --flows, wall for a fabric left running")
     p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
     p.add_argument(
         "--pace",
@@ -86,6 +82,8 @@ def _up_args(p: argparse.ArgumentParser) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     topo = with_payload(_load(args.topology), args.payload)
+    args.clock = clock_of(args, job=args.flows is not None)
+    args.virtual = args.clock == "virtual"
     beside: Any = None
     watch: Any = None
     if args.virtual and args.workers is not None:  # virtual time split over processes: the
@@ -170,7 +168,7 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
     )
-    p.add_argument("--clock", choices=["wall", "exact"], default="wall", help="(wall)")
+    add_clock(p, "wall", "exact with --sync", virtual=False)
     add_payload(p)
     p.add_argument(
         "--sync",

@@ -12,6 +12,7 @@ from functools import partial
 import trio
 
 from rocev2_emu.cli.args import (
+    add_clock,
     nonnegative_float,
     nonnegative_int,
     port_number,
@@ -140,13 +141,12 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         type=nonnegative_float,
         help="one-way link delay, emulated microseconds (default 0; on the event engine 1)",
     )
-    p.add_argument(
-        "--clock",
-        choices=["wall", "exact"],
-        default="wall",
-        help="wall: each side's NIC on the dilated wall clock (default); exact: both sides on "
-        "the event engine, synchronised by the server (start both sides with it) - the figures "
-        "of --virtual, whatever the machine's load",
+    add_clock(
+        p,
+        "wall",
+        "exact needs it on both sides, the server keeps the run (default wall, as "
+        "perftest on real NICs)",
+        virtual=False,
     )
     p.add_argument(
         "--virtual",

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.cli.args import positive_int
+from rocev2_emu.cli.args import add_clock, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
@@ -37,13 +37,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
     )
-    p.add_argument(
-        "--clock",
-        choices=["wall", "exact"],
-        default="wall",
-        help="with processes: wall (dilated by --tdf) or exact (every node on emulated time, "
-        "synchronised: the same results on any machine; flow scenarios but dilation)",
-    )
+    add_clock(p, None, "wall is dilated by --tdf (default: exact, wall for dilation)")
     p.add_argument(
         "--workers",
         type=positive_int,
@@ -99,6 +93,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings", "iterations")}
+    if args.virtual or args.clock == "virtual":
+        args.virtual, args.clock = True, "virtual"
+    elif args.clock is None:  # exact, where the scenario's runs can be (not dilation's)
+        scenario = SCENARIOS.get(args.name)
+        args.clock = "exact" if scenario is None or scenario.exact else "wall"
     if args.ui and args.virtual:
         raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
     run: dict[str, Any] = {

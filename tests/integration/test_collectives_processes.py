@@ -23,7 +23,7 @@ from rocev2_emu.topology.model import Topology
 from tests.integration.procs import node_pid
 
 pytestmark = pytest.mark.integration
-BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce"]
+BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce", "--clock", "wall"]
 
 
 def leaf_spine_file(loss_link: tuple[str, str] | None = None) -> tuple[Topology, str]:

@@ -338,9 +338,9 @@ def test_the_demo_runs_exact_and_refuses_a_tdf_without_the_wall_clock(
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
     assert main(["up", topo, "--virtual", "--workers", "2", "--record", "x.rec"]) == 1
     assert "--record samples a virtual run in one process" in capsys.readouterr().err
-    assert main(["bench", "all-reduce", "--workers", "2"]) == 1
+    assert main(["bench", "all-reduce", "--clock", "wall", "--workers", "2"]) == 1
     assert "--workers groups the processes of an exact run" in capsys.readouterr().err
-    assert main(["scenario", "incast", "--workers", "2"]) == 2
+    assert main(["scenario", "incast", "--clock", "wall", "--workers", "2"]) == 2
     assert "incast takes --workers with --clock exact only" in capsys.readouterr().err
     assert main(["scenario", "dilation", "--clock", "exact"]) == 2
     assert "it measures the wall clock's dilation" in capsys.readouterr().err

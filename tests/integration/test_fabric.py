@@ -62,7 +62,7 @@ def write_flows(path: Path, flows: list[tuple[str, str, int]]) -> Path:
 
 def up(topology: Path, flows: Path, *extra: str, timeout: float = 240) -> str:
     proc = subprocess.run(
-        [*CLI, "up", str(topology), "--flows", str(flows), *extra],
+        [*CLI, "up", str(topology), "--clock", "wall", "--flows", str(flows), *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -132,7 +132,7 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
     flows = write_flows(tmp_path / "f.toml", [("h0", "h1", 8 << 20) for _ in range(6)])
     # TDF 2000: the six flows take seconds of wall time, far longer than `link` needs to start
     proc = subprocess.Popen(
-        [*CLI, "up", str(topo), "--flows", str(flows), "--tdf", "2000"],
+        [*CLI, "up", str(topo), "--clock", "wall", "--flows", str(flows), "--tdf", "2000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -173,7 +173,7 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
     topo = write_topology(tmp_path / "t.toml", single_switch(3), transport={"qp_timeout": 8})
     flows = write_flows(tmp_path / "f.toml", [("h0", "h2", 24 << 20)])
     proc = subprocess.Popen(
-        [*CLI, "up", str(topo), "--flows", str(flows), "--tdf", "1000"],
+        [*CLI, "up", str(topo), "--clock", "wall", "--flows", str(flows), "--tdf", "1000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -48,6 +48,8 @@ def test_each_rank_gets_torchruns_environment_and_the_first_failure_is_the_exit_
             "rocev2_emu",
             "launch",
             str(topology),
+            "--clock",
+            "wall",
             "--",
             sys.executable,
             "-c",
@@ -108,7 +110,8 @@ def test_one_rank_per_launcher_over_switches_already_running(topology: Path) -> 
         assert switch.stdout is not None
         assert switch.stdout.readline().startswith("READY sw0")  # its deadline: the timeout
         for host in ("h2", "h0", "h1"):  # the store's host need not start first
-            command = ["launch", str(topology), "--host", host, "--job", "t1", "--"]
+            command = ["launch", str(topology), "--host", host, "--job", "t1", "--clock", "wall"]
+            command += ["--"]
             ranks.append(
                 subprocess.Popen(
                     [
@@ -155,7 +158,8 @@ def test_nproc_per_host_gives_each_local_rank_its_own_nic(tmp_path: Path) -> Non
         "print('env', e['ROCEV2_HOST'], e['LOCAL_RANK'], e['LOCAL_WORLD_SIZE'], "
         "e['GROUP_RANK'], e['GROUP_WORLD_SIZE']); " + ALL_REDUCE
     )
-    command = ["launch", str(path), "--nproc-per-host", "2", "--", sys.executable, "-c", program]
+    command = ["launch", str(path), "--clock", "wall", "--nproc-per-host", "2", "--"]
+    command += [sys.executable, "-c", program]
     run = subprocess.run(
         [sys.executable, "-m", "rocev2_emu", *command],
         capture_output=True,

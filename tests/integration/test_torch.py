@@ -59,7 +59,9 @@ def launch(
     options: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "rocev2_emu", "launch", str(topology), "--ranks", str(ranks)]
-    cmd += options
+    cmd += (
+        options if "--clock" in options else ("--clock", "wall", *options)
+    )  # (the default: exact)
     return subprocess.run(
         [*cmd, "--", sys.executable, "-W", "ignore", *program],
         capture_output=True,

@@ -153,8 +153,9 @@ def test_the_map_shows_the_incast_live_and_replays_a_virtual_run(
     record = tmp_path / "incast.jsonl"
     port = _free_port()
     up = [sys.executable, "-m", "rocev2_emu", "up", str(topo), "--flows", str(flows)]
+    live = [*up, "--clock", "wall"]  # dilated: the map sees the incast while it runs
     proc = _start(
-        [*up, "--ui", f"127.0.0.1:{port}", "--record", str(record)], "# the fabric's map:"
+        [*live, "--ui", f"127.0.0.1:{port}", "--record", str(record)], "# the fabric's map:"
     )
     try:
         browser.get(f"http://127.0.0.1:{port}/")
