@@ -127,7 +127,8 @@ class Communicator(RankSession):
             raise ValueError(f"no hierarchical all-reduce on this job: {self.hierarchy.refused}")
         if algo == "tree":
             await self._links(self.plan.tree_links(self.rank))  # (made once, on first use)
-        work = flat.copy()
+        # in place, the caller's buffer is the work buffer (one buffer a rank, not two)
+        work = flat if out is x and (flat is x or flat.base is x) else flat.copy()
 
         async def body(progress: list[str]) -> None:
             if algo == "ring":

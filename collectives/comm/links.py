@@ -43,6 +43,7 @@ import numpy as np
 import trio
 from mypy_extensions import trait
 
+from collectives.comm import arena
 from rocev2_emu.server.fabric import ServerFabric
 from rocev2_emu.verbs import (
     CQ,
@@ -112,7 +113,7 @@ class _Receiver(_Waitable):
         super().__init__()
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.memory = np.zeros(slots * slot_bytes, np.uint8)
+        self.memory = arena.zeros(slots * slot_bytes)  # (committed as the slots are written)
         # (immediate, bytes) per lane (QP) in arrival order; item k is on lane k mod lanes
         self.arrivals: list[deque[tuple[int, int]]] = [deque() for _ in range(lanes)]
         self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
@@ -201,9 +202,11 @@ class LocalRx(_Receiver):
 
 
 class LocalTx(_Sender):
-    def __init__(self, rx: LocalRx) -> None:
+    def __init__(self, rx: LocalRx, copies: bool = True) -> None:
+        """``copies=False`` (a timing-only run): the fabric times the bytes, none are copied."""
         super().__init__(rx.slots, rx.slot_bytes)
         self.rx = rx
+        self.copies = copies
         rx.tx = self
 
     def write(self, index: int, data: np.ndarray, mr: MR | None, offset: int, imm: int) -> bool:
@@ -211,7 +214,8 @@ class LocalTx(_Sender):
         and announce it when the server's fabric delivers it (the source is free at once).
         True if trio must run (:meth:`ServerFabric.send`)."""
         rx = self.rx
-        rx.slot(index, data.nbytes)[:] = data
+        if self.copies:
+            rx.slot(index, data.nbytes)[:] = data
         return rx.fabric.send(rx.src, rx.dst, data.nbytes, partial(rx.deliver, imm, data.nbytes))
 
 

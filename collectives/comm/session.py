@@ -141,7 +141,7 @@ class RankSession(abc.ABC):
                     self.options.slot_bytes,
                     (me.local_rank, self.places[nxt].local_rank),
                 )
-                ring_.tx = shared.tx or LocalTx(shared)
+                ring_.tx = shared.tx or LocalTx(shared, copies=not self.options.timing_only)
             else:
                 tx = self._rdma(RdmaTx, nxt)
                 ring_.tx = tx

@@ -360,7 +360,8 @@ async def _named_death(procs: dict[str, NodeProcess], exc: Exception) -> Excepti
     for name, proc in procs.items():
         code = proc.poll()
         if code is not None:
-            return RuntimeError(f"node {name} died with code {code} during the job ({exc})")
+            why = first_exception(exc)  # (not a group's "Exceptions from Trio nursery")
+            return RuntimeError(f"node {name} died with code {code} during the job ({why})")
     return exc
 
 

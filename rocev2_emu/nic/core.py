@@ -161,6 +161,7 @@ class NicCore(Core):
             sq_sig_all=sq_sig_all,
         )
         qp.max_inflight = self.config.max_inflight
+        qp.timing_only = self.elide
         self.qps[qpn] = qp
         return qp
 

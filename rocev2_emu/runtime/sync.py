@@ -351,6 +351,7 @@ class Coordinator:
         self._deciding = False  # a round is being decided and granted
         self._again = False  # and another was asked for meanwhile
         self._complete = 0  # reports that completed a round
+        self._moved_at = 0.0  # when the last did (trio's clock: wall seconds)
         self._holding: set[str] = set()
         self._busy: set[str] = set()  # processes whose application decides in wall time
         self._done: set[str] = set()  # processes whose application has finished
@@ -484,6 +485,7 @@ class Coordinator:
                     self._done_changed.set()
                 if len(self.reports) == len(self.names):  # the round may be decided: here,
                     self._complete += 1  # with no hand-over to another task on the path of
+                    self._moved_at = trio.current_time()
                     await self._round()  # every window
         except ControlError as exc:
             if name in self._chans and not self.finished:
@@ -515,21 +517,20 @@ class Coordinator:
         """Rounds that no report completes (a release, a change, a round decided while the
         last was still being granted), and the watch for a stall."""
         await self.connected.wait()
+        self._moved_at = trio.current_time()
         while True:
-            complete = self._complete
-            with trio.move_on_after(STALL_SECONDS) as scope:
+            with trio.move_on_at(self._moved_at + STALL_SECONDS):
                 await self._changed.wait()
-            if (
-                scope.cancelled_caught
-                and self._complete == complete
-                and not self.held
-                and not self._busy
-            ):
+            now = trio.current_time()
+            if self.held or self._busy:
                 # (an application deciding in wall time - a training script computing - may
                 # take as long as it takes: its process is alive, its connection open)
-                raise SyncError(self._stalled())
-            self._changed = trio.Event()
-            await self._round()
+                self._moved_at = now
+            elif now >= self._moved_at + STALL_SECONDS:  # since the last round that completed,
+                raise SyncError(self._stalled())  # not since the watch last looked
+            if self._changed.is_set():
+                self._changed = trio.Event()
+                await self._round()
 
     async def _round(self) -> None:
         """Decide the next round if it can be and grant it (one decision at a time: one asked

@@ -61,6 +61,7 @@ class QPEndpoint:
     min_rnr_timer: int
     max_inflight: int
     last_error: str
+    timing_only: bool  # payloads are elided on the wire: nothing to store or read
 
     def fail(self, head_status: WcStatus | None) -> None:
         raise NotImplementedError

@@ -96,6 +96,7 @@ class QueuePair(QPEndpoint):
         self.max_rd_atomic = 1
         self.last_error = ""
         self.max_inflight = DEFAULT_MAX_INFLIGHT
+        self.timing_only = False  # the NIC's: what arrives is not written to memory
         self.traffic_class: int | None = None  # DSCP of this QP's packets (ah_attr.grh)
         self.priority = 3  # 802.1p priority, set by the NIC from the DSCP
         self.rc: RateControl | None = None  # rate control, set by the NIC at RTS

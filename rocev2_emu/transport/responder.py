@@ -84,7 +84,8 @@ class Responder:
             mr = self.write_mr
             if n == self.qp.mtu and off + n < self.write_len and mr is not None and mr.valid:
                 assert self.write_view is not None
-                self.write_view[off : off + n] = payload
+                if not self.qp.timing_only:  # (timing only: the zeros of an elided payload)
+                    self.write_view[off : off + n] = payload
                 self.offset = off + n
                 self.rx_bytes += n
                 self.epsn = (psn + 1) & PSN_MASK
@@ -156,7 +157,8 @@ class Responder:
             self.in_send = None
             self._fatal(NakCode.INVALID_REQUEST, f"SEND of > {sges.length} bytes overflows receive")
             return False
-        sges.scatter(self.offset, f.payload)
+        if not self.qp.timing_only:
+            sges.scatter(self.offset, f.payload)
         self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)
@@ -210,7 +212,8 @@ class Responder:
                 self._fatal(NakCode.REMOTE_ACCESS_ERROR, why)
                 self.write_view = self.write_mr = None
                 return False
-            self.write_view[self.offset : self.offset + n] = f.payload
+            if not self.qp.timing_only:
+                self.write_view[self.offset : self.offset + n] = f.payload
             self.rx_bytes += n
         self.offset += n
         self._advance(f, 1)

@@ -394,3 +394,36 @@ def test_the_coordinator_holds_a_bounded_number_of_connections_that_never_prove_
 
     trio.run(main)
     assert dropped() == before + extra
+
+
+def test_a_run_that_stops_moving_is_named_stall_seconds_after_its_last_round() -> None:
+    """A process that froze 50 s after the last look of the stall watch was named 60 s later
+    than it should have been (the watch looked once per 60 s); now STALL_SECONDS after the
+    last round that completed, to the second of the (mock) clock."""
+    from rocev2_emu.runtime.sync import STALL_SECONDS
+
+    said: list[float] = []
+
+    async def main() -> None:
+        c = Coordinator(["a", "b"], 1e-6, b"")
+        c._chans = {name: _Chan() for name in c.names}
+        c.connected.set()
+        c.held = False
+        c.reports = {"a": Report(1.0, False, {}, 0)}  # b never reports again
+
+        async def rounds() -> None:
+            try:
+                await c._rounds()
+            except SyncError:
+                said.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rounds)
+            await trio.sleep(50.0)
+            c._moved_at = trio.current_time()  # the run's last round, 50 s in (completed by a
+            # report, which decides it in its connection's task: the watch is not woken)
+            await trio.sleep(1000.0)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert said == [50.0 + STALL_SECONDS]
