@@ -52,7 +52,8 @@ class PortConfig:
 class SwitchConfig:
     name: str
     ports: list[PortConfig]
-    routes: dict[int, tuple[int, ...]]  # destination IPv4 -> equal-cost egress ports
+    # destination IPv4 -> equal-cost egress ports, where not ``default_route``
+    routes: dict[int, tuple[int, ...]]
     mmu: MmuConfig = field(default_factory=MmuConfig)
     pfc_enabled: bool = True
     lossless: frozenset[int] = frozenset({3})
@@ -66,6 +67,10 @@ class SwitchConfig:
     seed: int = 0
     ecmp: str = "5-tuple"  # one of ECMP_MODES
     timing_only: bool = False  # frames carry their headers only (a timing-only run)
+    # the ports of every host of ``hosts`` not in ``routes`` (a rack switch's uplinks): the
+    # table grows with the exceptions, not with the fabric (rocev2_emu.topology.routes)
+    default_route: tuple[int, ...] = ()
+    hosts: frozenset[int] = frozenset()
 
     def priority_of(self, dscp: int) -> int:
         return priority_of(self.dscp_map, dscp)

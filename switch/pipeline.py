@@ -245,7 +245,11 @@ class SwitchCore(Core):
             csum = checksum_update(header[10] << 8 | header[11], word, word - 0x100)
             out = header[:8] + bytes((header[8] - 1, header[9])) + csum.to_bytes(2, "big")
             out += header[12:]
-        ports = self.config.routes.get(int.from_bytes(header[16:20], "big"), ())
+        dst = int.from_bytes(header[16:20], "big")
+        cfg = self.config
+        ports = cfg.routes.get(dst)
+        if ports is None:  # a host reached by the default route, or no host at all
+            ports = cfg.default_route if dst in cfg.hosts else ()
         entry = (out, self._prio[header[1] >> 2], ports)
         if len(self._valid_ip) > 4096:
             self._valid_ip.clear()

@@ -17,6 +17,7 @@ from typing import Any
 
 from rocev2_emu.cc import PROFILES, DcqcnParams
 from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
+from rocev2_emu.topology.routes import RouteTable
 from rocev2_emu.wire.ethernet import ip_to_int, mac_for_ip
 from switch.config import EcnThresholds, PortConfig, SwitchConfig
 from switch.mmu import MmuConfig
@@ -80,7 +81,7 @@ class Topology:
     ecn: dict[str, Any]
     dcqcn: dict[str, Any]
     transport: dict[str, Any]
-    routes: dict[str, dict[str, tuple[int, ...]]]  # switch -> host -> egress ports
+    routes: dict[str, RouteTable[str]]  # switch -> host -> egress ports
     subnet: str = ""  # "", a CIDR, or "dns" (addresses are names until resolve_names)
     batch_io: bool = True  # node processes batch their datagrams (UDP GSO/GRO)
     ecmp: str = "5-tuple"  # how switches pick among equal-cost ports (switch.config.ECMP_MODES)
@@ -91,6 +92,9 @@ class Topology:
     payload: str = "real"
     # each node's emulated IPv4 as an integer (-1: a switch), filled by routes_by_ip
     _host_ips: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # every host's IP, in order and as a set, shared by the switches' tables (switch_routes)
+    _ip_keys: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _ip_set: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
     # (node, link index) -> the node's port on that link, filled a node at a time by port_of
     _ports: dict[tuple[str, int], int] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -146,7 +150,7 @@ class Topology:
                     ecn,
                 )
             )
-        routes = self.routes_by_ip(name)
+        table = self.switch_routes(name)
         mmu = self.mmu
         if node.buffer_bytes or node.buffer_mode:  # a deep-buffer spine, say
             mmu = MmuConfig(
@@ -161,7 +165,7 @@ class Topology:
         return SwitchConfig(
             name=name,
             ports=ports,
-            routes=routes,
+            routes=table.other,
             mmu=mmu,
             pfc_enabled=bool(self.pfc["enabled"]),
             lossless=frozenset(self.pfc["lossless_priorities"]),
@@ -174,6 +178,8 @@ class Topology:
             seed=self.seed + node.index,
             ecmp=self.ecmp,
             timing_only=self.timing_only,
+            default_route=table.default,
+            hosts=table.members,
         )
 
     @property
@@ -191,9 +197,24 @@ class Topology:
             table = shortest_path_routes(self.nodes, self.path, down)[switch]
         else:
             table = self.routes[switch]
+        ips = self._ips()
+        return dict(zip(map(ips.__getitem__, table), table.values(), strict=True))
+
+    def switch_routes(self, switch: str) -> RouteTable[int]:
+        """The switch's routes by host IP, as its table holds them (the default, the hosts
+        reached otherwise): what its pipeline is configured with."""
+        table = self.routes[switch]
+        ips = self._ips()
+        if len(self._ip_set) != len(table.keys_):
+            self._ip_keys = tuple(ips[h] for h in table.keys_)
+            self._ip_set = frozenset(self._ip_keys)
+        other = {ips[h]: ports for h, ports in table.other.items()}
+        return RouteTable(self._ip_keys, self._ip_set, table.default, other)
+
+    def _ips(self) -> dict[str, int]:
         if len(self._host_ips) != len(self.nodes):  # once: every node's, a switch's unused
             self._host_ips = {n.name: ip_to_int(n.ip) if n.ip else -1 for n in self.nodes.values()}
-        return dict(zip(map(self._host_ips.__getitem__, table), table.values(), strict=True))
+        return self._host_ips
 
     def link_seed(self, link: Link) -> int:
         """The seed of ``link``'s fault injection: distinct per link, fixed by the topology."""
@@ -254,9 +275,10 @@ def dcqcn_params(topo: Topology) -> DcqcnParams | None:
 
 def shortest_path_routes(
     nodes: dict[str, Node], path: str, down: frozenset[int] = frozenset()
-) -> dict[str, dict[str, tuple[int, ...]]]:
+) -> dict[str, RouteTable[str]]:
     """Per switch and host: the egress ports on shortest paths (ECMP), never through a host,
-    over the links not in ``down``.  A host no longer reachable gets no ports.
+    over the links not in ``down``.  A host no longer reachable gets no ports.  Each switch's
+    table holds its commonest ports once (:class:`~rocev2_emu.topology.routes.RouteTable`).
 
     A host on one link is reached through its switch, so every other switch routes it as it
     routes that switch: the switches hosts hang off are searched for all at once
@@ -306,7 +328,9 @@ def shortest_path_routes(
                 and link.index not in down
                 and (nodes[peer].kind is NodeKind.SWITCH or peer == host.name)
             )
-    return routes
+    hosts = tuple(n.name for n in nodes.values() if n.kind is NodeKind.HOST)
+    members = frozenset(hosts)
+    return {sw: RouteTable.of(full, hosts, members) for sw, full in routes.items()}
 
 
 def _attachment(host: Node, down: frozenset[int]) -> str | None:
