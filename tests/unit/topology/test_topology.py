@@ -295,3 +295,17 @@ def test_every_generated_shape_is_a_file_its_parser_takes(text: Any) -> None:
     --atsws 4`` wrote a buffer too small for its CTSWs, which bench refused (issue 55)."""
     topo = parse(tomllib.loads(text()), "generated.toml")
     assert topo.switches
+
+
+def test_a_switchs_routes_hold_its_commonest_ports_once_and_read_as_the_full_table() -> None:
+    topo = parse(tomllib.loads(ai_zone(2, 4, 2, 2)), "zone.toml")  # 32 hosts, 2 zones
+    hosts = [h.name for h in topo.hosts]
+    leaf = topo.routes["rtsw0_0"]  # a rack switch: its 4 hosts, else its uplinks
+    assert len(leaf.other) == 4 and len(leaf) == len(hosts) and list(leaf) == hosts
+    assert all(len(leaf[h]) == 2 for h in hosts[4:])  # up to either CTSW
+    with pytest.raises(KeyError):
+        leaf["sw-nowhere"]
+    by_ip = topo.routes_by_ip("rtsw0_0")
+    config = topo.switch_config("rtsw0_0")
+    assert {ip: config.routes.get(ip, config.default_route) for ip in by_ip} == by_ip
+    assert config.hosts == frozenset(by_ip) and len(config.routes) == 4
