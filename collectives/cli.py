@@ -37,6 +37,7 @@ from rocev2_emu.cli.args import (
 )
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.exact import process_layout
 from rocev2_emu.topology.file import load, parse, resolve_names
 from rocev2_emu.topology.generate import leaf_spine
@@ -246,7 +247,8 @@ def main(which: str, args: BenchOptions) -> int:
             "(rocev2-emu up FILE), whose secret lets the bench's ranks join it"
         )
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
-    topo = with_payload(resolve_names(topo), args.payload)  # (a swarm testbed names its nodes)
+    # (a swarm testbed names its nodes; an attached bench finds the block its fabric took)
+    topo = with_payload(blocks.running(resolve_names(topo), path), args.payload)
     params = bench.params(
         bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),
         coll,

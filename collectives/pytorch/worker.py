@@ -45,6 +45,7 @@ from collectives.comm.communicator import Communicator, HostGroup, RankPlace
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
 from collectives.comm.store import Store, TcpStore, exact_store
 from collectives.jobs.job import comm_options, places_for
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.exact import JoinOptions, exact_nodes, process_groups, run_exact_process
@@ -114,7 +115,7 @@ class RankEnv:
                 f"rocev2 backend: {', '.join(missing)} not set; start the ranks with "
                 "`rocev2-emu launch TOPOLOGY -- python SCRIPT`"
             )
-        topo = load(path)
+        topo = blocks.running(load(path), path)  # (the launcher's run's block of 127/8)
         if world > len(topo.hosts):
             raise BackendError(
                 f"rocev2 backend: world size {world}, but {path} has {len(topo.hosts)} hosts "

@@ -45,6 +45,7 @@ from collectives.scenarios.common import job_fields
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.changes import change_links_at, change_links_in_run
 from rocev2_emu.fabric.control import set_links
 from rocev2_emu.topology.file import load, parse
@@ -112,7 +113,7 @@ async def spine_failure_op(comm: Communicator, p: dict[str, Any]) -> dict[str, A
 
 async def _fail_links(fail: dict[str, Any], delay: float) -> None:
     await trio.sleep(delay)
-    topo = load(fail["topology"])
+    topo = blocks.running(load(fail["topology"]), fail["topology"])
     await set_links(topo, [(a, b) for a, b in fail["pairs"]], up=False)
 
 

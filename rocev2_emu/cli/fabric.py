@@ -23,7 +23,7 @@ from rocev2_emu.cli.args import (
 )
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
-from rocev2_emu.fabric import control, nodes, supervisor
+from rocev2_emu.fabric import blocks, control, nodes, supervisor
 from rocev2_emu.fabric.exact import run_exact_node
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 from rocev2_emu.testbed.compose import generate
@@ -33,8 +33,9 @@ from rocev2_emu.topology.model import Topology
 
 
 def _load(path: str) -> Topology:
-    """The topology file, with node names resolved where it names nodes by DNS (swarm)."""
-    return topology_file.resolve_names(topology_file.load(path))
+    """The topology file, with node names resolved where it names nodes by DNS (swarm), on the
+    block of 127/8 its running fabric took (rocev2_emu.fabric.blocks)."""
+    return blocks.running(topology_file.resolve_names(topology_file.load(path)), path)
 
 
 def _up_args(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ import trio
 import trio.abc
 
 from rocev2_emu.control import auth
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
 from rocev2_emu.fabric.exact import (
     FLOW_START,
@@ -223,7 +224,11 @@ async def _supervise(
     ``coordinator``: an exact run - it is served here and every node synchronises with it;
     ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.exact.process_groups`)
     rather than one each; ``blanks``: forked children to run them in (:func:`_supervised`)."""
-    refuse_taken(topo, topo_path, [n for n in topo.nodes if only is None or n in only])
+    names = [n for n in topo.nodes if only is None or n in only]
+    # a run with a job takes its own 127.B/16 where one is free; a fabric left running keeps
+    # the topology's addresses (its users' commands find it there; a second is refused)
+    block = blocks.take(topo, topo_path, names) if job is not None else None
+    refuse_taken(topo, topo_path, names)
     if coordinator is None:
         refuse_split_servers(topo, None if only is None else list(only))
     epoch = time.monotonic()
@@ -233,6 +238,15 @@ async def _supervise(
     secret, created = auth.load_or_create(topo_path)
     auth.use(secret)  # the job's own requests prove it too
     env = {**os.environ, auth.ENV: secret.hex()}  # the environment, not argv: ps shows argv
+    if block is not None:
+        env[blocks.ENV] = str(block)
+        if block != blocks.FIRST:
+            print(
+                f"# {topo.name}: on 127.{block}.0.0/16 (127.{blocks.FIRST}: another fabric runs "
+                "there)",
+                file=sys.stderr,
+                flush=True,
+            )
     tails: dict[str, deque[str]] = {}
     try:
         async with trio.open_nursery() as nursery:
@@ -288,6 +302,7 @@ async def _supervise(
     finally:
         stopping.set()
         await _stop(procs)
+        blocks.release(topo_path, block)
         if created is not None:
             created.unlink(missing_ok=True)  # the fabric is gone; so is the secret it made
     return outcome

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,9 +206,10 @@ def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str
 
 ASK_CHANGE = """
 import json, sys, trio
+from rocev2_emu.fabric.blocks import running
 from rocev2_emu.fabric.control import attach, change_links_exact, control
 from rocev2_emu.topology.file import load
-topo = load(sys.argv[1])
+topo = running(load(sys.argv[1]), sys.argv[1])  # on the block its run took
 attach(topo)
 print(repr(trio.run(change_links_exact, topo, [(sys.argv[2], sys.argv[3])], False)))
 asks = [  # then what an exact run refuses
@@ -601,11 +603,11 @@ def test_datagrams_from_a_stranger_are_dropped_and_the_exact_run_goes_on(tmp_pat
     and the run ends as the virtual run does, JSON byte for byte (it used to stop)."""
     import socket
 
+    from rocev2_emu.fabric.blocks import running
     from rocev2_emu.topology.file import load
 
     topo_path = str(ROOT / "examples" / "topologies" / "single-switch.toml")
     flows = str(ROOT / "examples" / "flows" / "incast-4to1.toml")
-    topo = load(topo_path)
     exact, virtual = tmp_path / "exact.json", tmp_path / "virtual.json"
     done = _up([topo_path, "--virtual", "--flows", flows, "--json", str(virtual)])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -614,6 +616,7 @@ def test_datagrams_from_a_stranger_are_dropped_and_the_exact_run_goes_on(tmp_pat
         _up_until_ready([*run, "--json", str(exact)], "h4") as proc,
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger,
     ):
+        topo = running(load(topo_path), topo_path)  # on the block the run took
         stranger.bind(("127.0.0.1", 0))
         for node in ("sw0", "h4", "h0"):
             address = topo.nodes[node].address
@@ -652,14 +655,15 @@ def test_a_peer_that_breaks_the_framing_stops_the_run_and_the_node_says_why() ->
         if os.environ.get("CI") == "true":
             pytest.fail(message + "; CI runs as root", pytrace=False)
         pytest.skip(message)
+    from rocev2_emu.fabric.blocks import running
     from rocev2_emu.topology.file import load
 
     topo_path = str(ROOT / "examples" / "topologies" / "single-switch.toml")
     flows = str(ROOT / "examples" / "flows" / "incast-4to1.toml")
-    topo = load(topo_path)
-    link = next(lk for lk, peer in topo.nodes["h4"].ports if peer == "sw0")
     run = [topo_path, "--clock", "exact", "--pace", "20000", "--flows", flows]
     with _up_until_ready(run, "h4") as proc:
+        topo = running(load(topo_path), topo_path)  # on the block the run took
+        link = next(lk for lk, peer in topo.nodes["h4"].ports if peer == "sw0")
         vxlan = bytes((0x08, 0, 0, 0)) + (link.vni << 8).to_bytes(4, "big")
         sw0, h4 = topo.nodes["sw0"].address, topo.nodes["h4"].address
         _spoofed_udp(sw0, h4, 14789, vxlan + bytes(4))
@@ -697,3 +701,32 @@ def test_a_timing_only_exact_run_over_processes_is_the_virtual_run_with_real_byt
     for r in timing["results"]:
         assert r.pop("verified") is None
     assert json.dumps(real, sort_keys=True) == json.dumps(timing, sort_keys=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_beside_another_fabric_takes_a_block_of_its_own(tmp_path: Path) -> None:
+    """The first free block's first link port taken (another fabric's switch, here a socket): a
+    run with a job takes a block after it, says so, and gives the virtual run's JSON; the block
+    is not said once the run is over."""
+    import socket
+
+    from rocev2_emu.fabric.blocks import blocks_file
+
+    topo = str(ROOT / "examples" / "topologies" / "single-switch.toml")
+    flows = str(ROOT / "examples" / "flows" / "incast-4to1.toml")
+    virtual, exact = tmp_path / "virtual.json", tmp_path / "exact.json"
+    done = _up([topo, "--virtual", "--flows", flows, "--json", str(virtual)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+        for block in range(10, 250):  # the first block free (this suite may run beside a fabric)
+            try:
+                other.bind((f"127.{block}.0.10", 14789))
+                break
+            except OSError:
+                continue
+        done = _up([topo, "--flows", flows, "--json", str(exact)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = re.search(r"on 127\.(\d+)\.0\.0/16 \(127\.10: another fabric runs there\)", done.stderr)
+    assert said is not None and int(said.group(1)) > block, done.stderr[-2000:]
+    assert exact.read_bytes() == virtual.read_bytes()
+    assert not blocks_file(topo).exists()

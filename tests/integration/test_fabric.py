@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from rocev2_emu.control import auth
+from rocev2_emu.fabric.blocks import running
 from rocev2_emu.fabric.control import control
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import leaf_spine, single_switch
@@ -145,7 +146,7 @@ def test_leaf_spine_flow_survives_a_spine_link_going_down(tmp_path: Path) -> Non
             seen += proc.stdout.readline()
         assert "ready" in seen, seen
         # the flows are running once leaf0 forwards data towards a spine (readiness, not a sleep)
-        leaf0 = load(topo).nodes["leaf0"].address
+        leaf0 = running(load(topo), str(topo)).nodes["leaf0"].address  # on the run's block
         while node_stats(topo, leaf0)["tx_packets"] < 100:
             assert time.monotonic() < deadline + 60, "the flows never started"
         down = subprocess.run(
