@@ -17,7 +17,7 @@ import os
 import sys
 
 from rocev2_emu import __version__, cores
-from rocev2_emu.cli import bench, demo, extras, fabric, perftest, scenario
+from rocev2_emu.cli import bench, demo, extras, fabric, perftest, scenario, workload
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.services import load_plugins
@@ -26,7 +26,7 @@ from rocev2_emu.runtime.sync import SyncError
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 
-__all__ = ["bench", "build_parser", "demo", "fabric", "main", "perftest", "scenario"]
+__all__ = ["bench", "build_parser", "demo", "fabric", "main", "perftest", "scenario", "workload"]
 
 _ORDER = [
     "demo",
@@ -42,6 +42,7 @@ _ORDER = [
     "compose",
     "secret",
     "scenario",
+    "workload",
     "bench",
 ]
 

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rocev2_emu.fabric import slowdown
 from rocev2_emu.fabric.agent import FlowResult, HostAgent, host_stats
 from rocev2_emu.runtime.clock import BEHIND_MARKS, beyond_key
 from rocev2_emu.stats import percentile
@@ -89,12 +90,22 @@ def fabric_stats(drivers: dict[str, EngineSwitch], agents: dict[str, HostAgent])
     return stats
 
 
-def write_json(path: str | None, results: list[FlowResult], fabric: dict[str, Any]) -> None:
-    """The flows' results and the fabric's counters as JSON (``up --json``), keys sorted: two
-    runs that agree give the same bytes."""
+def write_json(
+    path: str | None, results: list[FlowResult], fabric: dict[str, Any], topo: Topology
+) -> None:
+    """The flows' results, the fabric's counters and the FCT slowdown (each flow's ideal FCT
+    and slowdown, and the summary by size) as JSON (``up --json``), keys sorted: two runs that
+    agree give the same bytes."""
     if path is None:
         return
-    doc = {"results": [asdict(r) for r in results], "fabric": fabric}
+    doc = {
+        "results": [asdict(r) for r in results],
+        "fabric": fabric,
+        "slowdown": {
+            "flows": slowdown.slowdowns(topo, results),
+            "by_size": slowdown.summary(topo, results),
+        },
+    }
     Path(path).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
@@ -131,6 +142,8 @@ def report(
             f"# FCT p50 {statistics.median(fcts) * 1e6:.1f} us, p99 "
             f"{percentile(fcts, 0.99) * 1e6:.1f} us, max {fcts[-1] * 1e6:.1f} us"
         )
+        for line in slowdown.lines(slowdown.summary(topo, results)):
+            print(line)
     drops = fabric.get("drops", {})
     print(
         f"# fabric: PFC frames sent {fabric.get('pfc_tx', 0)}, paused "

@@ -466,7 +466,7 @@ def up(
         except SyncError as exc:
             print(f"rocev2-emu up: {exc}", file=sys.stderr)
             return 1
-        write_json(json_out, results, fabric)
+        write_json(json_out, results, fabric, topo)
         where = "local processes" if workers is None else f"{workers} worker processes"
         mode = f"{where}, clock: exact ({synced})"
         return report(topo, None, mode, results, fabric)
@@ -483,8 +483,9 @@ def up(
         raise
     if outcome is None:
         return 1  # a node died; _watch said which
-    write_json(json_out, *outcome)
-    return report(topo, tdf, "local processes, clock: wall", *outcome)
+    results, fabric = outcome
+    write_json(json_out, results, fabric, topo)
+    return report(topo, tdf, "local processes, clock: wall", results, fabric)
 
 
 def _run_exact(

@@ -167,5 +167,5 @@ def run_virtual(
     """``rocev2-emu up --virtual``: the flows in virtual time, then the report (``json_out``:
     and the JSON)."""
     results, fabric = run_flows_virtual(topo, flows, watch)
-    write_json(json_out, results, fabric)
+    write_json(json_out, results, fabric, topo)
     return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

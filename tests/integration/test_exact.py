@@ -272,7 +272,7 @@ def test_a_link_taken_down_from_outside_an_exact_run_is_the_virtual_run_failed_t
     topo = load(topo_path)
     down = change_links_at(topo, at, [("leaf0", "spine0")], up=False)
     results, fabric = run_flows_virtual(topo, load_flows(flows, topo), beside=down)
-    write_json(str(virtual), results, fabric)
+    write_json(str(virtual), results, fabric, topo)
     assert exact.read_bytes() == virtual.read_bytes()
     assert all(r.status.startswith("ok") for r in results)
     spine0 = next(i for i, (_, peer) in enumerate(topo.nodes["leaf0"].ports) if peer == "spine0")
@@ -320,7 +320,7 @@ def test_a_links_loss_set_from_outside_an_exact_run_is_the_virtual_run_lossy_fro
     topo = load(topo_path)
     lossy = change_faults_at(topo, at, [("leaf0", "spine0")], {"loss": 0.01})
     results, fabric = run_flows_virtual(topo, load_flows(flows, topo), beside=lossy)
-    write_json(str(virtual), results, fabric)
+    write_json(str(virtual), results, fabric, topo)
     assert exact.read_bytes().decode() == virtual.read_bytes().decode()
     assert fabric.get("retransmitted", 0) > 0, at  # the loss struck
     assert all(r.status.startswith("ok") for r in results)
