@@ -18,6 +18,7 @@ import contextlib
 import errno
 import os
 import socket
+from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
@@ -67,7 +68,9 @@ def running(topo: Topology, topology_path: str) -> Topology:
     return relocate(topo, block)
 
 
-def _free(topo: Topology, names: list[str]) -> bool:
+def first_taken(topo: Topology, names: Collection[str]) -> str | None:
+    """The first of ``names`` whose link port (UDP ``LINK_UDP_PORT`` on its address) another
+    process holds; None when every one is free."""
     for name in names:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             try:
@@ -75,18 +78,18 @@ def _free(topo: Topology, names: list[str]) -> bool:
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise
-                return False
-    return True
+                return name
+    return None
 
 
-def take(topo: Topology, topology_path: str, names: list[str]) -> int | None:
+def take(topo: Topology, topology_path: str, names: Collection[str]) -> int | None:
     """Put the run's nodes (``names``) on the first block where each one's link port is free,
     say it in the run directory, and return it (None: the topology pins its addresses, or the
     environment names the block - both are kept as they are)."""
     if not relocatable(topo) or ENV in os.environ:
         return None
     for block in range(FIRST, LAST + 1):
-        if _free(relocate(topo, block), names):
+        if first_taken(relocate(topo, block), names) is None:
             with contextlib.suppress(OSError):
                 blocks_file(topology_path).write_text(f"{block}\n")
             return block

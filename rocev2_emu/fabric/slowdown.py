@@ -32,13 +32,13 @@ BUCKETS: Final = (  # flow sizes, bytes: [low, high)
 )
 
 
-def path_of(topo: Topology, src: str, dst: str) -> tuple[float, float, int]:
-    """(the slowest link's rate in bit/s, the one-way propagation delay, the switches on the
-    way) from host ``src`` to host ``dst``."""
+def path_of(topo: Topology, src: str, dst: str) -> tuple[float, float]:
+    """(the slowest link's rate in bit/s, the one-way propagation delay) from host ``src`` to
+    host ``dst``."""
     link, node = topo.host_link(src)
     rate, delay = link.rate_bps, link.delay
     at = node.name
-    for switches in range(1, len(topo.nodes) + 1):  # (a path visits each node once at most)
+    for _ in range(len(topo.nodes)):  # (a path visits each node once at most)
         ports = topo.routes[at][dst]
         if not ports:
             raise ValueError(f"no route from {src} to {dst}")
@@ -46,14 +46,14 @@ def path_of(topo: Topology, src: str, dst: str) -> tuple[float, float, int]:
         rate = min(rate, link.rate_bps) if link.rate_bps else rate
         delay += link.delay
         if peer == dst:
-            return rate, delay, switches
+            return rate, delay
         at = peer
     raise ValueError(f"no route from {src} to {dst}")
 
 
 def ideal_fct(topo: Topology, src: str, dst: str, size: int) -> float:
     """Emulated seconds flow ``src`` -> ``dst`` of ``size`` bytes takes alone (the module)."""
-    rate, delay, _ = path_of(topo, src, dst)
+    rate, delay = path_of(topo, src, dst)
     if not rate:
         return 2 * delay
     packets = max(1, -(-size // topo.mtu))

@@ -11,10 +11,8 @@ crashes (``rocev2-emu stop``), as a real fabric would.  ``rocev2-emu up`` is :fu
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -192,18 +190,12 @@ def refuse_taken(topo: Topology, topo_path: str, names: Collection[str]) -> None
     """Before any node starts: every node's link port (UDP ``LINK_UDP_PORT`` on its address)
     must be free; else FabricBusy, one line naming the first address taken - a second ``up``
     of a running fabric is refused before it starts anything."""
-    for name in names:
-        address = topo.nodes[name].address
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.bind((address, LINK_UDP_PORT))
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-                raise FabricBusy(
-                    f"{address}:{LINK_UDP_PORT} ({name} of {topo_path}) is in use: a fabric on "
-                    "these addresses is running already; end it first (Ctrl-C where it runs)"
-                ) from None
+    name = blocks.first_taken(topo, names)
+    if name is not None:
+        raise FabricBusy(
+            f"{topo.nodes[name].address}:{LINK_UDP_PORT} ({name} of {topo_path}) is in use: a "
+            "fabric on these addresses is running already; end it first (Ctrl-C where it runs)"
+        )
 
 
 async def _supervise(

@@ -62,6 +62,8 @@ class Pump:
         self.clock = clock
         self.pcap = pcap
         self.core = core
+        # a timing-only NIC's frames are their headers: a capture records their whole length
+        self._elide = bool(getattr(core, "elide", False))
         self._recv = recv or port.recv
         self._send_batch: list[Callable[[list[Datagram]], int]] = (
             [port.send_batch]
@@ -125,7 +127,7 @@ class Pump:
             self._recv,
             self.pcap,
         )
-        elide = bool(getattr(core, "elide", False))  # a timing-only NIC's frames: headers
+        elide = self._elide
         deadline: float | None = None
         while True:
             now = clock.now()
@@ -178,7 +180,7 @@ class Pump:
         if not self._flush():
             return False
         pcap = self.pcap
-        elide = pcap is not None and bool(getattr(self.core, "elide", False))
+        elide = self._elide
         batch: list[Datagram] = []  # due datagrams to one link, in order, sent together
         batch_index = -1
         next_out = self.core.next_out
