@@ -162,8 +162,11 @@ class Crossbar:
             if end > now:
                 break
             self._run_for(end - self.at)
-            done = [t for t in self._active if t is first or t.remaining <= t.rate * 1e-12]
-            self._active = [t for t in self._active if t not in done]
+            done: list[_Transfer] = []
+            going: list[_Transfer] = []
+            for t in self._active:
+                (done if t is first or t.remaining <= t.rate * 1e-12 else going).append(t)
+            self._active = going
             for t in done:
                 t.remaining = 0.0
                 self._sent(t)
@@ -185,26 +188,41 @@ class Crossbar:
         self.at += dt
 
     def _share(self) -> None:
-        """Max-min fair rates by progressive filling over the ports' two directions."""
-        left: dict[tuple[str, int], float] = {}
-        users: dict[tuple[str, int], list[_Transfer]] = {}
-        for t in self._active:
-            for res in (("tx", t.src), ("rx", t.dst)):
+        """Max-min fair rates by progressive filling over the ports' two directions.
+
+        A resource is a port's direction, numbered ``port`` for its receive side and ``ports +
+        port`` for its send side (so the number orders ties as ("rx", port) < ("tx", port)).
+        Each step fixes the resource with the smallest fair share, ties to the lower number; its
+        unfixed transfers take that share, and each takes it off both its resources.  Costs
+        O(resources) a step and at most ``2 ports`` steps."""
+        active = self._active
+        if not active:
+            return
+        ports = self.ports
+        left: dict[int, float] = {}
+        users: dict[int, list[_Transfer]] = {}
+        unfixed: dict[int, int] = {}  # resource -> its transfers still without a rate
+        for t in active:
+            for res in (ports + t.src, t.dst):
                 left[res] = self.bandwidth
                 users.setdefault(res, []).append(t)
-        unfixed = set(map(id, self._active))
+                unfixed[res] = unfixed.get(res, 0) + 1
+        fixed: set[int] = set()
         while unfixed:
-            res, share = min(
-                (
-                    (r, left[r] / n)
-                    for r, ts in users.items()
-                    if (n := sum(1 for t in ts if id(t) in unfixed))
-                ),
-                key=lambda item: (item[1], item[0]),
-            )
-            for t in users[res]:
-                if id(t) in unfixed:
+            best = -1
+            share = 0.0
+            for r, n in unfixed.items():
+                s = left[r] / n
+                if best < 0 or s < share or (s == share and r < best):
+                    best, share = r, s
+            for t in users[best]:
+                if id(t) not in fixed:
                     t.rate = share
-                    unfixed.discard(id(t))
-                    for other in (("tx", t.src), ("rx", t.dst)):
+                    fixed.add(id(t))
+                    for other in (ports + t.src, t.dst):
                         left[other] -= share
+                        n = unfixed[other] - 1
+                        if n:
+                            unfixed[other] = n
+                        else:
+                            del unfixed[other]
