@@ -8,7 +8,8 @@ looked up in this rank's tables (``batch`` samples per rank x ``tables`` tables 
 forward, half backward: a stand-in for the interaction and the MLPs, which this emulator does
 not run); the **backward all-to-all** returns the embeddings' gradients to the ranks that own
 the tables; the **all-reduce** of the MLP's gradients (``mlp_bytes``, ring or hierarchical by
-``algo``).  The payloads are patterns every receiver checks (values wrong are counted).
+``algo``).  The payloads are patterns every receiver checks (values wrong are counted; None in a
+timing-only run, which carries no values).
 
 Each rank returns, per step, the emulated seconds of each phase; :func:`summary` gives the
 step time (the slowest rank's) and the **interconnect tax** split between the all-to-alls and
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.comm.communicator import Communicator
+from collectives.comm.communicator import Communicator, tally
 from collectives.jobs.registry import job
 
 DEFAULTS: dict[str, Any] = {
@@ -42,7 +43,7 @@ def _embeddings(src: int, dst: int, step: int, count: int) -> np.ndarray:
 
 
 @job("dlrm")
-async def dlrm(comm: Communicator, params: dict[str, Any]) -> list[dict[str, float]]:
+async def dlrm(comm: Communicator, params: dict[str, Any]) -> list[dict[str, Any]]:
     """``params``: those of :data:`DEFAULTS`; per step, the seconds of each phase and the
     values wrong."""
     p = DEFAULTS | params
@@ -50,7 +51,7 @@ async def dlrm(comm: Communicator, params: dict[str, Any]) -> list[dict[str, flo
     per_peer = int(p["batch"]) * int(p["tables"]) * int(p["dim"])
     mlp = np.full(int(p["mlp_bytes"]) // 4, me + 1, np.float32)
     compute = float(p["compute_us"]) * 1e-6
-    steps: list[dict[str, float]] = []
+    steps: list[dict[str, Any]] = []
     # the links, made once (as a training job's first step makes them): not timed
     await comm.all_to_all(np.zeros(n, np.float32))
     await comm.all_reduce(np.zeros(n, np.float32), algo=p["algo"])
@@ -61,28 +62,28 @@ async def dlrm(comm: Communicator, params: dict[str, Any]) -> list[dict[str, flo
         looked_up = await comm.all_to_all(out)
         t_fwd = comm.ctx.now()
         want = np.concatenate([_embeddings(src, me, step, per_peer) for src in range(n)])
-        wrong = int(np.count_nonzero(looked_up != want))
+        wrong = [comm.mismatches(looked_up, want)]
         await comm.ctx.sleep(compute)
         t_compute = comm.ctx.now()
         grads = await comm.all_to_all(-looked_up)  # each gradient back to its table's owner
         t_bwd = comm.ctx.now()
-        wrong += int(np.count_nonzero(grads != -out))
+        wrong.append(comm.mismatches(grads, -out))
         reduced = await comm.all_reduce(mlp + step, algo=p["algo"])
         end = comm.ctx.now()
-        wrong += int(np.count_nonzero(reduced != n * (n + 1) / 2 + n * step))
+        wrong.append(comm.mismatches(reduced, n * (n + 1) / 2 + n * step))
         steps.append(
             {
                 "step": end - start,
                 "all_to_all": (t_fwd - start) + (t_bwd - t_compute),
                 "all_reduce": end - t_bwd,
                 "compute": t_compute - t_fwd,
-                "wrong": wrong,
+                "wrong": tally(wrong),
             }
         )
     return steps
 
 
-def summary(results: dict[int, list[dict[str, float]]]) -> dict[str, float]:
+def summary(results: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """Over steps and ranks: the step time (the slowest rank's, averaged over steps), the
     phases' means, their shares of the step, and the values wrong."""
     ranks = list(results.values())
@@ -101,5 +102,5 @@ def summary(results: dict[int, list[dict[str, float]]]) -> dict[str, float]:
         "tax": 1 - compute / step if step else 0.0,
         "a2a_share": a2a / step if step else 0.0,
         "ar_share": ar / step if step else 0.0,
-        "wrong": sum(int(r[s]["wrong"]) for r in ranks for s in range(steps)),
+        "wrong": tally(r[s]["wrong"] for r in ranks for s in range(steps)),
     }

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import trio
@@ -64,6 +65,16 @@ __all__ = [
     "RankPlace",
     "ring_order",
 ]
+
+
+def tally(counts: Iterable[int | None]) -> int | None:
+    """The sum of counts of wrong values; None if any was not checked (a timing-only run)."""
+    total = 0
+    for n in counts:
+        if n is None:
+            return None
+        total += n
+    return total
 
 
 class Communicator(RankSession):
@@ -107,6 +118,13 @@ class Communicator(RankSession):
             raise
         nursery.start_soon(comm._watch_abort)
         return comm
+
+    def mismatches(self, got: np.ndarray, want: np.ndarray | float) -> int | None:
+        """How many values of ``got`` differ from ``want``; None in a timing-only run (the
+        fabric carried no bytes, so there is nothing to check)."""
+        if self.options.timing_only:
+            return None
+        return int(np.count_nonzero(got != want))
 
     @staticmethod
     def _check(x: np.ndarray, op: str = "sum") -> np.ndarray:

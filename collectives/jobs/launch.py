@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from collectives.comm.metrics import HostCollectiveMetrics
 from collectives.comm.store import StoreServer
 from collectives.jobs.job import host_places, run_virtual
-from rocev2_emu.experiments.harness import Mode
+from rocev2_emu.experiments.harness import Mode, with_payload_data
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
 from rocev2_emu.fabric.exact import (
@@ -288,6 +288,8 @@ def run_topology_data(
     scenario's ``mode`` says so (``tdf`` then unused).  ``prepare(topo, path)`` runs
     first (to put the path in ``params``, say); a scenario's ``mode`` may put the live map
     beside the job (``scenario NAME --ui``)."""
+    if mode is not None:
+        data = with_payload_data(data, mode.payload)
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(to_toml(data))
@@ -316,7 +318,9 @@ def run_virtual_recorded(
 ) -> tuple[dict[int, Any], dict[str, Any]]:
     """A scenario's job in virtual time (:func:`~collectives.jobs.job.run_virtual`), recorded for
     the map's replay as ``label`` when its ``mode`` records: the fabric, and every rank's
-    progress from the job's own metrics."""
+    progress from the job's own metrics; timing-only if the mode's payload says so."""
+    if mode is not None and mode.payload is not None:
+        topo.payload = mode.payload
     if mode is None or mode.record is None:
         return run_virtual(topo, job, params, flows=flows, beside=beside)
     metrics = HostCollectiveMetrics(CollectorRegistry())

@@ -5,12 +5,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from collectives.comm.communicator import tally
+
+
+def value_check(
+    rows: list[dict[str, Any]], text: str = "every value right"
+) -> list[tuple[str, bool]]:
+    """The check that every value arrived right over ``rows`` (each with its ``wrong``); none
+    when a run was timing-only (``wrong`` None: the fabric carried no values to check)."""
+    if any(r["wrong"] is None for r in rows):
+        return []
+    return [(text, all(r["wrong"] == 0 for r in rows))]
+
+
+def shown(wrong: int | None) -> str:
+    """A count of wrong values as a report line gives it."""
+    return "N/A (timing only)" if wrong is None else str(wrong)
+
 
 def job_fields(results: dict[int, Any], fab: dict[str, Any]) -> dict[str, Any]:
     """The fields of a scenario's row that every one reports: values wrong over all ranks,
     pause frames, and (with processes) late wake-ups."""
     return {
-        "wrong": sum(v["wrong"] for v in results.values()),
+        "wrong": tally(v["wrong"] for v in results.values()),
         "pfc_tx": fab["pfc_tx"],
         "late_wakeups": fab.get("late_wakeups", 0),
     }

@@ -35,7 +35,7 @@ from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
-from collectives.scenarios.common import grouped_bars, job_fields
+from collectives.scenarios.common import grouped_bars, job_fields, shown, value_check
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
@@ -111,7 +111,7 @@ async def entropy_op(comm: Communicator, p: dict[str, Any]) -> dict[str, Any]:
         want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count // n)
     else:
         want = np.full(count, n * (n + 1) / 2, np.float32)
-    return {"time": elapsed, "bytes": count * 4, "wrong": int(np.count_nonzero(got != want))}
+    return {"time": elapsed, "bytes": count * 4, "wrong": comm.mismatches(got, want)}
 
 
 def one(
@@ -172,18 +172,18 @@ def entropy(
             lines.append(
                 f"{workload:>10}, {setting:<19}: spine links max/mean {got['imbalance']:.2f}, "
                 f"busbw {got['busbw']:.2f} GB/s ({got['time'] * 1e6:.0f} us), ECN marks "
-                f"{got['ecn_marked']}, PFC frames {got['pfc_tx']}, wrong {got['wrong']}"
+                f"{got['ecn_marked']}, PFC frames {got['pfc_tx']}, wrong {shown(got['wrong'])}"
                 + (f", {got['late_wakeups']} late wake-ups" if got["late_wakeups"] else "")
             )
     if tdf is not None:  # 8 hosts: four flows per leaf over two uplinks; figures, one check
         lines.append("# with processes at this size the spread is reported, not checked")
-        check, ok = check_lines([("every value right", all(r["wrong"] == 0 for r in rows))])
+        check, ok = check_lines(value_check(rows))
         return rows, lines + check, ok
     by = {(r["workload"], r["setting"]): r for r in rows}
     one_qp = by["all-reduce", "5-tuple, 1 QP"]
     spread = by["all-reduce", "QPN hashing, 8 QPs"]
     checks = [
-        ("every value right", all(r["wrong"] == 0 for r in rows)),
+        *value_check(rows),
         (
             f"with 1 QP the 5-tuple collides: the all-reduce's spine links max/mean "
             f"{one_qp['imbalance']:.2f} >= 1.3",

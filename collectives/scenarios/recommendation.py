@@ -26,6 +26,7 @@ from typing import Any
 from collectives.bench import dlrm
 from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_virtual_recorded
+from collectives.scenarios.common import shown, value_check
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
@@ -62,10 +63,10 @@ def recommendation(
             f"{got['a2a_share']:.0%}, all-reduce {got['ar_share']:.0%}); all-to-all "
             f"{got['all_to_all'] * 1e6:.1f} us, all-reduce {got['all_reduce'] * 1e6:.1f} us a "
             f"step; PFC frames {fab['pfc_tx']}, ECN marks {fab['ecn_marked']}, wrong "
-            f"{got['wrong']}"
+            f"{shown(got['wrong'])}"
         )
     by = {r["setting"]: r for r in rows}
-    checks = [("every value right", all(r["wrong"] == 0 for r in rows))]
+    checks = value_check(rows)
     for wiring in ("rack leaves", "rails"):
         ring, hier = by[f"{wiring}, ring"], by[f"{wiring}, hierarchical"]
         checks.append(

@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import trio
 
-from collectives.comm.communicator import Communicator
+from collectives.comm.communicator import Communicator, tally
 from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.failures import failures
 from collectives.jobs.launch import run_topology_data, run_virtual_recorded
 from collectives.jobs.registry import job
-from collectives.scenarios.common import job_fields
+from collectives.scenarios.common import job_fields, shown, value_check
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
 from rocev2_emu.experiments.plots import plotted
@@ -90,7 +90,7 @@ async def spine_failure_op(comm: Communicator, p: dict[str, Any]) -> dict[str, A
     fail = p.get("fail") if r == 0 else None
     await comm.all_reduce(np.ones(1024, np.float32), algo="ring")  # makes the links
     spans: list[tuple[float, float]] = []
-    wrong = 0
+    wrong: list[int | None] = []
     failed_at = None
     for k in range(int(p["iters"])):
         await comm.barrier()
@@ -107,8 +107,8 @@ async def spine_failure_op(comm: Communicator, p: dict[str, Any]) -> dict[str, A
                     nursery.start_soon(_fail_links, fail, delay)
             got = await comm.all_reduce(np.full(count, r + k + 1, np.float32), algo="ring")
             spans.append((start, comm.ctx.now()))
-        wrong += int(np.count_nonzero(got != n * (n + 1) / 2 + n * k))
-    return {"spans": spans, "wrong": wrong, "bytes": count * 4, "failed_at": failed_at}
+        wrong.append(comm.mismatches(got, n * (n + 1) / 2 + n * k))
+    return {"spans": spans, "wrong": tally(wrong), "bytes": count * 4, "failed_at": failed_at}
 
 
 async def _fail_links(fail: dict[str, Any], delay: float) -> None:
@@ -217,7 +217,7 @@ def spine_failure(
             f"{row['after']:.2f} GB/s ({row['kept']:.0%} kept"
             + (f"; {row['quiet_after']:.2f} without the failure" if quiet else "")
             + f"); {got['link_down_drops']} frames lost with the links, "
-            f"{got['retransmitted']} retransmitted, wrong {got['wrong']}"
+            f"{got['retransmitted']} retransmitted, wrong {shown(got['wrong'])}"
             + (f", {got['late_wakeups']} late wake-ups" if got["late_wakeups"] else "")
         )
     spare, tight = rows
@@ -234,7 +234,7 @@ def spine_failure(
         + ("" if size == SIZE else f" (this run: {size} bytes)")
     )
     checks = [
-        ("no byte lost: every value right", all(r["wrong"] == 0 for r in rows)),
+        *value_check(rows, "no byte lost: every value right"),
         (
             "the failure was real: frames lost with the links and sent again",
             all(r["link_down_drops"] > 0 and r["retransmitted"] > 0 for r in rows),

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.cli.args import add_clock, positive_int
+from rocev2_emu.cli.args import add_clock, add_payload, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
@@ -58,6 +58,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="in virtual time, do not record each run (flows or a job) for the map's replay "
         "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
+    add_payload(p)
     scale = p.add_argument_group("scale (each scenario takes those its help names)")
     scale.add_argument(
         "--senders", type=positive_int, help="incast: senders (default 8; processes: 4)"
@@ -107,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         "exact": args.clock == "exact",
         "workers": args.workers,
         "scale": scale,
+        "payload": args.payload,
     }
     if args.seeds > 1:
         # a recording per seed is what --seeds 1 is for

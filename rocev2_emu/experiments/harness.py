@@ -124,6 +124,14 @@ def topology_data(
     return data
 
 
+def with_payload_data(data: dict[str, Any], payload: str | None) -> dict[str, Any]:
+    """A scenario run's topology ``data`` with the mode's ``--payload`` in its [fabric], if
+    given (a copy; ``data`` is left as it was)."""
+    if payload is None:
+        return data
+    return {**data, "fabric": {**data["fabric"], "payload": payload}}
+
+
 def fabric_run(
     data: dict[str, Any],
     flows: list[FlowSpec],
@@ -135,6 +143,7 @@ def fabric_run(
     """Run ``flows`` on the topology ``data``: in virtual time with sampled series, or as one
     process per node at ``mode.tdf`` (flow results and counters only).  ``watch``: the
     (switch, port) to sample, or a host: the switch port facing it."""
+    data = with_payload_data(data, mode.payload)
     if mode.virtual:
         topo = parse(data, "<scenario>")
         recorder = mode.record(topo, setting) if mode.record else None
@@ -182,6 +191,7 @@ class Mode:
     topology: str | None = None
     settings: tuple[str, ...] | None = None
     iterations: int | None = None
+    payload: str | None = None  # --payload: "none" for timing-only runs (None: the topology's)
     # the map: a recorder of each virtual run (by topology and setting), a live server beside
     # each run with processes (given by the CLI: this layer does not import the ui)
     record: Recorder | None = None
@@ -387,6 +397,7 @@ def main(
     exact: bool = False,
     workers: int | None = None,
     scale: dict[str, Any] | None = None,
+    payload: str | None = None,
     record: Recorder | None = None,
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
 ) -> int:
@@ -417,8 +428,10 @@ def main(
     if exact:
         where = "one process per node" if workers is None else f"{workers} worker processes"
         where += ", clock: exact"
+    if payload == "none":
+        where += ", payload: none (timing only: values not checked)"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    mode = Mode(virtual, tdf, exact, workers, **given, record=record, ui=ui)
+    mode = Mode(virtual, tdf, exact, workers, **given, payload=payload, record=record, ui=ui)
     outcome = scenario.run(seed, mode)
     for line in outcome.lines:
         print(line)

@@ -34,10 +34,11 @@ def test_a_dlrm_step_moves_every_embedding_and_gradient_right_and_splits_the_tax
     assert 0 < got["a2a_share"] + got["ar_share"] <= got["tax"] + 1e-9
 
 
-# four virtual runs of 16 accelerators of an AI zone, one step each: ~1 min here
+# four virtual runs of 16 accelerators of an AI zone, one step each, with real bytes and
+# timing-only: ~1 min here
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_recommendation_scenario_checks_pass_and_it_plots(tmp_path: Path) -> None:
+def test_the_recommendation_scenario_checks_pass_plots_and_times_the_same_without_bytes(tmp_path: Path) -> None:
     from collectives.plugin import register
     from rocev2_emu.experiments import harness
 
@@ -53,3 +54,13 @@ def test_the_recommendation_scenario_checks_pass_and_it_plots(tmp_path: Path) ->
         "rails, hierarchical",
     ]
     assert all(r["ranks"] == 16 and r["wrong"] == 0 for r in rows)
+    # timing-only (--payload none): the same report but for the values, which it does not check
+    none = tmp_path / "none"
+    code = harness.main(
+        "recommendation", seed=1, out=str(none), virtual=True, scale=scale, payload="none"
+    )
+    assert code == 0
+    data = json.loads((none / "recommendation.json").read_text())
+    assert [{**r, "wrong": 0} for r in data["runs"]] == rows
+    assert all(r["wrong"] is None for r in data["runs"])
+    assert not any("every value right" in line for line in data["report"])
