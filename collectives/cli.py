@@ -38,7 +38,7 @@ from rocev2_emu.cli.args import (
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric import blocks
-from rocev2_emu.fabric.exact import process_layout
+from rocev2_emu.fabric.layout import process_layout
 from rocev2_emu.topology.file import load, parse, resolve_names
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import NodeKind, Topology

@@ -48,7 +48,8 @@ from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.exact import JoinOptions, exact_nodes, process_groups, run_exact_process
+from rocev2_emu.fabric.exact_node import JoinOptions, exact_nodes, run_exact_process
+from rocev2_emu.fabric.layout import process_groups
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import first_exception

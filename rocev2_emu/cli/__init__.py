@@ -22,7 +22,7 @@ from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.services import load_plugins
 from rocev2_emu.runtime.ports import BATCH_IO_ENV
-from rocev2_emu.runtime.sync import SyncError
+from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 

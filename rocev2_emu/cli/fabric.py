@@ -24,7 +24,7 @@ from rocev2_emu.cli.args import (
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import blocks, control, nodes, supervisor
-from rocev2_emu.fabric.exact import run_exact_node
+from rocev2_emu.fabric.exact_node import run_exact_node
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 from rocev2_emu.testbed.compose import generate
 from rocev2_emu.topology import file as topology_file

@@ -44,7 +44,7 @@ from rocev2_emu.control import auth
 
 log = logging.getLogger(__name__)
 
-_LEN: Final = struct.Struct("!I")  # message length, network order
+LENGTH: Final = struct.Struct("!I")  # message length, network order
 MAX_MESSAGE: Final = 1 << 20
 S = TypeVar("S", bound=trio.abc.Stream)
 MAX_CONNECTIONS: Final = 256  # authenticated clients one control server holds at once
@@ -87,6 +87,12 @@ class MessageChannel:
         self._buf = bytearray()
         self.slow = False  # the last recv gave up on a message that had begun
 
+    def take_read_ahead(self) -> bytearray:
+        """What was read past the last message (a connection handed to another framing of
+        the same stream takes it); the channel keeps none of it."""
+        ahead, self._buf = self._buf, bytearray()
+        return ahead
+
     async def send(self, obj: Any) -> None:
         try:
             data = msgpack.packb(obj, use_bin_type=True)
@@ -94,7 +100,7 @@ class MessageChannel:
             raise self.error(f"cannot encode a {self.what} message: {exc}") from exc
         with trio.move_on_after(self.timeout) as scope:
             try:
-                await self.stream.send_all(_LEN.pack(len(data)) + data)
+                await self.stream.send_all(LENGTH.pack(len(data)) + data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise self.error(f"{self.what} peer went away: {exc}") from exc
         if scope.cancelled_caught:
@@ -109,17 +115,17 @@ class MessageChannel:
             if begun:
                 scope.deadline = min(scope.deadline, trio.current_time() + message_deadline)
             while True:
-                if len(self._buf) >= _LEN.size:
-                    (n,) = _LEN.unpack_from(self._buf)
+                if len(self._buf) >= LENGTH.size:
+                    (n,) = LENGTH.unpack_from(self._buf)
                     if n > max_size:
                         head = bytes(self._buf[:16])
                         raise self.error(
                             f"the {self.what} peer is not a rocev2-emu peer (its first bytes "
                             f"{head!r} announce a message of {n} bytes > {max_size})"
                         )
-                    if len(self._buf) >= _LEN.size + n:
-                        body = bytes(self._buf[_LEN.size : _LEN.size + n])
-                        del self._buf[: _LEN.size + n]
+                    if len(self._buf) >= LENGTH.size + n:
+                        body = bytes(self._buf[LENGTH.size : LENGTH.size + n])
+                        del self._buf[: LENGTH.size + n]
                         try:
                             return msgpack.unpackb(body, raw=False)
                         except Exception as exc:  # msgpack raises several types
@@ -159,10 +165,10 @@ async def serve_requests(
     ``rocev2_control_requests_rejected_total``; a client that resets the connection, sends
     garbage, or starts a message and does not finish it within ``message_deadline`` is dropped;
     none of them ends the server.  With ``secret``, the client must first prove it holds it
-    (:func:`_authenticate`); one that does not is refused before any request is read."""
+    (:func:`authenticate`); one that does not is refused before any request is read."""
     chan = MessageChannel(stream, timeout=timeout)
     try:
-        if secret is not None and not await _authenticate(chan, secret):
+        if secret is not None and not await authenticate(chan, secret):
             return
         if not admit():
             return
@@ -187,7 +193,7 @@ async def serve_requests(
         await chan.aclose()
 
 
-async def _authenticate(chan: MessageChannel, secret: bytes) -> bool:
+async def authenticate(chan: MessageChannel, secret: bytes) -> bool:
     """Challenge the client; True if it answered with the proof in time (else it is told,
     counted and the caller closes)."""
     message, nonce = auth.challenge_message()

@@ -27,18 +27,15 @@ import trio.abc
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.exact import (
-    FLOW_START,
-    ExactFlowsJob,
-    lookahead,
-    process_groups,
-    process_name,
-)
+from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
+from rocev2_emu.fabric.layout import lookahead, process_groups, process_name
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
-from rocev2_emu.runtime.sync import Coordinator, SyncAddress, SyncError, sync_label
+from rocev2_emu.runtime.coordinator import Coordinator
+from rocev2_emu.runtime.sync import SyncAddress, sync_label
+from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -214,7 +211,7 @@ async def _supervise(
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
     (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
     ``coordinator``: an exact run - it is served here and every node synchronises with it;
-    ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.exact.process_groups`)
+    ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.layout.process_groups`)
     rather than one each; ``blanks``: forked children to run them in (:func:`_supervised`)."""
     names = [n for n in topo.nodes if only is None or n in only]
     # a run with a job takes its own 127.B/16 where one is free; a fabric left running keeps

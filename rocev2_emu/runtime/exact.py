@@ -6,9 +6,10 @@ windows of :mod:`rocev2_emu.runtime.sync`.
 MockClock, applications on the engine's clock exactly as in one process) whose run loop stops
 at the end of each granted window: it reports to the coordinator, waits for the next window,
 takes in the frames other processes sent it (all of them: the coordinator says how many), and
-runs on.  A :class:`RemoteLink` is one link whose far end is in another process: the local end
-of it is a :class:`~rocev2_emu.runtime.events.Wire` with an outbox, the frames coming back are
-checked (sender, VNI, sequence) and put on the heap at their arrival time.
+runs on.  Its rooms: the frames to and from the other processes
+(:class:`~rocev2_emu.runtime.exchange.FrameExchange`), the rendezvous store's operations and
+replies, the changes to the fabric at emulated instants, the clock holds, and the barrier
+between windows (:meth:`ExactEngine._barrier`).
 """
 
 from __future__ import annotations
@@ -17,61 +18,34 @@ import contextlib
 import heapq
 import math
 import os
-import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 import trio
 import trio.testing
 
-from rocev2_emu.control.channel import MessageChannel, connection_limit, serve_requests
+from rocev2_emu.control.channel import MessageChannel
 from rocev2_emu.control.kvstore import StoreOp, StoreReply
 from rocev2_emu.runtime.engine import Engine, EngineError
-from rocev2_emu.runtime.events import Core, Node, Wire
-from rocev2_emu.runtime.link import LinkFaults
+from rocev2_emu.runtime.exchange import FrameExchange, RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import (
     BLOCK_SECONDS,
-    DONE,
     TRIO_EVERY,
-    LinkChange,
-    RunOver,
-    SyncError,
-    SyncLink,
     set_holder,
-    split_trailer,
-    with_trailer,
 )
-
-
-class RemoteLink:
-    """A link from ``node``'s ``port`` to ``peer_name`` in another process, at ``peer``
-    (its UDP address); ``vni`` names it in every datagram."""
-
-    def __init__(
-        self,
-        node: Node,
-        port: int,
-        vni: int,
-        peer_name: str,
-        peer: tuple[str, int],
-        faults: LinkFaults | None,
-    ) -> None:
-        self.node = node
-        self.port = port
-        self.vni = vni
-        self.peer_name = peer_name
-        self.peer = peer
-        far = Node(peer_name, Core())  # stands for the far end; never on this heap
-        self.wire = Wire(far, -1, faults)
-        self.wire.outbox = []
-        while len(node.wires) <= port:
-            node.wires.append(None)
-        node.wires[port] = self.wire
-        self.expect = 1  # the next sequence number due from the far end
-        self.name = f"{node.name} port {port} <- {peer_name} (VNI {vni})"
+from rocev2_emu.runtime.sync_link import SyncLink
+from rocev2_emu.runtime.sync_messages import (
+    DONE,
+    Grant,
+    LinkChange,
+    Report,
+    RunOver,
+    Stop,
+    SyncError,
+    from_coordinator,
+)
 
 
 class StoreWaiter:
@@ -116,20 +90,12 @@ class ExactEngine(Engine):
     def __init__(self, name: str, udp: UdpPort, chan: MessageChannel) -> None:
         super().__init__()
         self.name = name
-        self.udp = udp
+        self.exchange = FrameExchange(name, udp, self.events)
         self.chan = SyncLink(chan) if chan is not None else None
-        self.links: list[RemoteLink] = []
-        self._by_vni: dict[int, RemoteLink] = {}
-        self._peers: set[tuple[str, int]] = set()  # the far ends' addresses, one per process
-        self.strays = 0  # datagrams from addresses that are no peer's, dropped
-        self.sent: dict[str, int] = {}
-        self.received = 0
-        self.received_from: dict[str, int] = {}  # frames received from each other process
         self.rounds = 0
         self._inflight = math.inf  # the earliest arrival of what was sent since the last report
         self._holds = 0
         self._poke: trio.CancelScope | None = None
-        self._backlog: list[tuple[bytes, tuple[str, int]]] = []
         self._store_out: list[StoreOp] = []  # store operations since the last report
         self._store_waiters: dict[tuple[int, int], StoreWaiter] = {}  # by (host, seq)
         # a heap by arrival, then the store's order (several hosts' replies may land at once)
@@ -156,14 +122,7 @@ class ExactEngine(Engine):
         self.on_change: Callable[[LinkChange, float], None] | None = None
 
     def link(self, link: RemoteLink) -> RemoteLink:
-        if link.vni in self._by_vni:
-            raise EngineError(f"two links with VNI {link.vni} in {self.name}")
-        self.links.append(link)
-        self._by_vni[link.vni] = link
-        self._peers.add(link.peer)
-        self.sent.setdefault(link.peer_name, 0)
-        self.received_from.setdefault(link.peer_name, 0)
-        return link
+        return self.exchange.link(link)
 
     # -- the rendezvous store (rocev2_emu.control.kvstore; the coordinator keeps it) ----------
     def store_call(self, op: StoreOp) -> StoreWaiter:
@@ -217,10 +176,10 @@ class ExactEngine(Engine):
         self._wake_barrier()
         return waiter
 
-    def _change_time(self) -> float:
+    def next_change_time(self) -> float:
         return self._changes[0][0] if self._changes else math.inf
 
-    def _apply_changes(self, now: float) -> None:
+    def apply_changes(self, now: float) -> None:
         """The changes due by ``now``, in the order they were asked for at one instant."""
         changes = self._changes
         while changes and changes[0][0] <= now:
@@ -284,105 +243,23 @@ class ExactEngine(Engine):
         super()._wake()
         self._wake_barrier()
 
-    # -- frames between processes ----------------------------------------------------------
-    def _flush(self) -> None:
-        """Send what the cores put on remote links (in order, per link)."""
-        backlog = self._backlog
-        for link in self.links:
-            outbox = link.wire.outbox
-            if not outbox:
-                continue
-            for at, seq, data in outbox:
-                backlog.append((with_trailer(data, at, seq), link.peer))
-                if at < self._inflight:
-                    self._inflight = at
-            self.sent[link.peer_name] += len(outbox)
-            outbox.clear()
-
-    async def _send_backlog(self) -> bool:
-        """Send the frames for other processes; True if it had to wait for room."""
-        backlog, udp = self._backlog, self.udp
-        waited = False
-        i = 0
-        while i < len(backlog):
-            data, peer = backlog[i]
-            if udp.send_to(data, peer):
-                i += 1
-            else:
-                await udp.wait_writable()
-                waited = True
-        backlog.clear()
-        return waited
-
-    def _pull(self) -> None:
-        """Every datagram the socket holds, onto the heap (checked)."""
-        udp, events = self.udp, self.events
-        while (got := udp.recv_from()) is not None:
-            data, sender = got
-            vni = data[4] << 16 | data[5] << 8 | data[6] if len(data) >= 8 else -1
-            link = self._by_vni.get(vni)
-            if link is None or sender != link.peer:
-                if sender not in self._peers:  # a stranger's: dropped and counted
-                    self._stray(sender)
-                    continue
-                raise SyncError(
-                    f"{self.name}: a datagram from {sender[0]}:{sender[1]} with VNI {vni} is on "
-                    "no link of this node"
-                )
-            try:
-                frame, at, seq = split_trailer(data)
-            except ValueError as exc:
-                raise SyncError(f"link {link.name}: {exc}") from exc
-            if seq != link.expect:
-                raise SyncError(
-                    f"link {link.name}: frame {seq} came when {link.expect} was due (a datagram "
-                    "was lost or reordered between processes); the run stops"
-                )
-            link.expect += 1
-            self.received += 1
-            self.received_from[link.peer_name] += 1
-            events.arrive(link.node, link.port, at, seq, frame)
-
-    def _stray(self, sender: tuple[str, int]) -> None:
-        """A datagram from an address that is no peer of this process: not the run's (only
-        root could send from a peer's bound address), so it is dropped and counted - the run
-        goes on, as a switch drops a frame from a stranger.  Said on stderr at the first and
-        then at every power of two."""
-        self.strays += 1
-        if self.strays & (self.strays - 1) == 0:
-            print(
-                f"rocev2-emu: {self.name}: dropped a datagram from {sender[0]}:{sender[1]}, "
-                f"no peer of this node ({self.strays} so far)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    async def _take_in(self, expect: Any) -> bool:
-        """Until every frame the others sent this process is on the heap (``expect``: how many
-        each other process has sent it so far, the grant's); True if it had to wait for one
-        (they are usually there: each was sent before its sender reported)."""
-        if not isinstance(expect, dict):
-            raise SyncError(f"{self.name}: a grant's frame counts {expect!r:.60}")
-        self._pull()
-        got = self.received_from
-        waited = False
-        while any(got.get(sender, 0) < n for sender, n in expect.items()):
-            await self.udp.wait_readable()
-            waited = True
-            self._pull()
-        return waited
-
     # -- the windows -----------------------------------------------------------------------
-    def _report(self, to_deadline: float | None = None) -> dict[str, Any]:
+    def _flush(self) -> None:
+        """Send what the cores put on links to other processes (:meth:`FrameExchange.flush`)."""
+        first = self.exchange.flush()
+        if first < self._inflight:
+            self._inflight = first
+
+    def report(self, to_deadline: float | None = None) -> Report:
         """What this process tells the coordinator (``to_deadline``: trio's seconds to its
         next deadline, when the caller has them)."""
-        events = self.events
+        events, exchange = self.events, self.exchange
         heap_next = events.next_event_time()
         if to_deadline is None:
             to_deadline = trio.lowlevel.current_statistics().seconds_to_next_deadline
         deadline = trio.current_time() + to_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
-        nxt = min(nxt, self._inflight, self._reply_time(), self._change_time())
+        nxt = min(nxt, self._inflight, self._reply_time(), self.next_change_time())
         if self._holds or events.pending:  # held, or work due at this instant (a wake's)
             nxt = min(nxt, events.now)
         quiet = (
@@ -396,19 +273,19 @@ class ExactEngine(Engine):
         )
         ops, self._store_out = self._store_out, []
         changes, self._changes_out = self._changes_out, []
-        return {
-            "next": nxt,
-            "quiet": quiet,
-            "held": bool(self._holds),
-            "busy": self._paused,
-            "done": self._done,
-            "sent": self.sent,
-            "received": self.received,
-            "window": self.rounds,
-            "strays": self.strays,
-            "store": [op.wire() for op in ops],
-            "changes": [c.wire() for c in changes],
-        }
+        return Report(
+            nxt,
+            quiet,
+            exchange.sent,
+            exchange.received,
+            self.rounds,
+            exchange.strays,
+            ops,
+            changes,
+            held=bool(self._holds),
+            busy=self._paused,
+            done=self._done,
+        )
 
     async def _barrier(self) -> float:
         """Report, then wait for the next window (re-reporting when a kick or the end of a
@@ -429,22 +306,24 @@ class ExactEngine(Engine):
             await settle()  # a task woken while the window ran (a control request's) first
             self._trio_seen = time.monotonic()
             stats = statistics()  # (none runnable now: all blocked)
-        waited = await self._send_backlog()
+        waited = await self.exchange.send_backlog()
         chan = self.chan
         assert chan is not None
-        waited = await chan.send(self._report(stats.seconds_to_next_deadline)) or waited
+        report = self.report(stats.seconds_to_next_deadline)
+        waited = await chan.send(report.wire()) or waited
         if not waited and not self._holds and time.monotonic() - self._trio_seen < TRIO_EVERY:
             # (held - an out-of-band wait, a paused application - no window comes until trio
             # has run the task that releases it)
             came, msg = chan.recv_blocking(BLOCK_SECONDS)
-            if came and isinstance(msg, dict) and "until" in msg and "stop" not in msg:
-                until = self._granted(msg)
-                waited = await self._take_in(msg["expect"])
+            if came:
+                said = from_coordinator(msg)
+                if isinstance(said, Stop):  # the run's end, or an error
+                    return self._stopped(said)
+                self.take_grant(said)
+                waited = await self.exchange.take_in(said.expect)
                 # (a change's waiter the grant set is a task made runnable: trio runs it)
-                self.fast = not waited and not msg.get("changes")
-                return until
-            if came:  # the run's end, or an error: said below
-                return self._stopped(msg)
+                self.fast = not waited and not said.changes
+                return said.until
             self._drain_interrupts()
         while True:
             with trio.CancelScope() as scope:
@@ -460,32 +339,30 @@ class ExactEngine(Engine):
                 # window it has already granted again for it (a process that is not held never
                 # waits with work before the end of its window)
                 await settle()
-                await chan.send(self._report())
+                await chan.send(self.report().wire())
                 continue
-            if not isinstance(msg, dict) or "stop" in msg or "until" not in msg:
-                return self._stopped(msg)
-            until = self._granted(msg)
-            await self._take_in(msg["expect"])
-            return until
+            said = from_coordinator(msg)
+            if isinstance(said, Stop):
+                return self._stopped(said)
+            self.take_grant(said)
+            await self.exchange.take_in(said.expect)
+            return said.until
 
-    def _stopped(self, msg: Any) -> NoReturn:
+    def _stopped(self, stop: Stop) -> NoReturn:
         """What the coordinator said instead of a window: the run's end, or why it stopped."""
-        if isinstance(msg, dict) and msg.get("stop") == DONE:
+        if stop.reason == DONE:
             raise RunOver(self.name)
-        why = msg.get("stop") if isinstance(msg, dict) else msg
-        raise SyncError(f"{self.name}: the run was stopped: {why}")
+        raise SyncError(f"{self.name}: the run was stopped: {stop.reason}")
 
-    def _granted(self, msg: dict[str, Any]) -> float:
-        """Take in a window's grant (the store's replies, the changes to the fabric); the
-        window's end.  Its frames are taken in next (:meth:`_take_in`)."""
+    def take_grant(self, grant: Grant) -> None:
+        """Take in a window's grant (the store's replies, the changes to the fabric).  Its
+        frames are taken in next (:meth:`take_in`)."""
         self.rounds += 1
         self._inflight = math.inf
-        for at, origin, seq, value, error in msg.get("store", ()):
-            reply = StoreReply(float(at), int(origin), int(seq), value, error)
+        for reply in grant.store:
             self._replies_seen += 1
             heapq.heappush(self._replies, (reply.at, self._replies_seen, reply))
-        for item in msg.get("changes", ()):
-            change = LinkChange.from_wire(item)
+        for change in grant.changes:
             if change.at is None:
                 raise SyncError(f"{self.name}: a link change came without its instant")
             for waiter in self._asked:  # the first ask of this change: its instant
@@ -496,7 +373,6 @@ class ExactEngine(Engine):
                     break
             self._changes_seen += 1
             heapq.heappush(self._changes, (change.at, self._changes_seen, change))
-        return float(msg["until"])
 
     def install(self) -> None:
         """This trio run's engine from now on: the emulated store's and the clock holds' (a
@@ -537,7 +413,7 @@ class ExactEngine(Engine):
                 events.woke = False
                 if events.now < until:
                     if self._changes:  # rare: no call per pass in a run without changes
-                        self._apply_changes(events.now)
+                        self.apply_changes(events.now)
                     if self._replies_due(events.now):
                         continue  # the waiting tasks run first, as a trio deadline's would
                     events.run_due()
@@ -545,7 +421,7 @@ class ExactEngine(Engine):
                     if events.woke:
                         continue
                 deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
-                trio_next = min(deadline, self._reply_time(), self._change_time())
+                trio_next = min(deadline, self._reply_time(), self.next_change_time())
                 limit = min(until, trio_next)
                 nt = events.run_until(limit, None)
                 self._flush()
@@ -559,77 +435,6 @@ class ExactEngine(Engine):
                     if ahead > 0:
                         clock.jump(ahead)
                     events.now = max(events.now, nxt)
-                    await self._send_backlog()
+                    await self.exchange.send_backlog()
                     continue
                 until = await self._barrier()
-
-
-Reply = Callable[[Any], Awaitable[Any]]
-
-
-class WallServer:
-    """The control ports of an exact process (one per node it hosts), served on the wall clock
-    in one thread of their own: their deadlines (a client that does not authenticate, a
-    half-sent request) are real seconds and never emulated events, which would move the
-    fabric's clock.  Each request to ``address`` is answered by ``ports[address]`` inside the
-    emulation's trio run, at its current emulated instant; every port has its own connection
-    limits (:func:`~rocev2_emu.control.channel.connection_limit`).  One thread, not one per
-    node: a process hosting a hundred nodes (``--workers``) would otherwise carry a hundred
-    event loops beside its engine."""
-
-    def __init__(
-        self,
-        ports: dict[tuple[str, int], Reply],
-        secret: bytes,
-        interrupt: Callable[[], None] | None = None,
-    ) -> None:
-        """``interrupt``: called (in the server's thread) before each request is handed to
-        the emulation's trio run (:meth:`ExactEngine.interrupt`)."""
-        self.ports = ports
-        self.secret = secret
-        self.interrupt = interrupt
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-
-    async def start(self) -> None:
-        """Listen (in the thread), from inside the emulation's trio run; errors if it cannot."""
-        self._token = trio.lowlevel.current_trio_token()
-        thread = threading.Thread(target=self._thread, name="wall-control", daemon=True)
-        thread.start()
-        await trio.to_thread.run_sync(self._ready.wait, abandon_on_cancel=True)
-        if self._error is not None:
-            raise self._error
-
-    def _thread(self) -> None:
-        try:
-            trio.run(self._serve)
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        served = []
-        for (host, port), reply in self.ports.items():
-            listeners = await trio.open_tcp_listeners(port, host=host)
-            served.append((connection_limit(self._connection(reply)), listeners))
-        self._ready.set()
-        async with trio.open_nursery() as nursery:
-            for handler, listeners in served:
-                nursery.start_soon(trio.serve_listeners, handler, listeners)
-
-    def _connection(self, reply: Reply) -> Callable[[trio.SocketStream], Awaitable[None]]:
-        token, interrupt = self._token, self.interrupt
-
-        def call(msg: Any) -> Any:
-            if interrupt is not None:
-                interrupt()
-            return trio.from_thread.run(reply, msg, trio_token=token)
-
-        async def bridge(msg: Any) -> Any:
-            return await trio.to_thread.run_sync(call, msg)
-
-        async def connection(stream: trio.SocketStream) -> None:
-            await serve_requests(stream, bridge, timeout=3600.0, secret=self.secret)
-
-        return connection

@@ -26,16 +26,13 @@ import trio
 
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError
-from rocev2_emu.fabric.exact import (
-    Coordinator,
-    SyncError,
-    exact_nodes,
-    process_groups,
-    run_exact_process,
-)
+from rocev2_emu.fabric.exact_node import exact_nodes, run_exact_process
+from rocev2_emu.fabric.layout import process_groups
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
 from rocev2_emu.fabric.supervisor import first_exception
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
+from rocev2_emu.runtime.coordinator import Coordinator
+from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.tools.perftest.options import TITLES, PerftestError, PerftestOptions
 from rocev2_emu.tools.perftest.report import waiting_for_client
 from rocev2_emu.tools.perftest.session import converse

@@ -38,7 +38,9 @@ def test_a_dlrm_step_moves_every_embedding_and_gradient_right_and_splits_the_tax
 # timing-only: ~1 min here
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_recommendation_scenario_checks_pass_plots_and_times_the_same_without_bytes(tmp_path: Path) -> None:
+def test_the_recommendation_scenario_checks_pass_plots_and_times_the_same_without_bytes(
+    tmp_path: Path,
+) -> None:
     from collectives.plugin import register
     from rocev2_emu.experiments import harness
 

@@ -14,7 +14,8 @@ import pytest
 from collectives.jobs.job import run_host_ranks
 from collectives.jobs.launch import ExactCollectiveJob
 from rocev2_emu.cli import main
-from rocev2_emu.runtime.sync import Coordinator, SyncError
+from rocev2_emu.runtime.coordinator import Coordinator
+from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs import RemoteVerbsError

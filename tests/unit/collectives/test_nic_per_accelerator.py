@@ -18,7 +18,7 @@ from collectives.comm.cost import hierarchy_ratio
 from collectives.comm.placement import hierarchy, ring_order
 from collectives.jobs.job import places_for, run_virtual, server_ranks
 from collectives.launcher import launch
-from rocev2_emu.fabric.exact import process_groups, process_layout
+from rocev2_emu.fabric.layout import process_groups, process_layout
 from rocev2_emu.testbed import compose
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, ai_zone, fat_tree, leaf_spine, single_switch

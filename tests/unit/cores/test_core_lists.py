@@ -3,7 +3,8 @@
 (``[tool.rocev2-emu] compiled-cores``) and everything compiled is sans-IO, but for the
 exceptions named here with why - the collectives' ring operation and link ends (compiled, a
 NIC's completion handler runs them per chunk; they import trio for the task that waits on an
-operation) and the pcap writer (sans-IO, not compiled: its cost is the file's)."""
+operation) and the pcap writer and the exact mode's messages and decisions (sans-IO, not
+compiled: their cost is the file's, or a window's)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[3]
 # compiled, not sans-IO: they run per chunk inside the NIC's completion handler, and import
 # trio (an operation's caller awaits its end) and numpy
 COMPILED_BEYOND_SANS_IO = {"collectives.comm.links", "collectives.comm.ring"}
-# sans-IO, not compiled: the pcap writer's cost is the file's, not the interpreter's
-SANS_IO_NOT_COMPILED = {"rocev2_emu.wire.pcap"}
+# sans-IO, not compiled: the pcap writer's cost is the file's, not the interpreter's; the
+# exact mode's messages and its coordinator's decisions run once a window, not once a frame
+SANS_IO_NOT_COMPILED = {
+    "rocev2_emu.wire.pcap",
+    "rocev2_emu.runtime.sync_messages",
+    "rocev2_emu.runtime.rounds",
+}
 
 
 def _lists() -> tuple[set[str], list[str]]:

@@ -1,4 +1,4 @@
-"""The process of an exact run: what it sets up before its trio run (rocev2_emu.fabric.exact)."""
+"""The process of an exact run: what it sets up before its trio run (fabric/exact_node.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 PROCESS = """
 import os
-from rocev2_emu.fabric.exact import run_exact_process
-from rocev2_emu.runtime.sync import RunOver
+from rocev2_emu.fabric.exact_node import run_exact_process
+from rocev2_emu.runtime.sync_messages import RunOver
 
 async def main():
     policies = {os.SCHED_OTHER: "other", os.SCHED_BATCH: "batch"}

@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 
 from rocev2_emu.fabric.agent import MAX_OPEN_FLOWS, FlowSpec, OpenFlows, open_flows_on
-from rocev2_emu.fabric.exact import (
-    by_process,
-    open_batches,
-    process_groups,
-    process_name,
-    run_exact_node,
-)
+from rocev2_emu.fabric.exact_node import run_exact_node
+from rocev2_emu.fabric.layout import by_process, open_batches, process_groups, process_name
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
@@ -103,18 +98,18 @@ def test_a_process_of_many_nodes_raises_its_open_file_limit_or_says_why_not(
     a soft limit of 1 024 is raised to the hard one; a hard limit below that is one line."""
     import resource
 
-    from rocev2_emu.fabric import exact
+    from rocev2_emu.fabric import exact_node
 
     limits = {"now": (1024, 4096)}
     monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
     monkeypatch.setattr(resource, "setrlimit", lambda _, lim: limits.update(now=lim))
-    exact._enough_files(672, metrics=True)
+    exact_node.enough_files(672, metrics=True)
     assert limits["now"] == (4096, 4096)
-    exact._enough_files(8, metrics=True)  # enough already: unchanged
+    exact_node.enough_files(8, metrics=True)  # enough already: unchanged
     assert limits["now"] == (4096, 4096)
     limits["now"] = (1024, 1024)
     with pytest.raises(ValueError, match=r"host 672 nodes and needs about 2080 open files"):
-        exact._enough_files(672, metrics=True)
+        exact_node.enough_files(672, metrics=True)
 
 
 def test_a_flows_job_opens_runs_of_flows_whose_sources_share_a_process() -> None:

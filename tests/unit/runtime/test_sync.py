@@ -1,9 +1,9 @@
-"""The exact mode's synchronisation (rocev2_emu/runtime/sync.py) and the checks an exact engine
-makes of every frame from another process (rocev2_emu/runtime/exact.py)."""
+"""The exact mode's synchronisation (rocev2_emu/runtime/sync.py, its messages and the
+coordinator's decisions, stepped by hand) and the checks an exact engine makes of every frame
+from another process (rocev2_emu/runtime/exact.py)."""
 
 from __future__ import annotations
 
-import heapq
 import math
 import socket
 from functools import partial
@@ -13,22 +13,23 @@ import trio
 import trio.testing
 
 from rocev2_emu.control.channel import ControlError
+from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.events import Core, Node
-from rocev2_emu.runtime.exact import ExactEngine, RemoteLink
+from rocev2_emu.runtime.exact import ExactEngine
+from rocev2_emu.runtime.exchange import RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
-from rocev2_emu.runtime.sync import (
-    TRAILER,
-    Coordinator,
+from rocev2_emu.runtime.rounds import STALL_SECONDS, Rounds, next_window
+from rocev2_emu.runtime.sync import TRAILER, split_trailer, with_trailer
+from rocev2_emu.runtime.sync_messages import (
+    Grant,
+    Hello,
     LinkChange,
     Report,
     RunOver,
     SyncError,
-    Window,
     change_faults,
     ended_normally,
-    next_window,
-    split_trailer,
-    with_trailer,
+    from_coordinator,
 )
 
 
@@ -113,7 +114,7 @@ def _pull_when_here(engine: ExactEngine, udp: UdpPort) -> None:
     udp.sock.setblocking(False)
     udp._split.append(memoryview(data))
     udp._split_from = sender
-    engine._pull()
+    engine.exchange.pull()
 
 
 def test_frames_from_another_process_land_on_the_heap_in_order_and_a_gap_stops_the_run() -> None:
@@ -121,7 +122,7 @@ def test_frames_from_another_process_land_on_the_heap_in_order_and_a_gap_stops_t
     try:
         peer.sendto(_datagram(5, 1), udp.address)
         _pull_when_here(engine, udp)
-        assert engine.received == 1 and engine.events.next_event_time() == 1e-6
+        assert engine.exchange.received == 1 and engine.events.next_event_time() == 1e-6
         peer.sendto(_datagram(5, 3), udp.address)  # 2 never came
         with pytest.raises(SyncError, match=r"n0 port 0 <- n1 \(VNI 5\): frame 3 came when 2"):
             _pull_when_here(engine, udp)
@@ -142,7 +143,7 @@ async def test_a_window_waits_for_each_senders_frames_not_for_a_total() -> None:
     taken = trio.Event()
 
     async def take_in() -> None:
-        await engine._take_in({"n1": 1})
+        await engine.exchange.take_in({"n1": 1})
         taken.set()
 
     try:
@@ -152,10 +153,10 @@ async def test_a_window_waits_for_each_senders_frames_not_for_a_total() -> None:
                 await trio.lowlevel.wait_readable(udp.sock)
                 nursery.start_soon(take_in)
                 await trio.testing.wait_all_tasks_blocked()  # it took that one in, and waits
-                assert engine.received == 1 and not taken.is_set()
+                assert engine.exchange.received == 1 and not taken.is_set()
                 one.sendto(_datagram(5, 1), udp.address)
                 await taken.wait()
-        assert engine.received_from == {"n1": 1, "n2": 1}
+        assert engine.exchange.received_from == {"n1": 1, "n2": 1}
     finally:
         for sock in (one, two, stranger):
             sock.close()
@@ -167,10 +168,10 @@ def test_a_datagram_from_a_stranger_is_dropped_and_counted_and_the_run_goes_on()
     try:
         stranger.sendto(_datagram(5, 1), udp.address)  # the link's VNI, the next sequence
         _pull_when_here(engine, udp)
-        assert (engine.strays, engine.received) == (1, 0)
+        assert (engine.exchange.strays, engine.exchange.received) == (1, 0)
         peer.sendto(_datagram(5, 1), udp.address)  # the peer's own frame 1 is still due
         _pull_when_here(engine, udp)
-        assert (engine.strays, engine.received) == (1, 1)
+        assert (engine.exchange.strays, engine.exchange.received) == (1, 1)
     finally:
         udp.close()
         peer.close()
@@ -217,28 +218,49 @@ def test_a_link_change_crosses_the_wire_and_a_malformed_one_is_named() -> None:
             LinkChange.from_wire(bad)
 
 
-class _Chan:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, object]] = []
+def _joined(names: list[str], lookahead: float = 1e-6) -> Rounds:
+    """Decisions for ``names``, every one joined and the first poll granted (at 0)."""
+    rounds = Rounds(names, lookahead)
+    for name in names:
+        assert rounds.join(name, ()) is None
+    assert rounds.join(names[0], ()) is not None  # twice: refused
+    rounds.release()
+    for name in names:
+        rounds.take(name, Report(0.0, False, {}, 0))
+    plan = rounds.plan()
+    assert plan is not None and plan.kind == "poll"
+    assert [g.until for _, g in rounds.grants(plan)] == [0.0] * len(names)
+    return rounds
 
-    async def send(self, msg: dict[str, object]) -> None:
-        self.sent.append(msg)
+
+def _window(rounds: Rounds, reports: dict[str, Report]) -> dict[str, Grant]:
+    """Every process reports (as of the windows it was granted); the grants that follow."""
+    done = False
+    for name, report in reports.items():
+        report.window = rounds.granted[name]
+        done = rounds.take(name, report)
+    assert done
+    plan = rounds.plan()
+    assert plan is not None
+    return dict(rounds.grants(plan))
 
 
-async def test_a_link_change_goes_to_every_process_with_the_next_window_not_too_late() -> None:
-    c = Coordinator(["h0", "sw0", "sw1"], 1e-6, b"")
-    chans = c._chans = {name: _Chan() for name in c.names}
-    idle = Report(next_time=1.0, quiet=False, sent={}, received=0)
-    c.reports = dict.fromkeys(c.names, idle)
+def test_a_link_change_goes_to_every_process_with_the_next_window_not_too_late() -> None:
+    rounds = _joined(["h0", "sw0", "sw1"])
     change = LinkChange(5e-6, (("sw0", "sw1"),), False)
-    c._take_changes("h0", [change])
-    # every process would be skipped (nothing before the window's end): the change wakes all
-    await c._grant(Window(6e-6))
-    assert all(chan.sent[-1]["changes"] == [change.wire()] for chan in chans.values())
-    await c._grant(Window(7e-6), everyone=True)
-    assert all("changes" not in chan.sent[-1] for chan in chans.values())  # handed out once
+    asked = Report(1.0, False, {}, 0, changes=[change])
+    # every process would be skipped (nothing before the window's end): the change wakes all,
+    # and the window ends one lookahead after it
+    grants = _window(
+        rounds, {"h0": asked, **{n: Report(1.0, False, {}, 0) for n in ["sw0", "sw1"]}}
+    )
+    assert sorted(grants) == ["h0", "sw0", "sw1"]
+    assert all(g.changes == [change] and g.until == 6e-6 for g in grants.values())
+    assert all(from_coordinator(g.wire()) == g for g in grants.values())  # typed both ways
+    grants = _window(rounds, {n: Report(1.0, False, {}, 0) for n in rounds.names})
+    assert all(g.changes == [] for g in grants.values())  # handed out once
     with pytest.raises(SyncError, match=r"node h0: a link change at t=5\.000 us comes after"):
-        c._take_changes("h0", [change])  # the run reached 7 us
+        rounds.ask("h0", [change])  # the run reached 1 s
 
 
 async def test_an_engine_applies_a_change_when_its_clock_reaches_the_instant() -> None:
@@ -253,17 +275,17 @@ def _changes_at_their_instants(engine: ExactEngine) -> None:
     seen: list[tuple[LinkChange, float]] = []
     engine.on_change = lambda change, now: seen.append((change, now))
     late, early = LinkChange(9e-6, (("a", "b"),), True), LinkChange(4e-6, (("a", "b"),), False)
-    for n, (at, change) in enumerate(((9e-6, late), (4e-6, early))):
-        heapq.heappush(engine._changes, (at, n, change))
-    assert engine._change_time() == 4e-6
-    engine._apply_changes(3e-6)
+    for change in (late, early):
+        engine.take_grant(Grant(1e-6, changes=[change]))
+    assert engine.next_change_time() == 4e-6 and engine.rounds == 2
+    engine.apply_changes(3e-6)
     assert seen == []
-    engine._apply_changes(5e-6)
-    assert seen == [(early, 5e-6)] and engine._change_time() == 9e-6
+    engine.apply_changes(5e-6)
+    assert seen == [(early, 5e-6)] and engine.next_change_time() == 9e-6
     engine.events.now = 1e-6
     engine.change_links(2e-6, [("a", "b")], up=False)
-    assert engine._report()["changes"] == [[2e-6, [["a", "b"]], False]]
-    assert engine._report()["changes"] == []  # said once
+    assert engine.report().changes == [LinkChange(2e-6, (("a", "b"),), False)]
+    assert engine.report().changes == []  # said once
 
 
 async def test_a_paused_engine_reports_now_busy_and_never_quiet_until_it_resumes() -> None:
@@ -274,50 +296,59 @@ async def test_a_paused_engine_reports_now_busy_and_never_quiet_until_it_resumes
         engine = ExactEngine("h0", udp, chan=None)  # type: ignore[arg-type]
         engine.origin = trio.current_time()
         engine.events.now = 3e-6
-        idle = engine._report()
-        assert idle["next"] == math.inf and idle["quiet"] and not idle["busy"]
+        idle = engine.report()
+        assert idle.next_time == math.inf and idle.quiet and not idle.busy
         engine.pause()
         engine.pause()  # twice is once
-        paused = engine._report()
-        assert paused["next"] == 3e-6 and paused["held"] and paused["busy"]
-        assert not paused["quiet"] and not paused["done"]
+        paused = engine.report()
+        assert paused.next_time == 3e-6 and paused.held and paused.busy
+        assert not paused.quiet and not paused.done
+        assert Report.from_wire(paused.wire()) == paused
         engine.resume()
-        assert engine.holds == 0 and engine._report()["next"] == math.inf
+        assert engine.holds == 0 and engine.report().next_time == math.inf
         engine.pause()
         engine.finished()  # a finished application is not paused
-        done = engine._report()
-        assert done["done"] and not done["busy"] and engine.holds == 0
+        done = engine.report()
+        assert done.done and not done.busy and engine.holds == 0
     finally:
         udp.close()
 
 
-async def test_a_process_with_work_before_the_end_of_its_window_gets_it_again() -> None:
+def test_a_process_with_work_before_the_end_of_its_window_gets_it_again() -> None:
     """A process woken while it waited for a window (its clock was paused or held) may report
     work before the end of the window it was granted, which no new window can move past: the
     coordinator grants it that window again, alone; a process still held is not woken."""
-    c = Coordinator(["a", "b", "c"], 1e-6, b"")
-    chans = c._chans = {name: _Chan() for name in c.names}
-    c.connected.set()
-    c.held, c.until = False, 5e-6
-    c.reports = {
+    rounds = _joined(["a", "b", "c"])
+    _window(rounds, {n: Report(4e-6, False, {}, 0) for n in rounds.names})
+    until = rounds.until
+    assert until == pytest.approx(5e-6)
+    for name, report in {
         "a": Report(3e-6, False, {}, 0),  # woken: work at 3 us, granted until 5 us
-        "b": Report(3.5e-6, False, {}, 0),  # held (an out-of-band wait): it waits
+        "b": Report(3.5e-6, False, {}, 0, held=True),  # an out-of-band wait: it waits
         "c": Report(9e-6, False, {"a": 2}, 0),
-    }
-    c._holding = {"b"}
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(c._rounds)
-        c._changed.set()
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.cancel_scope.cancel()
-    assert chans["a"].sent == [{"until": 5e-6, "expect": {"c": 2}}]
-    assert chans["b"].sent == chans["c"].sent == []
-    assert "a" not in c.reports and c.until == 5e-6  # its fresh report decides what follows
+    }.items():
+        report.window = rounds.granted[name]
+        rounds.take(name, report)
+    plan = rounds.plan()
+    assert plan is not None and plan.kind == "again" and plan.again == ["a"]
+    assert rounds.grants(plan) == [("a", Grant(until, {"c": 2}))]
+    assert "a" not in rounds.reports and rounds.until == until  # its fresh report decides next
+    assert "no report from a" in rounds.stalled()
+
+
+class _Chan:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send(self, msg: dict[str, object]) -> bool:
+        self.sent.append(msg)
+        return False
 
 
 async def test_the_coordinator_waits_for_every_application_to_finish() -> None:
     c = Coordinator(["h0", "h1", "sw"], 1e-6, b"")
-    c._chans = {name: _Chan() for name in c.names}
+    for name in c.names:
+        c.attach(name, _Chan())
     finished = trio.Event()
 
     async def wait() -> None:
@@ -329,8 +360,7 @@ async def test_the_coordinator_waits_for_every_application_to_finish() -> None:
         for name in ("h0", "sw", "h1"):
             await trio.testing.wait_all_tasks_blocked()
             assert not finished.is_set()
-            c._done.add(name)
-            c._done_changed.set()
+            await c.take(name, Report(math.inf, True, {}, 0, done=True))
         await finished.wait()
 
 
@@ -345,18 +375,18 @@ async def test_a_local_run_s_nodes_join_over_a_unix_socket_removed_afterwards() 
     """``serve(local=True)`` (what ``rocev2-emu up`` does for its own node processes) gives a
     Unix socket's path; a node joins there, proving the secret, and the folder goes with the
     coordinator."""
-    from rocev2_emu.fabric.exact import _join
+    from rocev2_emu.fabric.exact_node import join_coordinator
 
     coordinator = Coordinator(["a"], 1e-6, b"the fabric's secret")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             where = await nursery.start(partial(coordinator.serve, local=True))
             assert isinstance(where, str) and await trio.Path(where).exists()
-            chan = await _join(where, b"the fabric's secret", 0.0)
-            await chan.send({"hello": "a", "origin": []})
+            chan = await join_coordinator(where, b"the fabric's secret", 0.0)
+            await chan.send(Hello("a").wire())
             await coordinator.connected.wait()
             with pytest.raises(ControlError, match="no coordinator at /"):
-                await _join(where + "-not-there", b"the fabric's secret", 0.0)
+                await join_coordinator(where + "-not-there", b"the fabric's secret", 0.0)
             await chan.aclose()
             nursery.cancel_scope.cancel()
     assert not await trio.Path(where).parent.exists()
@@ -400,30 +430,31 @@ def test_a_run_that_stops_moving_is_named_stall_seconds_after_its_last_round() -
     """A process that froze 50 s after the last look of the stall watch was named 60 s later
     than it should have been (the watch looked once per 60 s); now STALL_SECONDS after the
     last round that completed, to the second of the (mock) clock."""
-    from rocev2_emu.runtime.sync import STALL_SECONDS
-
     said: list[float] = []
+    why: list[str] = []
 
     async def main() -> None:
         c = Coordinator(["a", "b"], 1e-6, b"")
-        c._chans = {name: _Chan() for name in c.names}
-        c.connected.set()
-        c.held = False
-        c.reports = {"a": Report(1.0, False, {}, 0)}  # b never reports again
+        for name in c.names:
+            c.attach(name, _Chan())
+        c.release()
+        await c.take("a", Report(1.0, False, {}, 0))  # b never reports
 
         async def rounds() -> None:
             try:
-                await c._rounds()
-            except SyncError:
+                await c.run_rounds()
+            except SyncError as exc:
                 said.append(trio.current_time())
+                why.append(str(exc))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rounds)
             await trio.sleep(50.0)
-            c._moved_at = trio.current_time()  # the run's last round, 50 s in (completed by a
+            c.moved_at = trio.current_time()  # the run's last round, 50 s in (completed by a
             # report, which decides it in its connection's task: the watch is not woken)
             await trio.sleep(1000.0)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert said == [50.0 + STALL_SECONDS]
+    assert "no report from b" in why[0]

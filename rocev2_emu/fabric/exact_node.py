@@ -1,0 +1,501 @@
+"""The node side of the exact process mode: a process hosting one node or a group of them
+(``rocev2-emu node TOPOLOGY NAME --clock exact --sync HOST:PORT``) joins the run's coordinator,
+builds its cores exactly as the virtual fabric does (:mod:`rocev2_emu.fabric.virtual`) - the
+same seeded QPNs and PSNs, the same link faults - serves its control ports as a process-mode
+node does, and runs its :class:`~rocev2_emu.runtime.exact.ExactEngine` window by window.
+The supervisor's side is :mod:`rocev2_emu.fabric.exact`.
+
+A change from outside the run (``rocev2-emu link``, the map's clicks) is the
+``change_links`` control request to any node: the node asks for it without an instant, the
+coordinator gives it the first instant no process has passed, and the reply names that
+instant.  The per-port commands (``set_link``, ``set_faults``, ``set_routes``) are refused:
+one switch alone would change at no instant the others share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
+
+from rocev2_emu.control import auth
+from rocev2_emu.control.channel import ControlError, MessageChannel, prove_secret, stop_soon
+from rocev2_emu.control.requests import Handler, NoFields, Table
+from rocev2_emu.fabric.agent import (
+    CONTROL_PORT,
+    AgentServer,
+    HostAgent,
+    OpenFlows,
+    open_flows_on,
+)
+from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
+from rocev2_emu.fabric.layout import MAX_PROCESS_NODES, process_groups, process_name
+from rocev2_emu.fabric.nodes import (
+    METRICS_PORT,
+    host_agent,
+    host_config,
+    link_faults,
+    map_handler,
+    metrics_url,
+)
+from rocev2_emu.fabric.services import host_services
+from rocev2_emu.nic.driver import EngineNic
+from rocev2_emu.nic.metrics import nic_registry
+from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.collector import engine_collector
+from rocev2_emu.runtime.determinism import canonical_trio_scheduler
+from rocev2_emu.runtime.events import Node
+from rocev2_emu.runtime.exact import ExactEngine
+from rocev2_emu.runtime.exchange import RemoteLink
+from rocev2_emu.runtime.metrics import serve_nodes
+from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.sync import SyncAddress, sync_label
+from rocev2_emu.runtime.sync_messages import (
+    MAX_CHANGE_LINKS,
+    Hello,
+    LinkChange,
+    change_faults,
+    ended_normally,
+)
+from rocev2_emu.runtime.wall_server import Reply, WallServer
+from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
+from rocev2_emu.verbs.api import Context
+from rocev2_emu.wire.ethernet import LINK_UDP_PORT
+from switch.driver import EngineSwitch
+from switch.metrics import SwitchCollector
+from switch.node import control_replies, control_table
+from switch.pipeline import SwitchCore
+
+
+def run_exact_node(
+    topo: Topology,
+    names: list[str],
+    sync: SyncAddress,
+    *,
+    metrics: bool = True,
+    workers: int | None = None,
+    metrics_addr: str | None = None,
+    join_timeout: float = 0.0,
+) -> None:
+    """``rocev2-emu node TOPOLOGY NAME[,NAME...] --clock exact``: these nodes (one process of
+    :func:`process_groups` with ``workers``) until the coordinator ends the run (``metrics``:
+    serving /metrics, in emulated time; ``metrics_addr``: there rather than at the node's
+    address, for a process of one node - a container's 0.0.0.0).  ``join_timeout``: wall
+    seconds to wait for the coordinator to listen (a container started before the job that
+    serves it); 0: it must listen already."""
+    unknown = [n for n in names if n not in topo.nodes]
+    if unknown:
+        raise ValueError(f"{topo.path}: no node named {unknown[0]!r}")
+    groups = process_groups(topo, workers)
+    if sorted(names) not in (sorted(g) for g in groups):
+        hint = f"one of {[process_name(g) for g in groups]}"
+        if workers is None:  # one node, or the hosts of one server
+            hint = process_name(next(g for g in groups if names[0] in g))
+        raise ValueError(f"{process_name(names)}: a process of this run hosts {hint}")
+    if metrics_addr is not None and len(names) > 1:
+        raise ValueError("--metrics-addr: a process of several nodes serves each at its address")
+    enough_files(len(names), metrics)
+    where = JoinOptions(metrics_addr, join_timeout)
+    run_exact_process(partial(_exact_process, topo, groups, names, sync, metrics, where))
+
+
+def run_exact_process(main: Callable[[], Awaitable[None]]) -> None:
+    """``main`` as (the trio run of) one process of an exact run: trio under MockClock with
+    the canonical scheduler, until the coordinator ends the run (its RunOver is the normal end;
+    anything else is raised)."""
+    canonical_trio_scheduler()
+    batch_scheduling()
+    try:
+        with engine_collector():
+            trio.run(main, clock=trio.testing.MockClock())
+    except BaseException as exc:
+        if not ended_normally(exc):
+            raise
+
+
+def batch_scheduling() -> None:
+    """This process (and the threads it starts from now on) under Linux's ``SCHED_BATCH``: a
+    node process the coordinator wakes with a grant no longer preempts the coordinator on
+    its CPU.  Under the default policy a woken node took the CPU from the coordinator between
+    two grants of one window, and the other node waited for its grant until the scheduler gave
+    the coordinator a CPU again: 1-4 ms in 81-99 of 846 windows of ``bench virtual b --workers
+    2``, 0.27-0.36 s of the run; under SCHED_BATCH 0-1 windows.  It changes only when a process
+    gets a CPU, never what it computes (the exact run's results are the same).  Any process may
+    take it (priority 0, no privilege); where the call is missing or refused (another OS, a
+    sandbox) the process keeps its policy."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+FILES_PER_NODE: Final = 3  # its control listener and /metrics listener, a control connection
+FILES_BESIDE: Final = 64  # the link socket, the coordinator, trio's own, imports, a scrape
+
+
+def enough_files(nodes: int, metrics: bool) -> None:
+    """A process hosting many nodes (``--workers``) holds a few sockets per node: raise the
+    soft limit on open files to the hard one when it is short (as servers do), or say in one
+    line why the process cannot start."""
+    need = nodes * (FILES_PER_NODE if metrics else FILES_PER_NODE - 1) + FILES_BESIDE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ValueError(
+            f"this process would host {nodes} nodes and needs about {need} open files; the "
+            f"limit is {hard} (ulimit -Hn): raise it, or give --workers more processes"
+        )
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLinks:
+    """The links between each pair of nodes (``[[a, b], ...]``) down or ``up`` - or, with
+    ``faults`` (``{"loss": p, "delay": s, ...}``), taking those faults over their own, both
+    directions - at the first emulated instant the run can take it; the reply ``{"at":
+    seconds}``."""
+
+    pairs: list[Any]
+    up: bool  # said even with faults (true), so that a request that forgets it is refused
+    faults: Any = None
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.pairs) <= MAX_CHANGE_LINKS:
+            raise ValueError(f"pairs: 1 to {MAX_CHANGE_LINKS} links at once")
+        for i, pair in enumerate(self.pairs):
+            if not (
+                isinstance(pair, list | tuple)
+                and len(pair) == 2
+                and all(isinstance(n, str) for n in pair)
+            ):
+                raise ValueError(f"pairs[{i}]: {pair!r:.60} is not [a, b] node names")
+        if self.faults is not None:
+            change_faults(self.faults)  # a map of LinkFaults' fields, each a number
+
+
+# the commands a node process answers for itself (on any of its nodes' control ports)
+PROCESS_COMMANDS: Final = frozenset(
+    {"engine", "node_stats", "change_links", "stop", "open_flows", "for_nodes"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessNodes:
+    """A request about some nodes of the process asked, by name: 1 to 32 of them at once (a
+    request per process, not per node, and its reply well under a control message's 1 MiB)."""
+
+    names: list[Any]
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.names) <= MAX_PROCESS_NODES:
+            raise ValueError(f"names: 1 to {MAX_PROCESS_NODES} nodes at once")
+        if not all(isinstance(n, str) for n in self.names):
+            raise ValueError("names: node names are strings")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats(ProcessNodes):
+    """The ``stats`` reply of each node of ``names``: ``{"nodes": {name: stats}}`` (a run's
+    closing read asks each process, not each node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForNodes(ProcessNodes):
+    """``request`` to each node of ``names`` in turn, as if sent to its own control port:
+    ``{"replies": [reply, ...]}`` in the order of ``names`` (a job tells each process its hosts
+    in one request - a connection and a thread's hand-over per process, not per host).  Not a
+    command of the process itself (``for_nodes``, ``node_stats``, ``stop``...): only what a
+    node answers."""
+
+    request: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        ProcessNodes.__post_init__(self)
+        cmd = self.request.get("cmd")
+        if not isinstance(cmd, str) or cmd in PROCESS_COMMANDS:
+            raise ValueError(f"request: a command of a node, not {cmd!r:.40}")
+
+
+def change_links_handler(topo: Topology, engine: ExactEngine) -> Handler:
+    """``change_links``: see :class:`ChangeLinks`."""
+
+    async def change_links(req: ChangeLinks) -> dict[str, Any]:
+        pairs = [(str(a), str(b)) for a, b in req.pairs]
+        faults = None
+        try:
+            link_indices(topo, pairs)
+            if req.faults is not None:
+                changed_faults(topo, pairs, req.faults, exact=True)  # checked before the run
+                faults = change_faults(req.faults)
+        except TopologyError as exc:
+            raise ValueError(str(exc)) from None
+        waiter = engine.change_links(None, pairs, up=req.up, faults=faults)
+        # no deadline here (it would be an emulated one): the client's, on the wall clock
+        await waiter.event.wait()
+        return {"at": waiter.at}
+
+    return change_links
+
+
+REFUSED: Final = ("set_link", "set_faults", "set_routes")
+
+
+async def _refuse(_: Any) -> dict[str, Any]:
+    raise ValueError(
+        "an exact run changes its fabric only at emulated instants, everywhere at once: take "
+        "links down or up, or change their faults, with change_links (rocev2-emu link, the "
+        "map); routes from outside are not taken (use --clock wall)"
+    )
+
+
+def refusals(table: Table) -> Table:
+    """The per-port commands of ``table`` (their requests still checked), each answered that an
+    exact run changes its fabric only at emulated instants, everywhere at once."""
+
+    return {cmd: (table[cmd][0], _refuse) for cmd in REFUSED if cmd in table}
+
+
+@dataclass(frozen=True, slots=True)
+class JoinOptions:
+    """How a node process started from outside (a container) joins its run."""
+
+    metrics_addr: str | None = None  # where its one node serves /metrics (None: its address)
+    join_timeout: float = 0.0  # wall seconds to wait for the coordinator to listen
+
+
+async def _exact_process(
+    topo: Topology,
+    groups: list[list[str]],
+    names: list[str],
+    sync: SyncAddress,
+    metrics: bool,
+    join: JoinOptions,
+) -> None:
+    """One node process of an exact run (:func:`exact_nodes`), until the run ends."""
+    async with exact_nodes(topo, groups, names, sync, metrics, join) as process:
+        for node in process.nodes:
+            print(
+                f"READY {node.name} metrics={metrics_url(node.address, metrics)} "
+                f"control={node.address}:{CONTROL_PORT} clock=exact",
+                flush=True,
+            )
+        await trio.sleep_forever()
+
+
+@dataclass(slots=True)
+class ExactProcess:
+    """What :func:`exact_nodes` runs: the engine, its nodes, their hosts' contexts and
+    registries by name."""
+
+    engine: ExactEngine
+    nodes: list[Any]
+    contexts: dict[str, Context]
+    registries: dict[str, CollectorRegistry]
+
+
+@asynccontextmanager
+async def exact_nodes(
+    topo: Topology,
+    groups: list[list[str]],
+    names: list[str],
+    sync: SyncAddress,
+    metrics: bool,
+    join: JoinOptions = JoinOptions(),
+) -> AsyncIterator[ExactProcess]:
+    """The nodes ``names`` of an exact run on one engine of this process, wired to each other
+    on its heap and to the other processes' nodes by UDP, from the socket of its first node's
+    address (where the others send), their control ports (and ``metrics``: /metrics) served;
+    the engine runs window by window while the body does (a node process waits; a torch rank
+    runs its training), and a RunOver ends both when the coordinator ends the run."""
+    home = {n: process_name(g) for g in groups for n in g}
+    socket_of = {process_name(g): topo.nodes[g[0]].address for g in groups}
+    me = home[names[0]]
+    mine = [topo.nodes[n] for n in topo.nodes if n in names]  # the topology's order
+    secret = auth.current()
+    chan = await join_coordinator(sync, secret, join.join_timeout)
+    chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
+    hosts = [n.index for n in mine if n.kind is NodeKind.HOST]
+    await chan.send(Hello(me, tuple(hosts)).wire())
+    udp = UdpPort((socket_of[me], LINK_UDP_PORT), None, batch=False)
+    engine = ExactEngine(me, udp, chan)
+    engine.install()  # before the control ports listen: a job's first request may come at once
+
+    async def engine_state(_: NoFields) -> dict[str, Any]:
+        """The engine's state, for the run's summary and for a run that is stuck."""
+        stats = trio.lowlevel.current_statistics()
+        return {
+            "process": me,
+            "frame_hops": engine.hops,
+            "rounds": engine.rounds,
+            "now": engine.now,
+            "received": engine.exchange.received,
+            "sent": dict(engine.exchange.sent),
+            "holds": engine.holds,
+            "heap_next": engine.events.next_event_time(),
+            "tasks": stats.tasks_living,
+            "next_deadline": stats.seconds_to_next_deadline,
+        }
+
+    here = {n.name: n.address for n in mine}
+
+    def addresses(names: list[str]) -> list[str]:
+        for name in names:
+            if name not in here:
+                raise ValueError(f"{name!r:.40} is not a node of this process")
+        return [here[name] for name in names]
+
+    async def node_stats(req: NodeStats) -> dict[str, Any]:
+        asked = addresses(req.names)
+        return {
+            "nodes": {
+                name: await ports[address, CONTROL_PORT]({"cmd": "stats"})
+                for name, address in zip(req.names, asked, strict=True)
+            }
+        }
+
+    async def for_nodes(req: ForNodes) -> dict[str, Any]:
+        asked = addresses(req.names)
+        return {"replies": [await ports[address, CONTROL_PORT](req.request) for address in asked]}
+
+    agents: dict[str, HostAgent] = {}  # this process's hosts' (filled below)
+    more: Table = {
+        "engine": (NoFields, engine_state),
+        "node_stats": (NodeStats, node_stats),
+        "change_links": (ChangeLinks, change_links_handler(topo, engine)),
+        "stop": (NoFields, stop_soon),  # the whole process, with every node it hosts
+        "open_flows": (OpenFlows, partial(open_flows_on, agents)),
+        "for_nodes": (ForNodes, for_nodes),
+    }
+    assert set(more) == PROCESS_COMMANDS
+    changes: list[Callable[[LinkChange, float], None]] = []  # one per switch here
+
+    def on_change(change: LinkChange, now: float) -> None:
+        if change.faults is not None:  # the links' faults, at the ends this process holds
+            changed = changed_faults(topo, change.pairs, dict(change.faults), exact=True)
+            set_faults_on(topo, locals_, changed)
+            return
+        for apply in changes:
+            apply(change, now)
+
+    engine.on_change = on_change
+    locals_: dict[str, Node] = {}
+    ports: dict[tuple[str, int], Reply] = {}  # every node's control port, and /metrics
+    registries: dict[str, CollectorRegistry] = {}
+    contexts: dict[str, Context] = {}
+    async with trio.open_nursery() as nursery:
+        for switch_node in (n for n in mine if n.kind is NodeKind.SWITCH):  # as the virtual
+            name, address = switch_node.name, switch_node.address  # fabric adds them
+            core = SwitchCore(topo.switch_config(name))
+            changes.append(link_changes(topo, name, core))
+            switch = EngineSwitch(core, engine, DilatedClock(1.0), (address, LINK_UDP_PORT))
+            locals_[name] = switch.node
+            reply = control_replies(switch, {**more, **refusals(control_table(switch))})
+            registry = CollectorRegistry()
+            registry.register(SwitchCollector(switch))
+            switch.clock.threadsafe = lambda: engine.events.now  # for /metrics' thread
+            ports[address, CONTROL_PORT], registries[address] = reply, registry
+        for host_node in (n for n in mine if n.kind is NodeKind.HOST):
+            name, address = host_node.name, host_node.address
+            cfg = host_config(topo, name, 1.0, None, seeded=True)
+            ctx = await nursery.start(_host_context, cfg, engine)
+            assert isinstance(ctx.driver, EngineNic)
+            locals_[name] = ctx.driver.node
+            contexts[name] = ctx
+            registry = nic_registry(ctx.driver, name)
+            services = host_services(topo, ctx, name, registry)
+            services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
+            agent = agents[name] = host_agent(topo, ctx, name)
+            refused = refusals(AgentServer(agent).table)
+            agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
+            await nursery.start(agent_server.keep_jobs)
+            ctx.clock.threadsafe = lambda: engine.events.now
+            ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
+        for link in topo.links:
+            ends = [(end, topo.port_of(end, link)) for end in (link.a, link.b)]
+            faults = link_faults(topo, link)
+            if all(end in locals_ for end, _ in ends):
+                (a, a_port), (b, b_port) = ends
+                engine.connect(locals_[a], a_port, locals_[b], b_port, (faults, faults))
+                continue
+            for (end, port), (peer, _) in ((ends[0], ends[1]), (ends[1], ends[0])):
+                if end in locals_:
+                    far = (socket_of[home[peer]], LINK_UDP_PORT)
+                    engine.link(RemoteLink(locals_[end], port, link.vni, home[peer], far, faults))
+        if metrics:
+            served = registries
+            if join.metrics_addr is not None:  # one node (run_exact_node checked)
+                served = {join.metrics_addr: next(iter(registries.values()))}
+            serve_nodes(served, METRICS_PORT)
+        await WallServer(ports, secret, engine.interrupt).start()
+        await nursery.start(engine.run)
+        yield ExactProcess(engine, mine, contexts, registries)
+        nursery.cancel_scope.cancel()
+
+
+async def join_coordinator(sync: SyncAddress, secret: bytes, timeout: float) -> MessageChannel:
+    """The channel to the run's coordinator at ``sync``, proving the fabric's secret: at once,
+    or trying again for up to ``timeout`` wall seconds while nothing listens there yet (a
+    container's job not started yet).  This process's trio clock is the engine's, which stands
+    still before the run, so the connection and the waits are a thread's, on the wall clock."""
+    deadline = time.monotonic() + timeout
+    where = sync_label(sync)
+    while True:
+        try:
+            sock = await trio.to_thread.run_sync(partial(_connect, sync))
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                waited = f" within {timeout:g} s" if timeout else ""
+                raise ControlError(
+                    f"no coordinator at {where}{waited} ({exc.strerror or exc}): "
+                    "the process serving the run (rocev2-emu up, bench, the testbed's job) "
+                    "must be running"
+                ) from exc
+        await trio.to_thread.run_sync(time.sleep, 0.25)
+    chan = MessageChannel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), 30.0)
+    await prove_secret(chan, secret, where)
+    return chan
+
+
+def _connect(sync: SyncAddress) -> socket.socket:
+    """A connection to the coordinator: TCP to ``(host, port)``, or its Unix socket."""
+    if not isinstance(sync, str):
+        return socket.create_connection(sync, 5.0)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(sync)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def link_changes(
+    topo: Topology, name: str, core: SwitchCore
+) -> Callable[[LinkChange, float], None]:
+    """What a change handed out in the run does to switch ``name``
+    (:func:`~rocev2_emu.fabric.changes.switch_changes`)."""
+    apply = switch_changes(topo, name, core)
+    return lambda change, now: apply(change.pairs, change.up, now)
+
+
+async def _host_context(
+    cfg: Any, engine: ExactEngine, *, task_status: trio.TaskStatus[Context]
+) -> None:
+    async with Context.open(cfg, engine=engine) as ctx:
+        task_status.started(ctx)
+        await trio.sleep_forever()

@@ -1,0 +1,121 @@
+"""A sync connection once its handshake is done: the length-prefixed msgpack of
+:class:`~rocev2_emu.control.channel.MessageChannel` on the connection's socket directly, so
+that a report or a grant costs no pass of trio's scheduler (a window costs every process one
+of each).  One per node process at the coordinator, one in each node process; its buffer holds
+at most one read (64 KiB) and what is left of a message.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from typing import Any
+
+import msgpack
+import trio
+
+from rocev2_emu.control.channel import LENGTH, MAX_MESSAGE, ControlError, MessageChannel
+
+
+class SyncLink:
+    """A sync connection once its handshake is done: the same length-prefixed msgpack as
+    :class:`~rocev2_emu.control.channel.MessageChannel`, on the connection's socket directly.
+    A window costs every process one report and one grant, and trio's scheduling passes
+    around each were most of an exact run's time: a send here never yields (a report or a grant
+    fits the socket buffer; a full one waits), a receive yields only when nothing is there."""
+
+    def __init__(self, chan: MessageChannel) -> None:
+        stream = chan.stream
+        if not isinstance(stream, trio.SocketStream):
+            raise TypeError("a sync link runs over a socket connection")
+        self.chan = chan  # owns the connection (closed with it)
+        self.sock = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        self.sock.setblocking(False)
+        self._buf = chan.take_read_ahead()  # what the handshake read ahead
+        self._chunk = bytearray(65536)  # what one read takes (no 64 KiB object per read)
+        self._chunk_view = memoryview(self._chunk)
+        self._poller = select.poll()  # for recv_blocking
+        self._poller.register(self.sock, select.POLLIN)
+
+    async def send(self, obj: Any) -> bool:
+        """Send ``obj``; True if it had to wait for room (trio ran other tasks meanwhile)."""
+        body = msgpack.packb(obj, use_bin_type=True)
+        data = memoryview(LENGTH.pack(len(body)) + body)
+        waited = False
+        while data:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+                waited = True
+                continue
+            except OSError as exc:
+                raise ControlError(f"sync peer went away: {exc}") from exc
+            data = data[sent:]
+        return waited
+
+    def _message(self) -> tuple[bool, Any]:
+        """(True, the next whole message) if the buffer holds one, else (False, None)."""
+        buf = self._buf
+        if len(buf) >= LENGTH.size:
+            (n,) = LENGTH.unpack_from(buf)
+            if n > MAX_MESSAGE:
+                raise ControlError(f"a sync message of {n} bytes (> {MAX_MESSAGE})")
+            if len(buf) >= LENGTH.size + n:
+                body = bytes(buf[LENGTH.size : LENGTH.size + n])
+                del buf[: LENGTH.size + n]
+                try:
+                    return True, msgpack.unpackb(body, raw=False)
+                except Exception as exc:  # msgpack raises several types
+                    raise ControlError(f"malformed sync message: {exc}") from exc
+        return False, None
+
+    def _read(self) -> bool:
+        """What the socket holds into the buffer; False if it held nothing yet."""
+        try:
+            n = self.sock.recv_into(self._chunk)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ControlError(f"sync peer went away: {exc}") from exc
+        if not n:
+            raise ControlError("sync peer closed the connection")
+        self._buf += self._chunk_view[:n]
+        return True
+
+    async def recv(self) -> Any:
+        while True:
+            whole, msg = self._message()
+            if whole:
+                return msg
+            if not self._read():
+                await trio.lowlevel.wait_readable(self.sock)
+
+    def watch(self, fd: int) -> None:
+        """A file that interrupts :meth:`recv_blocking` when it becomes readable (a request
+        for trio from another thread)."""
+        self._poller.register(fd, select.POLLIN)
+
+    def recv_blocking(self, timeout: float) -> tuple[bool, Any]:
+        """(True, the next message) if one comes within ``timeout`` wall seconds, waiting in
+        the kernel with trio standing still (no other task runs, nothing else is served
+        meanwhile); (False, None) if none came, or a watched file became readable - the
+        caller then waits in trio."""
+        deadline = time.monotonic() + timeout
+        mine = self.sock.fileno()
+        while True:
+            whole, msg = self._message()
+            if whole:
+                return True, msg
+            if self._read():
+                continue
+            left = deadline - time.monotonic()
+            ready = self._poller.poll(left * 1000.0) if left > 0 else []
+            if not ready or any(fd != mine for fd, _ in ready):
+                return False, None
+
+    async def aclose(self) -> None:
+        self.sock.close()
+        await self.chan.aclose()
