@@ -33,13 +33,8 @@ from prometheus_client import CollectorRegistry
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError, MessageChannel, prove_secret, stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
-from rocev2_emu.fabric.agent import (
-    CONTROL_PORT,
-    AgentServer,
-    HostAgent,
-    OpenFlows,
-    open_flows_on,
-)
+from rocev2_emu.fabric.agent import CONTROL_PORT, HostAgent
+from rocev2_emu.fabric.agent_server import AgentServer, OpenFlows, open_flows_on
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
 from rocev2_emu.fabric.layout import MAX_PROCESS_NODES, process_groups, process_name
 from rocev2_emu.fabric.nodes import (

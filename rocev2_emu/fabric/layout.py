@@ -9,10 +9,8 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from rocev2_emu.fabric.agent import (
-    MAX_OPEN_FLOWS,
-    FlowSpec,
-)
+from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.agent_server import MAX_OPEN_FLOWS
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
 
 MAX_PROCESS_NODES: Final = 32  # nodes per process-level request (a control message <= 1 MiB)

@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from rocev2_emu.control.channel import stop_soon
 from rocev2_emu.control.requests import Handler, NoFields, Table
-from rocev2_emu.fabric.agent import CONTROL_PORT, AgentServer, HostAgent, host_map_state
+from rocev2_emu.fabric.agent import CONTROL_PORT, HostAgent, host_map_state
+from rocev2_emu.fabric.agent_server import AgentServer
 from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.nic.metrics import nic_registry

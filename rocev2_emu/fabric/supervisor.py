@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import deque
@@ -31,15 +30,13 @@ from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob
 from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.fabric.layout import lookahead, process_groups, process_name
+from rocev2_emu.fabric.node_procs import drain, last_words, node_argv, start_node, wait_ready
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime.coordinator import Coordinator
-from rocev2_emu.runtime.sync import SyncAddress, sync_label
 from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
-
-READY_TIMEOUT = 60.0
 
 
 class FabricJob(Protocol):
@@ -50,30 +47,6 @@ class FabricJob(Protocol):
     async def node_died(self, name: str, code: int) -> bool:
         """Told that a node died; True if the job copes (else the fabric stops)."""
         ...
-
-
-async def _read_ready(name: str, proc: NodeProcess, ready: dict[str, str]) -> None:
-    """The READY line of each node of process ``name`` (its nodes, comma-separated)."""
-    assert proc.stdout is not None
-    nodes = name.split(",")
-    buf = b""
-    while buf.count(b"\n") < len(nodes):
-        chunk = await proc.stdout.receive_some(4096)
-        if not chunk:
-            raise RuntimeError(f"node {name} exited before it was ready (code {proc.poll()})")
-        buf += chunk
-    for line in buf.decode().splitlines()[: len(nodes)]:
-        if not line.startswith("READY ") or line.split()[1] not in nodes:
-            raise RuntimeError(f"node {name} said {line!r} instead of READY")
-        ready[line.split()[1]] = line
-
-
-async def _drain(stream: trio.abc.ReceiveStream | None, tail: deque[str]) -> None:
-    """Keep a node's pipe flowing (a full pipe would stall it) and remember its last lines."""
-    if stream is None:
-        return
-    while chunk := await stream.receive_some(65536):
-        tail.extend(chunk.decode(errors="replace").splitlines())
 
 
 async def _watch(
@@ -111,72 +84,6 @@ async def _watch(
             file=sys.stderr,
         )
         scope.cancel()
-
-
-def _node_argv(
-    topo_path: str,
-    name: str,
-    tdf: float,
-    epoch: float,
-    sync: SyncAddress | None = None,
-    workers: int | None = None,
-    payload: str = "real",
-) -> list[str]:
-    """The ``rocev2-emu`` arguments of node process ``name``."""
-    exact = [] if sync is None else ["--clock", "exact", "--sync", sync_label(sync)]
-    if workers is not None:
-        exact += ["--workers", str(workers)]
-    if payload != "real":  # (--payload none: the run's, which the file may not say)
-        exact += ["--payload", payload]
-    return [
-        "node",
-        topo_path,
-        name,
-        "--tdf",
-        str(tdf),
-        "--epoch",
-        repr(epoch),
-        "--parent-pid",
-        str(os.getpid()),
-        *exact,
-    ]
-
-
-async def _start(
-    argv: list[str], env: dict[str, str], blanks: Blanks | None, name: str
-) -> NodeProcess:
-    """Node process ``name``, ``rocev2-emu ARGV``: a blank forked before the run if one is
-    left (:mod:`~rocev2_emu.fabric.forked`; named ``name``), else a new ``python -m rocev2_emu``."""
-    forked = None if blanks is None else blanks.start(argv, env, name)
-    if forked is not None:
-        return forked
-    return await trio.lowlevel.open_process(
-        [sys.executable, "-m", "rocev2_emu", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-
-
-async def _wait_ready(
-    procs: dict[str, NodeProcess], tails: dict[str, deque[str]]
-) -> dict[str, str]:
-    ready: dict[str, str] = {}
-    try:
-        with trio.fail_after(READY_TIMEOUT):
-            async with trio.open_nursery() as waiting:
-                for name, proc in procs.items():
-                    waiting.start_soon(_read_ready, name, proc, ready)
-    except (trio.TooSlowError, ExceptionGroup) as exc:  # not Ctrl-C: that goes up as it is
-        await trio.sleep(0.3)
-        missing = sorted(set(procs) - set(ready))
-        for name in missing:
-            print(
-                f"rocev2-emu up: node {name} not ready: " + " | ".join(tails[name]),
-                file=sys.stderr,
-            )
-        raise RuntimeError(f"nodes not ready within {READY_TIMEOUT:g} s: {missing}") from exc
-    return ready
 
 
 class FabricBusy(RuntimeError):
@@ -244,13 +151,13 @@ async def _supervise(
                 coordinator.secret = secret
                 sync = await nursery.start(partial(coordinator.serve, local=True))
             for name in _process_names(topo, only, coordinator is not None, workers):
-                argv = _node_argv(topo_path, name, tdf, epoch, sync, workers, topo.payload)
-                procs[name] = await _start(argv, env, blanks, name)
+                argv = node_argv(topo_path, name, tdf, epoch, sync, workers, topo.payload)
+                procs[name] = await start_node(argv, env, blanks, name)
                 tails[name] = deque(maxlen=8)
-                nursery.start_soon(_drain, procs[name].stderr, tails[name])
-            ready = await _wait_ready(procs, tails)
+                nursery.start_soon(drain, procs[name].stderr, tails[name])
+            ready = await wait_ready(procs, tails)
             for name, proc in procs.items():
-                nursery.start_soon(_drain, proc.stdout, deque(maxlen=1))
+                nursery.start_soon(drain, proc.stdout, deque(maxlen=1))
                 nursery.start_soon(
                     _watch,
                     name,
@@ -284,7 +191,7 @@ async def _supervise(
         blamed = _blamed(exc)
         if blamed is None or blamed.node not in procs:
             raise
-        words = await _last_words(procs[blamed.node], tails[blamed.node])
+        words = await last_words(procs[blamed.node], tails[blamed.node])
         if not words:
             raise
         raise SyncError(f"{blamed}; it said: {words}", blamed.node) from exc
@@ -306,18 +213,6 @@ def _blamed(exc: BaseException) -> SyncError | None:
             if (found := _blamed(inner)) is not None:
                 return found
     return None
-
-
-async def _last_words(proc: NodeProcess, tail: deque[str]) -> str:
-    """The last error line node process ``proc`` wrote on stderr (its tail so far, and what
-    it writes until its pipe closes, at most two seconds): the line that names why it left."""
-    if proc.stderr is not None:
-        with trio.move_on_after(2):
-            while chunk := await proc.stderr.receive_some(65536):
-                tail.extend(chunk.decode(errors="replace").splitlines())
-    lines = [line.strip() for line in tail if line.strip()]
-    said = [line for line in lines if line.startswith("rocev2-emu")]
-    return (said or lines or [""])[-1]
 
 
 def _process_names(

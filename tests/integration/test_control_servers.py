@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from collectives.comm.store import StoreServer
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import DROPPED
-from rocev2_emu.fabric.agent import AgentServer, HostAgent
+from rocev2_emu.fabric.agent import HostAgent
+from rocev2_emu.fabric.agent_server import AgentServer
 from rocev2_emu.fabric.nodes import switch_driver
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.ports import MemoryNetwork

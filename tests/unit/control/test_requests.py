@@ -20,7 +20,7 @@ from rocev2_emu.control.requests import (
     describe,
     serve_table,
 )
-from rocev2_emu.fabric.agent import AgentServer, OpenFlows
+from rocev2_emu.fabric.agent_server import AgentServer, OpenFlows
 from rocev2_emu.fabric.exact_node import ChangeLinks, ForNodes, NodeStats
 from switch.node import SetRoutes, control_table
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from rocev2_emu.fabric.agent import MAX_OPEN_FLOWS, FlowSpec, OpenFlows, open_flows_on
+from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.agent_server import MAX_OPEN_FLOWS, OpenFlows, open_flows_on
 from rocev2_emu.fabric.exact_node import run_exact_node
 from rocev2_emu.fabric.layout import by_process, open_batches, process_groups, process_name
 from rocev2_emu.topology.file import parse
