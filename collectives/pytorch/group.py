@@ -23,96 +23,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from collectives.comm.communicator import Communicator
+from collectives.pytorch.tensors import Staged, check_tensor, one_dtype, reduce_op
 from collectives.pytorch.worker import FabricWorker, Run
-
-_MOVED = {  # torch dtype -> the dtype its bits travel as
-    torch.float16: torch.float16,
-    torch.bfloat16: torch.float16,  # 16 bits, not reduced
-    torch.float32: torch.float32,
-    torch.float64: torch.float64,
-    torch.int32: torch.int32,
-    torch.int64: torch.int64,
-}
-_REDUCED = {**_MOVED, torch.bfloat16: torch.float32}  # bfloat16 reduces in float32
-_OPS = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.PRODUCT: "prod",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.AVG: "avg",
-}
-SUPPORTED_DTYPES = tuple(str(t).removeprefix("torch.") for t in _MOVED)
-
-
-def reduce_op(op: Any) -> str:
-    for known, name in _OPS.items():
-        if op == known:
-            return name
-    what = str(getattr(op, "op", op)).removeprefix("RedOpType.")
-    raise ValueError(
-        f"rocev2 backend: reduce op {what} is not supported (SUM, PRODUCT, MIN, MAX, AVG)"
-    )
-
-
-class Staged:
-    """A tensor as a numpy array the collectives can read and write, and the way back.
-
-    A contiguous tensor of a type that travels as it is shares its memory with the array;
-    otherwise the array is a copy (bfloat16 reduced in float32, a strided tensor made
-    contiguous) and :meth:`finish` writes it back."""
-
-    def __init__(self, tensor: Any, *, reduced: bool, what: str) -> None:
-        check_tensor(tensor, what)
-        self.tensor = tensor
-        wire = (_REDUCED if reduced else _MOVED)[tensor.dtype]
-        if wire == tensor.dtype:
-            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        elif wire.itemsize == tensor.dtype.itemsize:  # bfloat16's bits as float16's
-            buf = tensor.contiguous().view(wire)
-        else:
-            buf = tensor.to(wire, memory_format=torch.contiguous_format)
-        self.buf = buf
-        self.array: np.ndarray = buf.detach().numpy().reshape(-1)
-        self._shared = buf.data_ptr() == tensor.data_ptr() and buf.dtype == tensor.dtype
-
-    def finish(self) -> None:
-        if self._shared:
-            return
-        with torch.no_grad():
-            if self.buf.dtype.itemsize == self.tensor.dtype.itemsize:
-                self.tensor.copy_(self.buf.view(self.tensor.dtype).reshape(self.tensor.shape))
-            else:
-                self.tensor.copy_(self.buf.reshape(self.tensor.shape))
-
-
-def check_tensor(t: Any, what: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"rocev2 backend: {what}: a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise TypeError(
-            f"rocev2 backend: {what}: a {t.device.type} tensor; the emulated NIC reads host "
-            "memory, so use CPU tensors"
-        )
-    if t.layout != torch.strided:
-        raise TypeError(f"rocev2 backend: {what}: a {t.layout} tensor; only dense tensors")
-    if t.dtype not in _MOVED:
-        raise TypeError(
-            f"rocev2 backend: {what}: dtype {t.dtype} is not supported "
-            f"({', '.join(SUPPORTED_DTYPES)})"
-        )
-
-
-def _one_dtype(tensors: Sequence[Any], what: str) -> None:
-    kinds = {t.dtype for t in tensors}
-    if len(kinds) > 1:
-        raise TypeError(
-            f"rocev2 backend: {what}: tensors of several dtypes {sorted(map(str, kinds))}"
-        )
 
 
 class FabricWork(dist.Work):  # type: ignore[misc]
@@ -249,7 +165,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> FabricWork:
         op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        _one_dtype([output, input], "reduce_scatter_tensor")
+        one_dtype([output, input], "reduce_scatter_tensor")
         if input.numel() != output.numel() * self._size:
             raise ValueError(
                 f"rocev2 backend: reduce_scatter_tensor: input has {input.numel()} elements, "
@@ -294,7 +210,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 f"rocev2 backend: reduce_scatter: one output and {self._size} inputs per rank"
             )
         chunks = ins[0]
-        _one_dtype([outs[0], *chunks], "reduce_scatter")
+        one_dtype([outs[0], *chunks], "reduce_scatter")
         if any(c.numel() != outs[0].numel() for c in chunks):
             raise ValueError("rocev2 backend: reduce_scatter: every input as large as the output")
         for c in chunks:
@@ -332,7 +248,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             )
         jobs = []
         for out_list, inp in zip(outs, ins, strict=True):
-            _one_dtype([inp, *out_list], "allgather")
+            one_dtype([inp, *out_list], "allgather")
             if any(o.numel() != inp.numel() for o in out_list):
                 raise ValueError("rocev2 backend: allgather: every output as large as the input")
             jobs.append(
@@ -353,7 +269,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return self._submit("allgather", run, outs)
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> FabricWork:
-        _one_dtype([output, input], "all_gather_into_tensor")
+        one_dtype([output, input], "all_gather_into_tensor")
         if output.numel() != input.numel() * self._size:
             raise ValueError(
                 f"rocev2 backend: all_gather_into_tensor: output has {output.numel()} elements, "
@@ -432,7 +348,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> FabricWork:
-        _one_dtype([output, input], "all_to_all_single")
+        one_dtype([output, input], "all_to_all_single")
         sends = self._counts(input, list(input_split_sizes), "input")
         recvs = self._counts(output, list(output_split_sizes), "output")
         src = Staged(input, reduced=False, what="all_to_all_single input")
@@ -448,7 +364,7 @@ class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         outs, ins = list(output_tensors), list(input_tensors)
         if len(outs) != self._size or len(ins) != self._size:
             raise ValueError(f"rocev2 backend: all_to_all: {self._size} inputs and outputs")
-        _one_dtype([*outs, *ins], "all_to_all")
+        one_dtype([*outs, *ins], "all_to_all")
         for t in (*outs, *ins):
             check_tensor(t, "all_to_all")
         whole = torch.cat([t.reshape(-1) for t in ins])
