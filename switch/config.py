@@ -46,6 +46,7 @@ class PortConfig:
     peer_mac: bytes  # the neighbour's MAC (destination MAC of frames sent out of this port)
     peer_name: str = ""
     ecn: EcnThresholds | None = None  # None: scaled to the port's rate
+    headroom_bytes: int = 0  # PFC headroom its link needs (switch.mmu.pfc_headroom); 0: the MMU's
 
 
 @dataclass(slots=True)

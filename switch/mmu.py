@@ -33,6 +33,18 @@ BUFFER_MODES: Final = ("shared", "static")
 ADMIT_DROP: Final = -1  # no room: the caller drops it
 ADMIT_SHARED: Final = 0  # taken into the reserve or the shared pool
 ADMIT_HEADROOM: Final = 1  # lossless traffic after XOFF: taken into the PFC headroom
+FRAME_ALLOWANCE: Final = 128  # bytes a frame takes beyond the path MTU (headers, trailer, gap)
+
+
+def pfc_headroom(rate_bps: float, delay: float, mtu: int) -> int:
+    """The bytes a lossless port must take after its XOFF (802.1Qbb's headroom, sized as switch
+    vendors size it from the cable): what the upstream sends while the pause crosses the link
+    and its last frames cross back - twice the one-way bandwidth-delay product - and three
+    frames: the one whose arrival crossed the threshold, the one the pause waits behind here,
+    the one the upstream has begun.  0 for an unpaced link."""
+    if rate_bps <= 0:
+        return 0
+    return int(2 * rate_bps / 8 * delay + 0.999999) + 3 * (mtu + FRAME_ALLOWANCE)
 
 
 @dataclass(slots=True)
@@ -47,9 +59,22 @@ class MmuConfig:
 
 
 class Mmu:
-    def __init__(self, config: MmuConfig, ports: int, lossless: frozenset[int]) -> None:
-        if config.buffer_bytes <= ports * (
-            config.headroom_bytes + PRIORITIES * config.reserve_bytes
+    def __init__(
+        self,
+        config: MmuConfig,
+        ports: int,
+        lossless: frozenset[int],
+        headrooms: list[int] | None = None,
+    ) -> None:
+        """``headrooms``: each port's PFC headroom as its link needs it (:func:`pfc_headroom`);
+        a port takes that or the config's ``headroom_bytes``, whichever is more."""
+        floor = config.headroom_bytes
+        self.port_headroom = [max(floor, h) for h in headrooms or [floor] * ports]
+        if len(self.port_headroom) != ports:
+            raise ValueError(f"{len(self.port_headroom)} headrooms for {ports} ports")
+        if (
+            config.buffer_bytes
+            <= sum(self.port_headroom) + ports * PRIORITIES * config.reserve_bytes
         ):
             raise ValueError(
                 f"buffer of {config.buffer_bytes} bytes cannot hold the reserve and headroom of "
@@ -64,7 +89,7 @@ class Mmu:
         self.shared_total = 0
         self.total = 0
         self.paused = [[False] * PRIORITIES for _ in range(ports)]  # XOFF in force upstream
-        reserved = ports * (config.headroom_bytes + PRIORITIES * config.reserve_bytes)
+        reserved = sum(self.port_headroom) + ports * PRIORITIES * config.reserve_bytes
         self.shared_size = config.buffer_bytes - reserved
         self.static = config.mode == "static"
         self.partition = self.shared_size // ports if ports else 0  # static: each port's share
@@ -102,7 +127,7 @@ class Mmu:
         if prio in self.lossless:
             if self.paused[port][prio] or used + grow > self.pfc_threshold() or full:
                 headroom = self.headroom_used[port]
-                if headroom[prio] + size > c.headroom_bytes:
+                if headroom[prio] + size > self.port_headroom[port]:
                     return ADMIT_DROP
                 headroom[prio] += size
                 self.total += size

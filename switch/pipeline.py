@@ -114,7 +114,8 @@ class SwitchCore(Core):
         self.ports = [PortState(p.rate_bps) for p in config.ports]
         self.by_vni = {p.vni: p.index for p in config.ports}
         lossless = config.lossless if config.pfc_enabled else frozenset()
-        self.mmu = Mmu(config.mmu, len(config.ports), lossless)
+        headrooms = [p.headroom_bytes for p in config.ports]
+        self.mmu = Mmu(config.mmu, len(config.ports), lossless, headrooms)
         by_rate: dict[float, EcnThresholds] = {}  # one default per line rate (frozen: shared)
         self.ecn: list[EcnThresholds] = []
         for p in config.ports:

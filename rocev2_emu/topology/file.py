@@ -59,7 +59,7 @@ from rocev2_emu.topology.model import (
     shortest_path_routes,
 )
 from switch.config import ECMP_MODES
-from switch.mmu import BUFFER_MODES, MmuConfig
+from switch.mmu import BUFFER_MODES, MmuConfig, pfc_headroom
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "fabric": {
@@ -387,7 +387,11 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
 
     buf = sec["buffer"]
     for sw in (n for n in nodes.values() if n.kind is NodeKind.SWITCH):
-        needed = len(sw.ports) * (buf["headroom_bytes"] + 8 * buf["reserve_bytes"])
+        needed = sum(
+            max(buf["headroom_bytes"], pfc_headroom(link.rate_bps, link.delay, fab["mtu"]))
+            + 8 * buf["reserve_bytes"]
+            for link, _ in sw.ports
+        )
         size = sw.buffer_bytes or buf["size_bytes"]
         if size <= needed:
             key = f"[[switch]] {sw.name}.buffer_bytes" if sw.buffer_bytes else "[buffer].size_bytes"
@@ -396,7 +400,8 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
                 key,
                 size,
                 f"too small: {sw.name}'s {len(sw.ports)} ports need {needed} bytes of "
-                "headroom and per-priority reserve, and a shared pool beyond that",
+                "headroom (each as its link's rate and delay need it) and per-priority reserve, "
+                "and a shared pool beyond that",
             )
     mmu = MmuConfig(
         sec["buffer"]["size_bytes"],

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
+from switch.mmu import pfc_headroom
 
 
 def _header(
@@ -112,16 +113,26 @@ def _links(pairs: list[tuple[str, str]]) -> list[str]:
 
 PORT_SET_ASIDE = 96 * 1024 + 8 * 4096  # a port's PFC headroom and per-priority reserve (defaults)
 DEFAULT_BUFFER = 12 << 20  # the topology file's [buffer] size_bytes when none is written
+MTU = 4096  # every generated fabric's [fabric] mtu
 
 
-def buffer_for(widest: int) -> int:
-    """A switch buffer for ports up to ``widest``: twice what they set aside (96 KiB of PFC
-    headroom and 8 x 4 KiB of reserve each, which the topology file checks), and never below
-    the file's default."""
-    return max(DEFAULT_BUFFER, 2 * widest * PORT_SET_ASIDE)
+def set_aside(rate_gbps: float, delay_us: float) -> int:
+    """What a switch port on a ``rate_gbps`` link of ``delay_us`` sets aside, as the topology
+    file checks it: its PFC headroom (the file's default, or more where the link needs it:
+    :func:`switch.mmu.pfc_headroom`) and 8 x 4 KiB of per-priority reserve."""
+    need = pfc_headroom(rate_gbps * 1e9, delay_us * 1e-6, MTU)
+    return max(PORT_SET_ASIDE, need + 8 * 4096)
 
 
-def _buffer(switches: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+def buffer_for(widest: int, per_port: int = PORT_SET_ASIDE) -> int:
+    """A switch buffer for ports up to ``widest``, each setting ``per_port`` aside: twice what
+    they set aside, and never below the file's default."""
+    return max(DEFAULT_BUFFER, 2 * widest * per_port)
+
+
+def _buffer(
+    switches: list[str], pairs: list[tuple[str, str]], rate_gbps: float, delay_us: float
+) -> list[str]:
     """The ``[buffer]`` section the widest of ``switches`` needs, or none where the default
     holds (every shipped example): a generated file is one its parser takes, whatever its size."""
     ports = dict.fromkeys(switches, 0)
@@ -129,7 +140,7 @@ def _buffer(switches: list[str], pairs: list[tuple[str, str]]) -> list[str]:
         for end in (a, b):
             if end in ports:
                 ports[end] += 1
-    size = buffer_for(max(ports.values(), default=0))
+    size = buffer_for(max(ports.values(), default=0), set_aside(rate_gbps, delay_us))
     return [] if size == DEFAULT_BUFFER else ["[buffer]", f"size_bytes = {size}", ""]
 
 
@@ -145,7 +156,7 @@ def single_switch(
     shape = f"single-switch --hosts {hosts}"
     lines = _header("single-switch", shape, rate_gbps, delay_us, tdf, servers)
     host_lines, pairs = _servers(["sw0"] * hosts, servers)
-    lines += _buffer(["sw0"], pairs) + _nodes("switch", ["sw0"]) + host_lines
+    lines += _buffer(["sw0"], pairs, rate_gbps, delay_us) + _nodes("switch", ["sw0"]) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
 
@@ -167,7 +178,7 @@ def leaf_spine(
     lines = _header("leaf-spine", shape, rate_gbps, delay_us, tdf, servers)
     host_lines, hosts = _servers([leaf for leaf in lf for _ in range(hosts_per_leaf)], servers)
     pairs = [(leaf, spine) for leaf in lf for spine in sp] + hosts
-    lines += _buffer(sp + lf, pairs) + _nodes("switch", sp + lf) + host_lines
+    lines += _buffer(sp + lf, pairs, rate_gbps, delay_us) + _nodes("switch", sp + lf) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
 
@@ -198,7 +209,7 @@ def fat_tree(
                 server = (p * half + i) * half + j
                 pairs += hosts[server * per : (server + 1) * per]
     lines = _header(f"fat-tree-k{k}", f"fat-tree -k {k}", rate_gbps, delay_us, tdf, servers)
-    lines += _buffer(cores + aggs + edges, pairs)
+    lines += _buffer(cores + aggs + edges, pairs, rate_gbps, delay_us)
     lines += _nodes("switch", cores + aggs + edges) + host_lines
     lines += _links(pairs)
     return "\n".join(lines)
@@ -267,17 +278,22 @@ def ai_zone(
     shape += f" --server-fabric {server_fabric}"
     lines = _header("ai-zone", shape, host_gbps, delay_us, tdf)
     lines += ["[server]", f'fabric = "{server_fabric}"', ""]
-    # the fabric's buffer is sized for its widest switch that takes it (an RTSW, an ATSW with a
-    # port per CTSW, or a CTSW without a deep buffer of its own: a port per leaf and ATSW)
-    ctsw_ports = leaves + (atsws if zones > 1 else 0)
-    widest = max(per_leaf + ctsws, zones * ctsws if zones > 1 else 0)
+    # the fabric's buffer is sized for the switch that sets most aside of those that take it
+    # (an RTSW, an ATSW with a port per CTSW, or a CTSW without a deep buffer of its own: a
+    # port per leaf and ATSW), each port's headroom as its link's rate needs
+    cross = zones > 1
+    host_port, up_port = set_aside(host_gbps, delay_us), set_aside(up_gbps, delay_us)
+    cross_port = set_aside(cross_gbps, delay_us) if cross else 0
+    ctsw_aside = leaves * up_port + (atsws * cross_port if cross else 0)
+    asides = [per_leaf * host_port + ctsws * up_port, zones * ctsws * cross_port]
     if ctsw_buffer_mb <= 0:
-        widest = max(widest, ctsw_ports)
-    lines += ["[buffer]", f"size_bytes = {buffer_for(widest)}", ""]
-    if 0 < ctsw_buffer_mb * 2**20 <= ctsw_ports * PORT_SET_ASIDE:
+        asides.append(ctsw_aside)
+    lines += ["[buffer]", f"size_bytes = {max(DEFAULT_BUFFER, 2 * max(asides))}", ""]
+    if 0 < ctsw_buffer_mb * 2**20 <= ctsw_aside:
+        ctsw_ports = leaves + (atsws if cross else 0)
         raise ValueError(
             f"--ctsw-buffer-mb {ctsw_buffer_mb:g}: a CTSW's {ctsw_ports} ports set aside "
-            f"{ctsw_ports * PORT_SET_ASIDE / 2**20:g} MiB of headroom and reserve; give more"
+            f"{ctsw_aside / 2**20:g} MiB of headroom and reserve; give more"
         )
     ctsw = [[f"ctsw{z}_{c}" for c in range(ctsws)] for z in range(zones)]
     leaf = "rail" if rails else "rtsw"

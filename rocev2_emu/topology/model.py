@@ -20,7 +20,7 @@ from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
 from rocev2_emu.topology.routes import RouteTable
 from rocev2_emu.wire.ethernet import ip_to_int, mac_for_ip
 from switch.config import EcnThresholds, PortConfig, SwitchConfig
-from switch.mmu import MmuConfig
+from switch.mmu import MmuConfig, pfc_headroom
 
 
 class TopologyError(ValueError):
@@ -148,6 +148,7 @@ class Topology:
                     self.mac_of(peer, link),
                     peer,
                     ecn,
+                    pfc_headroom(link.rate_bps, link.delay, self.mtu),
                 )
             )
         table = self.switch_routes(name)
