@@ -19,8 +19,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cdf",
         default="websearch",
-        help=f"flow sizes: {', '.join(workload.CDFS)} (DCTCP's web search, in bytes), or a "
-        "file of 'size cdf' lines (default websearch)",
+        help=f"flow sizes: {', '.join(workload.CDFS)} (DCTCP's web search; Facebook's Hadoop "
+        "cluster, SIGCOMM 2015: HPCC's points, in bytes), or a file of 'size cdf' lines "
+        "(default websearch)",
     )
     p.add_argument(
         "--load",

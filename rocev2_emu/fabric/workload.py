@@ -6,7 +6,9 @@ hosts (the HPCC simulator's ``traffic_gen`` does the same).
 A distribution is a CDF: points (size in bytes, cumulative probability) rising to 1, sizes
 drawn by inverse transform with linear interpolation between points.  Shipped:
 :data:`WEB_SEARCH`, the web-search workload of the DCTCP paper (Alizadeh et al., SIGCOMM 2010,
-Fig. 4), in the bytes the HPCC paper's simulator uses.  Any other comes from a file of
+Fig. 4), and :data:`HADOOP`, Facebook's Hadoop cluster (Roy et al., "Inside the Social
+Network's (Datacenter) Network", SIGCOMM 2015), both in the points the HPCC paper's simulator
+uses (its ``traffic_gen``).  Any other comes from a file of
 ``size cdf`` lines (``--cdf FILE``).  The flows are generated one at a time
 (:func:`poisson_flows`): a workload of 100 000 flows holds one flow, not 100 000.
 """
@@ -40,7 +42,29 @@ WEB_SEARCH: Final[Cdf] = (  # DCTCP's web search (Fig. 4), bytes, as HPCC's traf
     (10_000_000, 0.97),
     (30_000_000, 1.0),
 )
-CDFS: Final = {"websearch": WEB_SEARCH}
+HADOOP: Final[Cdf] = (  # Facebook's Hadoop cluster (Roy et al., SIGCOMM 2015), bytes, as
+    (0, 0.0),  # the HPCC simulator's traffic_gen/FbHdp_distribution.txt has it
+    (100, 0.01),
+    (200, 0.02),
+    (300, 0.05),
+    (350, 0.15),
+    (400, 0.2),
+    (500, 0.3),
+    (600, 0.4),
+    (700, 0.5),
+    (1_000, 0.6),
+    (2_000, 0.67),
+    (7_000, 0.7),
+    (30_000, 0.72),
+    (50_000, 0.82),
+    (80_000, 0.87),
+    (120_000, 0.9),
+    (300_000, 0.95),
+    (1_000_000, 0.975),
+    (2_000_000, 0.99),
+    (10_000_000, 1.0),
+)
+CDFS: Final = {"websearch": WEB_SEARCH, "hadoop": HADOOP}
 
 
 def load_cdf(name: str) -> Cdf:

@@ -24,9 +24,9 @@ def _topo() -> object:
     return parse(tomllib.loads(leaf_spine(2, 4, 2)), "leaf-spine.toml")
 
 
-def test_sizes_follow_the_cdf_and_arrivals_give_the_load() -> None:
+@pytest.mark.parametrize("cdf", [workload.WEB_SEARCH, workload.HADOOP], ids=["websearch", "hadoop"])
+def test_sizes_follow_the_cdf_and_arrivals_give_the_load(cdf: workload.Cdf) -> None:
     topo = _topo()
-    cdf = workload.WEB_SEARCH
     flows = list(workload.poisson_flows(topo, cdf, 0.5, count=20_000, seed=3))  # type: ignore[arg-type]
     sizes = sorted(f.size for f in flows)
     for size, cum in cdf[1:-1]:  # the empirical CDF at each point, within 1.5 %
