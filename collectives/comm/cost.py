@@ -15,8 +15,11 @@ The rule, set by the measured runs beside it in the docs: the tree
 messages - half of a server's shard, sent whole - are at most ``TREE_MESSAGE`` bytes: there
 2 log2(m) steps beat the rings' steps on every fabric measured (the leaf-spine, a k = 8
 fat-tree, AI zones of 64 and 512 ranks; above it the rings' pipelined chunks win); else the
-hierarchy where a level exists and the message fits in one slot (latency rules there: fewer
-steps win), or where the bandwidth model gives it at most ``THRESHOLD`` of the ring's time
+hierarchy where a level exists and the message fits in one slot, or the flat ring's chunk (S /
+n) is under ``RING_CHUNK`` (latency rules there: each of the ring's 2(n-1) steps costs a path's
+latency and carries a few frames, and the hierarchy's fewer steps win - a k = 8 fat-tree's 128
+ranks: 3.7, 2.1 and 1.4 x faster at chunks of 3, 8 and 16 KiB, even at 32), or where the
+bandwidth model gives it at most ``THRESHOLD`` of the ring's time
 (the per-shard rings of several network levels collide on ECMP and do not overlap as one
 ring's steps do: the leaf-spine of 8 servers x 4 measured 11 - 15 % slower than the model
 says); else the ring.
@@ -31,6 +34,7 @@ from collectives.comm.placement import Hierarchy
 THRESHOLD: Final = 0.85
 TREE_GROUP: Final = 4  # ranks a tree needs before it is worth its depth
 TREE_MESSAGE: Final = 32 << 10  # the largest message a tree sends whole, where it wins
+RING_CHUNK: Final = 32 << 10  # a flat ring's chunk (S / n) below this: its steps are latency
 
 
 def tree_message(h: Hierarchy, nbytes: int) -> float:
@@ -74,7 +78,7 @@ def choose(
         return "tree"
     if not h.levels:
         return "ring"
-    if nbytes <= slot_bytes:
+    if nbytes <= slot_bytes or nbytes / ranks < RING_CHUNK:
         return "hierarchical"
     fast = hierarchy_ratio(h, ranks, link_gbps, server_gbps) <= THRESHOLD
     return "hierarchical" if fast else "ring"
