@@ -386,9 +386,13 @@ def parse(data: dict[str, Any], path: str = "<topology>") -> Topology:
             )
 
     buf = sec["buffer"]
+    lossless = bool(pfc["enabled"])  # without PFC no port holds headroom for its link
     for sw in (n for n in nodes.values() if n.kind is NodeKind.SWITCH):
         needed = sum(
-            max(buf["headroom_bytes"], pfc_headroom(link.rate_bps, link.delay, fab["mtu"]))
+            max(
+                buf["headroom_bytes"],
+                pfc_headroom(link.rate_bps, link.delay, fab["mtu"]) if lossless else 0,
+            )
             + 8 * buf["reserve_bytes"]
             for link, _ in sw.ports
         )

@@ -130,6 +130,7 @@ class Topology:
 
     def switch_config(self, name: str) -> SwitchConfig:
         node = self.nodes[name]
+        lossless = bool(self.pfc["enabled"])
         ports = []
         for i, (link, peer) in enumerate(node.ports):
             ecn = None
@@ -148,7 +149,8 @@ class Topology:
                     self.mac_of(peer, link),
                     peer,
                     ecn,
-                    pfc_headroom(link.rate_bps, link.delay, self.mtu),
+                    # a lossless port's headroom as its link needs it; none without PFC
+                    pfc_headroom(link.rate_bps, link.delay, self.mtu) if lossless else 0,
                 )
             )
         table = self.switch_routes(name)

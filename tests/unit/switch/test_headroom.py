@@ -50,6 +50,11 @@ def test_a_switch_sizes_each_port_s_headroom_from_its_link_and_the_file_checks_t
     data["buffer"] = {"size_bytes": 1 << 20}
     with pytest.raises(Exception, match="need 1207584 bytes of headroom"):
         parse(data, "leaf-spine.toml")  # 912 672 + 2 x 96 KiB + 3 ports x 8 x 4 KiB
+    # without PFC nothing is lossless: no port holds headroom for its link (the file's stays)
+    data["pfc"] = {"enabled": False}
+    data["buffer"] = {"size_bytes": 400 << 10, "headroom_bytes": 0}
+    lossy = parse(data, "leaf-spine.toml")
+    assert [p.headroom_bytes for p in lossy.switch_config("leaf0").ports] == [0, 0, 0]
 
 
 def test_a_400g_ai_zone_s_16_mib_all_reduce_pauses_without_dropping() -> None:
