@@ -171,11 +171,11 @@ class Coordinator:
         try:
             if not await authenticate(chan, self.secret) or not admit():
                 return
-            msg = await chan.recv()
             try:
-                hello = Hello.from_wire(msg)
-            except ValueError:
-                hello = Hello(repr(None))
+                hello = Hello.from_wire(await chan.recv())
+            except ValueError as exc:
+                await chan.send(Stop(str(exc)).wire())
+                return
             refused = self.decisions.join(hello.name, hello.origins)
             if refused is not None:
                 await chan.send(Stop(refused).wire())

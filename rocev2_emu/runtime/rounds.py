@@ -237,8 +237,9 @@ class Rounds:
                 self.skipped += 1
                 continue
             self.granted[name] = self.granted.get(name, 0) + 1
-            grant = Grant(window.until, window.sources.get(name, {}), replies.get(name, []))
-            grant.changes = changes
+            grant = Grant(
+                window.until, window.sources.get(name, {}), replies.get(name, []), changes
+            )
             out.append((name, grant))
         return out
 

@@ -31,6 +31,7 @@ from rocev2_emu.runtime.sync_messages import (
     ended_normally,
     from_coordinator,
 )
+from tests.unit.runtime.outbox import Outbox
 
 
 def test_the_trailer_carries_the_exact_arrival_time_and_sequence() -> None:
@@ -336,19 +337,10 @@ def test_a_process_with_work_before_the_end_of_its_window_gets_it_again() -> Non
     assert "no report from a" in rounds.stalled()
 
 
-class _Chan:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, object]] = []
-
-    async def send(self, msg: dict[str, object]) -> bool:
-        self.sent.append(msg)
-        return False
-
-
 async def test_the_coordinator_waits_for_every_application_to_finish() -> None:
     c = Coordinator(["h0", "h1", "sw"], 1e-6, b"")
     for name in c.names:
-        c.attach(name, _Chan())
+        c.attach(name, Outbox())
     finished = trio.Event()
 
     async def wait() -> None:
@@ -436,7 +428,7 @@ def test_a_run_that_stops_moving_is_named_stall_seconds_after_its_last_round() -
     async def main() -> None:
         c = Coordinator(["a", "b"], 1e-6, b"")
         for name in c.names:
-            c.attach(name, _Chan())
+            c.attach(name, Outbox())
         c.release()
         await c.take("a", Report(1.0, False, {}, 0))  # b never reports
 

@@ -12,6 +12,7 @@ import trio.testing
 
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync_messages import LinkChange, Report
+from tests.unit.runtime.outbox import Outbox
 
 
 async def test_a_paced_coordinator_waits_until_the_wall_clock_allows_the_window(
@@ -54,15 +55,6 @@ def test_the_progress_line_names_the_time_reached_and_what_bounds_the_windows() 
     silent.clear_progress()
 
 
-class _Chan:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, object]] = []
-
-    async def send(self, msg: dict[str, object]) -> bool:
-        self.sent.append(msg)
-        return False
-
-
 async def test_a_round_asked_for_while_one_waits_for_its_pace_is_decided_after_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -71,7 +63,7 @@ async def test_a_round_asked_for_while_one_waits_for_its_pace_is_decided_after_i
     jump) but handed out with it, and the watch for stalls decides nothing more until a report
     comes."""
     c = Coordinator(["a", "b"], 1e-6, b"", pace=1000.0)
-    chans = {name: _Chan() for name in c.names}
+    chans = {name: Outbox() for name in c.names}
     for name, chan in chans.items():
         c.attach(name, chan)
     c.release()
