@@ -17,9 +17,9 @@ messages - half of a server's shard, sent whole - are at most ``TREE_MESSAGE`` b
 fat-tree, AI zones of 64 and 512 ranks; above it the rings' pipelined chunks win); else the
 hierarchy where a level exists and the message fits in one slot, or the flat ring's chunk (S /
 n) is under ``RING_CHUNK`` (latency rules there: each of the ring's 2(n-1) steps costs a path's
-latency and carries a few frames, and the hierarchy's fewer steps win - a k = 8 fat-tree's 128
-ranks: 3.7, 2.1 and 1.4 x faster at chunks of 3, 8 and 16 KiB, even at 32), or where the
-bandwidth model gives it at most ``THRESHOLD`` of the ring's time
+latency and carries a few frames, and the hierarchy's fewer steps win; the crossover measured on
+a k = 8 fat-tree is in docs/collectives.md), or where the bandwidth model gives it at most
+``THRESHOLD`` of the ring's time
 (the per-shard rings of several network levels collide on ECMP and do not overlap as one
 ring's steps do: the leaf-spine of 8 servers x 4 measured 11 - 15 % slower than the model
 says); else the ring.
