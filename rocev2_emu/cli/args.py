@@ -54,6 +54,14 @@ def probability(text: str) -> float:
     return value
 
 
+def loads(text: str) -> tuple[float, ...]:
+    """Comma-separated loads, each a fraction of the line rate in (0, 1]."""
+    values = tuple(_number(x, float) for x in text.split(",") if x)
+    if not values or not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text} is not loads in (0, 1], comma-separated")
+    return values
+
+
 def port_number(text: str) -> int:
     value = int(_number(text, int))
     if not 0 < value < 65536:

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.cli.args import add_clock, add_payload, positive_int
+from rocev2_emu.cli.args import add_clock, add_payload, loads, positive_int
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
@@ -75,25 +75,37 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--topology",
         help="topology file to run on, e.g. from 'rocev2-emu topology fat-tree -k 8'; incast: "
         "its first N hosts send to its last (default: one switch); straggler: its hosts the "
-        "ranks, the bursts' hosts added (default: the shipped leaf-spine)",
+        "ranks, the bursts' hosts added (default: the shipped leaf-spine); fct: its hosts send "
+        "and receive (default: the shipped leaf-spine)",
     )
     scale.add_argument(
         "--iterations",
         type=positive_int,
         help="straggler: all-reduces per setting (default 40); recommendation: training steps "
         "per setting (default 3); admission: runs of each workload (default 4 all-to-alls, "
-        "12 incasts; processes: 3 and 4)",
+        "12 incasts; processes: 3 and 4); fct: seeds per setting and load (default 3)",
+    )
+    scale.add_argument("--flows", type=positive_int, help="fct: flows a run (default 200)")
+    scale.add_argument(
+        "--load",
+        dest="loads",
+        type=loads,
+        help="fct: comma-separated loads, fractions of the hosts' line rate (default 0.3,0.5)",
+    )
+    scale.add_argument(
+        "--cdf",
+        help="fct: the flow-size distribution, as rocev2-emu workload's (default websearch)",
     )
     scale.add_argument(
         "--settings",
         type=lambda s: tuple(x for x in s.split(",") if x),
-        help="comma-separated settings to run (incast: lossy,pfc,pfc+dcqcn,pfc+pacing; "
-        "default all)",
+        help="comma-separated settings to run (incast: lossy,pfc,pfc+dcqcn,pfc+pacing; fct: "
+        "pfc,dcqcn-paper,dcqcn-nvidia,dcqcn-hpcc; default all)",
     )
 
 
 def _run(args: argparse.Namespace) -> int:
-    scale = {k: getattr(args, k) for k in ("senders", "size", "topology", "settings", "iterations")}
+    scale = {k: getattr(args, k) for k in harness.SCALE}
     if args.virtual or args.clock == "virtual":
         args.virtual, args.clock = True, "virtual"
     elif args.clock is None:  # exact, where the scenario's runs can be (not dilation's)

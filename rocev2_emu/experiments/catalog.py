@@ -5,6 +5,7 @@ from __future__ import annotations
 from rocev2_emu.experiments import (
     dilation,
     fairness,
+    fct,
     fluid_model,
     harness,
     incast,
@@ -12,7 +13,7 @@ from rocev2_emu.experiments import (
     victim_flow,
 )
 
-for _module in (pfc_unfairness, victim_flow, incast, fairness, fluid_model, dilation):
+for _module in (pfc_unfairness, victim_flow, incast, fairness, fluid_model, fct, dilation):
     harness.register(_module.SCENARIO)
 
 SCENARIOS = harness.SCENARIOS

@@ -89,7 +89,8 @@ async def _run(
                 )
 
         async with trio.open_nursery() as jobs:
-            jobs.start_soon(sample)
+            if dt > 0:
+                jobs.start_soon(sample)
             with watching(recorder, drivers, agents):  # the map's recorder, if any
                 run.results = await run_flows(agents, flows, t0)
             done.set()
@@ -107,8 +108,9 @@ def run_sampled(
     setting: str,
     recorder: Watcher | None = None,
 ) -> Run:
-    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch``;
-    ``recorder`` observes the run until the flows end (the map's)."""
+    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch`` (0:
+    no samples, the flow results and counters only); ``recorder`` observes the run until the
+    flows end (the map's)."""
     return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, recorder)
 
 
@@ -179,8 +181,8 @@ class Recorder(Protocol):
 class Mode:
     """How a scenario runs: in virtual time or with processes at ``tdf``; and, for scenarios
     that take them (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow or per
-    operation (``size``), a ``topology`` file to run on, which ``settings`` to run, and a
-    job's ``iterations``."""
+    operation (``size``), a ``topology`` file to run on, which ``settings`` to run, a job's
+    ``iterations``, and a workload's ``flows``, ``loads`` and ``cdf``."""
 
     virtual: bool = True
     tdf: float = 1000.0
@@ -191,6 +193,9 @@ class Mode:
     topology: str | None = None
     settings: tuple[str, ...] | None = None
     iterations: int | None = None
+    flows: int | None = None  # flows a run (fct)
+    loads: tuple[float, ...] | None = None  # fractions of the hosts' line rate (fct)
+    cdf: str | None = None  # a flow-size distribution, shipped or a file (fct)
     payload: str | None = None  # --payload: "none" for timing-only runs (None: the topology's)
     # the map: a recorder of each virtual run (by topology and setting), a live server beside
     # each run with processes (given by the CLI: this layer does not import the ui)
@@ -342,11 +347,13 @@ def job_scenario(
     return Scenario(name, run, units="", takes=takes, exact=True)
 
 
+SCALE = ("senders", "size", "topology", "settings", "iterations", "flows", "loads", "cdf")
 SCALE_FLAGS = {
     "senders": "--senders",
     "size": "--size",
     "topology": "--topology",
     "iterations": "--iterations",
+    "loads": "--load",
 }
 
 

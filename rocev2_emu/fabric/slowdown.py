@@ -97,13 +97,16 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     out = ["# FCT slowdown (FCT / ideal FCT alone on the fabric) by flow size:"]
     for row in rows:
-        low, high = row["bytes"]
-        span = f"{_size(low)}-{_size(high)}" if high is not None else f">= {_size(low)}"
         out.append(
-            f"#   {span:>12}  {row['flows']:>6} flows  p50 {row['p50']:7.2f}  "
+            f"#   {span(*row['bytes']):>12}  {row['flows']:>6} flows  p50 {row['p50']:7.2f}  "
             f"p95 {row['p95']:7.2f}  p99 {row['p99']:7.2f}"
         )
     return out
+
+
+def span(low: float, high: float | None) -> str:
+    """A size bucket as the reports name it: ``10K-100K``, ``>= 10M``."""
+    return f"{_size(low)}-{_size(high)}" if high is not None else f">= {_size(low)}"
 
 
 def _size(n: float) -> str:

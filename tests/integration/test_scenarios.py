@@ -80,3 +80,21 @@ def test_scenario_checks_hold_with_real_processes(name: str, tdf: float, tmp_pat
         f"this machine is overloaded: {late} late wake-ups and {dropped} kernel drops even at "
         f"TDF {4 * tdf:g}, so {name}'s timing checks would measure the machine"
     )
+
+
+@pytest.mark.timeout(600)
+def test_the_fct_scenario_with_processes_is_its_virtual_run(tmp_path: Path) -> None:
+    """40 web-search flows at 50 % load under DCQCN: the exact clock's slowdown rows, counters
+    included, are the virtual run's byte for byte."""
+    scale = {"settings": ("dcqcn-paper",), "loads": (0.5,), "iterations": 1, "flows": 40}
+    rows = {}
+    for mode, exact in (("virtual", False), ("exact", True)):
+        out = tmp_path / mode
+        code = harness.main(
+            "fct", seed=2, out=str(out), virtual=not exact, exact=exact, scale=scale
+        )
+        assert code == 0
+        rows[mode] = (out / "fct.json").read_text()
+    virtual, exact = (json.loads(rows[m])["runs"] for m in ("virtual", "exact"))
+    assert virtual[0]["completed"] == 40 and virtual[0]["cnps_sent"] > 0
+    assert exact == virtual
