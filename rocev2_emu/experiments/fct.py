@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import tomllib
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
@@ -92,7 +93,9 @@ def run_one(
 
 
 def _spread(values: list[float]) -> str:
-    return f"{statistics.fmean(values):6.2f} [{min(values):.2f}-{max(values):.2f}]"
+    """The mean over seeds and, with more than one, its range."""
+    mean = f"{statistics.fmean(values):6.2f}"
+    return mean if len(values) == 1 else f"{mean} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def _table(rows: list[dict[str, Any]], load: float, setting: str) -> list[str]:
@@ -162,8 +165,9 @@ def fct(seed: int, mode: Mode) -> tuple[list[dict[str, Any]], list[str], bool]:
     base = tomllib.loads(Path(mode.topology).read_text() if mode.topology else leaf_spine(2, 4, 2))
     count = mode.flows or FLOWS
     seeds = range(seed, seed + (mode.iterations or SEEDS))
+    quiet = replace(mode, record=None)  # the map's recording: the first seed's runs
     rows = [
-        run_one(base, setting, load, k, count, cdf, mode)
+        run_one(base, setting, load, k, count, cdf, mode if k == seed else quiet)
         for load in loads
         for setting in names
         for k in seeds

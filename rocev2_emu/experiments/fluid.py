@@ -16,7 +16,16 @@ the marking probability the sender hears about one feedback delay late:
   + (R_T - R_C) / 2 * R_C p / ((1 - p)^(-T R_C) - 1)``
 
 with tau the CNP interval, tau' the alpha timer, T the increase timer and F the fast-recovery
-steps of :class:`rocev2_emu.cc.DcqcnParams`.  :func:`integrate` steps the delay equations
+steps of :class:`rocev2_emu.cc.DcqcnParams`.
+
+The model's notification point sends a CNP in every window of tau that holds a marked packet
+(``1 - (1 - p)^(tau R_C)``).  DCQCN's NP, as specified and as the NICs here run it, sends one
+on the first marked packet at least tau after its last CNP: CNPs are a renewal process, one per
+``tau + 1 / (p R_C)``, fewer than the model's.  ``renewal=True`` models that NP: each packet
+carries a CNP with probability ``p_eff = p / (1 + p R_C tau)``, which replaces p in every
+equation (cuts, alpha, and the increase timer a CNP resets).
+
+:func:`integrate` steps the delay equations
 (Euler, a ring buffer for the delayed terms) and :func:`fixed_point` solves the steady state
 directly: ``R_C = C / N``, alpha from its equation, and p from the two rate equations by
 bisection; the queue follows from inverting RED.
@@ -83,7 +92,10 @@ def _derivatives(
     dp: DcqcnParams,
     b_pkts: float,
     rai: float,
+    renewal: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if renewal:
+        p_late = p_late / (1.0 + p_late * rc_late * dp.cnp_interval)
     q = 1.0 - p_late
     cut = 1.0 - q ** (dp.cnp_interval * rc_late)  # a CNP within tau
     heard = 1.0 - q ** (dp.alpha_timer * rc_late)  # a CNP within tau'
@@ -95,9 +107,15 @@ def _derivatives(
 
 
 def integrate(
-    dp: DcqcnParams, link: Bottleneck, duration: float, dt: float = 0.5e-6
+    dp: DcqcnParams,
+    link: Bottleneck,
+    duration: float,
+    dt: float = 0.5e-6,
+    *,
+    renewal: bool = False,
 ) -> FluidResult:
-    """Integrate from every flow at line rate, alpha 1 and an empty queue."""
+    """Integrate from every flow at line rate, alpha 1 and an empty queue (``renewal``: the
+    specified NP's CNPs, the module)."""
     pkt_bits = link.packet_bytes * 8
     c = link.capacity_bps / pkt_bits  # packets per second
     b_pkts = dp.byte_counter / link.packet_bytes
@@ -116,7 +134,7 @@ def integrate(
     for k in range(steps):
         slot = k % lag
         p_late, rc_late = hist_p[slot], hist_rc[slot]
-        d_rc, d_rt, d_alpha = _derivatives(rc, rt, alpha, p_late, rc_late, dp, b_pkts, rai)
+        d_rc, d_rt, d_alpha = _derivatives(rc, rt, alpha, p_late, rc_late, dp, b_pkts, rai, renewal)
         rc = np.clip(rc + d_rc * dt, floor, c)
         rt = np.clip(rt + d_rt * dt, floor, c)
         alpha = np.clip(alpha + d_alpha * dt, 0.0, 1.0)
@@ -127,8 +145,11 @@ def integrate(
     return FluidResult(times, queue, rate, alphas)
 
 
-def fixed_point(dp: DcqcnParams, link: Bottleneck) -> tuple[float, float, float]:
-    """(marking probability, queue in bytes, alpha) where every derivative is zero."""
+def fixed_point(
+    dp: DcqcnParams, link: Bottleneck, *, renewal: bool = False
+) -> tuple[float, float, float]:
+    """(marking probability, queue in bytes, alpha) where every derivative is zero
+    (``renewal``: the specified NP's, whose equations are the model's in ``p_eff``)."""
     pkt_bits = link.packet_bytes * 8
     rc = np.array(link.capacity_bps / pkt_bits / link.flows)
     b_pkts = dp.byte_counter / link.packet_bytes
@@ -152,4 +173,8 @@ def fixed_point(dp: DcqcnParams, link: Bottleneck) -> tuple[float, float, float]
         lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
     p = (lo * hi) ** 0.5
     alpha = 1.0 - (1.0 - p) ** (dp.alpha_timer * float(rc))
+    if renewal:  # the equations held p_eff: the marking that gives it
+        p = p / (1.0 - p * float(rc) * dp.cnp_interval)
+        if not 0 < p < link.pmax:
+            raise ValueError(f"no fixed point with p < pmax {link.pmax}: the queue sits above Kmax")
     return p, link.queue_for(p), alpha

@@ -41,3 +41,19 @@ def test_more_flows_need_more_marking() -> None:
 def test_no_fixed_point_inside_red_is_an_error() -> None:
     with pytest.raises(ValueError, match="above Kmax"):
         fixed_point(PROFILES["paper"], Bottleneck(10e9, 2, 5e3, 200e3, 0.01, 4154))
+
+
+def test_the_specified_np_needs_more_marking_for_the_same_cuts() -> None:
+    """DCQCN's NP sends a CNP on the first mark a CNP interval after its last: per packet a
+    CNP with p_eff = p / (1 + p R tau), so the fixed point holds the paper's p_eff."""
+    dp = PROFILES["paper"]
+    link = Bottleneck(10e9, 8, 100e3, 400e3, 0.5, 4154)
+    p_paper, q_paper, _ = fixed_point(dp, link)
+    p, q, _ = fixed_point(dp, link, renewal=True)
+    rate = 10e9 / 8 / 8 / 4154  # packets per second per flow
+    assert p / (1 + p * rate * dp.cnp_interval) == pytest.approx(p_paper, rel=1e-6)
+    assert p > 1.2 * p_paper and q > q_paper
+    run = integrate(dp, link, 30e-3, renewal=True)
+    tail = run.times >= 20e-3
+    assert np.mean(run.queue[tail]) == pytest.approx(q, rel=0.1)
+    assert np.mean(run.queue[tail]) > np.mean(integrate(dp, link, 30e-3).queue[tail])

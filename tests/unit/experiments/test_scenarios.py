@@ -116,11 +116,12 @@ def test_fairness_flows_converge_to_fair_shares_and_recover(tmp_path: Path) -> N
     assert ends == sorted(ends, reverse=True)  # last in, first out
 
 
-def test_fluid_model_queue_matches_the_fixed_point(tmp_path: Path) -> None:
-    runs, lines, ok = fluid_model.fluid_model(1, ns=(2, 8))
+def test_fluid_model_queue_matches_the_model_with_dcqcns_np(tmp_path: Path) -> None:
+    runs, lines, ok = fluid_model.fluid_model(1, ns=(2, 16))
     assert ok, lines
     assert all(run.queue_reference for run in runs)
-    assert sum("check: queue within 20 %" in line for line in lines) == 2
+    assert sum("check: queue within 25% of the model with DCQCN's NP" in x for x in lines) == 2
+    assert sum("check: the marking rates nearer the model with DCQCN's NP" in x for x in lines) == 1
     assert plot_runs("fluid-model", runs, tmp_path / "fluid-model.png")
     assert_png(tmp_path / "fluid-model.png")
 
