@@ -5,7 +5,7 @@ little).
 
 Leaf-spines of 32 hosts (4 leaves of 8, 100 Gbit/s links): 9 spines (a leaf's uplinks carry
 1.125 times its hosts' 800 Gbit/s) and 8 spines (1 : 1).  A job of 6 ring all-reduces of
-1 MiB in rank order over scattered hosts (every ring hop crosses the spines, 8 flows up from
+4 MiB in rank order over scattered hosts (every ring hop crosses the spines, 8 flows up from
 every leaf), 8 QPs per connection and the 5-tuple plus the destination QP hashed (E-ECMP), so
 the flows spread over the spines.  During the fourth all-reduce spine0 and spine1 fail: every
 link of theirs goes down at once (their queues and the frames on the wire are lost) and the
@@ -14,17 +14,18 @@ middle of that all-reduce in a run without failure (virtual time repeats exactly
 
 Per fabric: busbw before (all-reduces 1-3), during (4) and after (5-6, two spines short).  The
 checks: no byte lost (every value of every all-reduce right, with the failure's losses recovered
-by go-back-N), the failure was real (frames dropped with the links), and, in virtual time,
-the all-reduce during the failure was slower than those before.  Whether spare capacity keeps
-more busbw after the failure (the paper's claim) is reported, not checked: at 1 MiB the ring is
-bound by its per-step latency as much as by the spines, and over seeds the difference is inside
-the noise (seed 1: 3.70 against 3.41 GB/s after the failure, seed 7: 3.65 against 3.65).  With
+by go-back-N), the failure was real (frames dropped with the links), the all-reduce during the
+failure slower than the same one in a run without it (virtual time) or than those before (the
+exact clock).  The paper's claim, more busbw after the failure with spare capacity, is
+reported, not checked: at 4 MiB the spines bind the ring (at 1 MiB its per-step latency binds
+as much), but over seeds which flows ECMP hashes onto the busiest spine left moves busbw by
+as much as the spare spine does (docs/scenarios.md).  With
 processes (``--tdf``): 2 leaves of 2 hosts, spine links at 25 Gbit/s (9 spines: again 1.125 x
 the hosts'), and rank 0 fails the spines half as long into the fourth all-reduce as the third
 lasted: with ``--clock exact`` at that emulated instant (a change to the fabric the run's
 coordinator hands to every switch, :class:`~rocev2_emu.runtime.sync.LinkChange`), so the run
 repeats exactly; on the wall clock through the switches' control ports.  ``--size`` sets the
-bytes per all-reduce (default 1 MiB).
+bytes per all-reduce (default 4 MiB; processes: 1 MiB).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from rocev2_emu.topology.model import Topology
 FABRICS = (("1 : 1.125 (9 spines)", 9), ("1 : 1 (8 spines)", 8))
 FAILED = ("spine0", "spine1")
 ITERS, FAIL_AT = 6, 3  # all-reduces, and the one during which the spines fail (from 0)
-SIZE = 1 << 20
+SIZE = 4 << 20  # bytes per all-reduce in virtual time: the spines, not the ring's steps, bind
+PROCESS_SIZE = 1 << 20  # with processes (4 hosts)
 QPS = 8
 
 
@@ -189,7 +191,7 @@ def spine_failure(
     seed: int, tdf: float | None = None, mode: harness.Mode | None = None
 ) -> tuple[list[dict[str, Any]], list[str], bool]:
     """Both fabrics: 32 hosts in virtual time, or 4 hosts as processes at ``tdf``."""
-    size = (mode.size if mode is not None else None) or SIZE
+    size = (mode.size if mode is not None else None) or (SIZE if tdf is None else PROCESS_SIZE)
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
     for name, spines in FABRICS:
@@ -207,6 +209,7 @@ def spine_failure(
             "before": statistics.fmean(bw[:FAIL_AT]),
             "during": bw[FAIL_AT],
             "after": statistics.fmean(bw[FAIL_AT + 1 :]),
+            "quiet_during": quiet["busbw"][FAIL_AT] if quiet else None,
             "quiet_after": statistics.fmean(quiet["busbw"][FAIL_AT + 1 :]) if quiet else None,
             **got,
         }
@@ -222,16 +225,13 @@ def spine_failure(
         )
     spare, tight = rows
     # The paper's claim is about the fabric while spines are down: with spare capacity the
-    # all-reduces after the failure should run faster (7 of 9 spines left against 6 of 8).  At
-    # 1 MiB the ring is bound by its per-step latency as much as by the spines, and the
-    # difference moves with the seed (busbw after: seed 1 3.70 / 3.41 GB/s, seed 2 3.68 /
-    # 3.61, seed 7 3.65 / 3.65; the share "kept" moves more, through the phases before the
-    # failure): it is inside the noise, so it is reported, never checked.
+    # all-reduces after the failure run faster (7 of 9 spines left against 6 of 8).  At 4 MiB
+    # the spines bind, but which flows ECMP hashes onto the busiest spine left moves busbw by
+    # as much as the spare spine does: over seeds the effect does not stand out (docs).
     lines.append(
         f"# spare spines: busbw after the failure {spare['after']:.2f} GB/s with 9 spines, "
         f"{tight['after']:.2f} with 8 ({spare['kept']:.0%} and {tight['kept']:.0%} kept): "
-        "reported, not checked - at 1 MiB the difference is inside the seed's noise"
-        + ("" if size == SIZE else f" (this run: {size} bytes)")
+        "reported, not checked - over seeds ECMP's hashing moves it as much as a spine does"
     )
     checks = [
         *value_check(rows, "no byte lost: every value right"),
@@ -240,8 +240,14 @@ def spine_failure(
             all(r["link_down_drops"] > 0 and r["retransmitted"] > 0 for r in rows),
         ),
     ]
-    exact = tdf is None or (mode is not None and mode.exact)
-    if exact:  # virtual time and the exact clock repeat exactly; on the wall clock: reported
+    if tdf is None:  # against the same all-reduce of the run without the failure
+        checks.append(
+            (
+                "the failure cost busbw: the all-reduce during it slower than without it",
+                all(r["during"] < r["quiet_during"] for r in rows),
+            )
+        )
+    elif mode is not None and mode.exact:  # repeats exactly; on the wall clock: reported
         checks.append(
             (
                 "the failure cost busbw: the all-reduce during it slower than those before",

@@ -69,7 +69,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="incast: bytes per sender (default 4 MiB); straggler: bytes per all-reduce "
         "(default 256 KiB); ecmp-entropy: the all-reduce's bytes per rank, the all-to-all's an "
         "eighth (default 8 MiB; processes: 2 MiB); spine-failure: bytes per all-reduce "
-        "(default 1 MiB)",
+        "(default 4 MiB; processes: 1 MiB)",
     )
     scale.add_argument(
         "--topology",

@@ -15,19 +15,19 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rocev2_emu.cc import PROFILES, LineRateFactory, RateControlFactory
-from rocev2_emu.nic.ingress import IngressConfig, IngressQueue
+from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.ingress import IngressQueue
 from rocev2_emu.runtime.events import Core
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
-from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
+from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR
 from rocev2_emu.wire.bth import CNP_PAD_LEN, Opcode
+from rocev2_emu.wire.decode import decode_frame_at
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import (
     ECN_CE,
@@ -41,40 +41,13 @@ from rocev2_emu.wire.ethernet import (
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
 from rocev2_emu.wire.pfc import PfcFrame, encode_pfc
-from rocev2_emu.wire.qos import DEFAULT_DSCP_MAP, PRIORITIES, priority_of
+from rocev2_emu.wire.qos import PRIORITIES, priority_of
 from rocev2_emu.wire.roce import (
-    DSCP_CNP,
-    DSCP_ROCE,
     FrameTemplate,
-    decode_frame_at,
     rxe_udp_sport,
 )
 
-# DSCP -> 802.1p priority: RoCE data on 3, CNPs on 6 (the usual lossless-fabric convention);
-# any other DSCP maps to its class selector (DSCP >> 3).
 CNP_PAD: Final = bytes(CNP_PAD_LEN)
-
-
-@dataclass(slots=True)
-class NicConfig:
-    """What a NIC needs to know about itself and its link."""
-
-    ip: str  # emulated IPv4 address (the RoCEv2 GID)
-    mac: bytes | None = None  # default 02:00:<ip>
-    next_hop_mac: bytes | None = None  # a switch port's MAC; None: the peer NIC's (direct link)
-    vni: int = 1
-    link_bps: float = 100e9  # emulated line rate; 0 = unpaced
-    dscp: int = DSCP_ROCE  # DSCP of QPs that set no traffic class of their own
-    dscp_map: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_DSCP_MAP))
-    ecn: int = ECN_ECT0
-    catchup: float = 0.0  # emulated seconds a late pump may send "in the past" to keep the rate
-    ingress: IngressConfig | None = None  # a slow receiver that pauses its switch (PFC)
-    rate_control: RateControlFactory = field(default_factory=LineRateFactory)  # every QP's
-    send_cnps: bool = False  # notification point: answer CE marks with CNPs
-    cnp_interval: float = PROFILES["paper"].cnp_interval  # at most one CNP per QP per interval
-    cnp_dscp: int = DSCP_CNP
-    max_inflight: int = DEFAULT_MAX_INFLIGHT  # per-QP cap on unacknowledged packets
-    timing_only: bool = False  # payloads elided on the wire (FrameTemplate.build's elide)
 
 
 class NicCore(Core):

@@ -36,7 +36,8 @@ from rocev2_emu.cc import (
     RateControlFactory,
     StaticRateFactory,
 )
-from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.core import NicCore
 from rocev2_emu.nic.driver import EngineNic, NicDriver
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.runtime.clock import DilatedClock

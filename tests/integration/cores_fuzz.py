@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from rocev2_emu import cores
-from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.core import NicCore
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.transport.memory import Access

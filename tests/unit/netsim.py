@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.core import NicCore
 from rocev2_emu.nic.driver import nic_node
 from rocev2_emu.nic.ingress import IngressConfig
 from rocev2_emu.runtime.engine import Node

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from rocev2_emu.nic.core import NicConfig, NicCore
+from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.core import NicCore
 from rocev2_emu.nic.driver import nic_node
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, WorkCompletion
-from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, decode_datagram_untrusted
+from rocev2_emu.wire.decode import decode_datagram_untrusted
+from rocev2_emu.wire.roce import FrameTemplate, RoceFrame
 from tests.unit.hand_stepped import HandStepped
 
 Tamper = Callable[[int, bytes, float], list[bytes]]

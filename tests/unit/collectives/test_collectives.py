@@ -547,7 +547,7 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
     assert pfc["pfc_tx"] > 0 and window["in_flight"] == window["window"] == 2
 
 
-# four virtual runs of 41- and 44-node fabrics, six 256 KiB all-reduces each (shipped: 1 MiB)
+# four virtual runs of 41- and 44-node fabrics, six 256 KiB all-reduces each (shipped: 4 MiB)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
@@ -564,8 +564,8 @@ def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
     assert spare["spines"] == 9 and tight["spines"] == 8
     for r in (spare, tight):
         assert r["wrong"] == 0 and r["link_down_drops"] > 0 and r["retransmitted"] > 0
-        assert len(r["busbw"]) == 6 and r["during"] < r["before"]
-    # the comparison of the two fabrics is reported (inside the seed's noise at 1 MiB)
+        assert len(r["busbw"]) == 6 and r["during"] < r["quiet_during"]
+    # the comparison of the two fabrics is reported (inside ECMP's spread over seeds)
     out = capsys.readouterr().out
     assert "# spare spines: busbw after the failure" in out and "reported, not checked" in out
     assert out.count(": pass") == 3 and "FAIL" not in out

@@ -19,9 +19,10 @@ from rocev2_emu.fabric.virtual import run_flows_virtual
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine
 from rocev2_emu.topology.model import Topology
+from rocev2_emu.wire.decode import decode_frame_at
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import VXLAN_LEN
-from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, decode_frame_at, pack_reth
+from rocev2_emu.wire.roce import FrameTemplate, RoceFrame, pack_reth
 
 
 def _topology(text: str, payload: str, loss: float) -> Topology:

@@ -204,7 +204,7 @@ def test_red_marks_with_probability_between_kmin_and_kmax() -> None:
         marked = sum(sw._mark(1, 3, datagram, depth)[23] & 3 == 3 for _ in range(4000))
         assert marked / 4000 == pytest.approx(expected, abs=0.03)
         assert all(sw._mark(1, 3, not_ect, depth) == not_ect for _ in range(50))
-    from rocev2_emu.wire.roce import decode_datagram_untrusted
+    from rocev2_emu.wire.decode import decode_datagram_untrusted
 
     marked_frame = sw._mark(1, 3, datagram, 40_000)
     assert decode_datagram_untrusted(marked_frame)[1].ecn == 3  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from rocev2_emu.wire.bth import NakCode, Opcode, psn_add, psn_diff
+from rocev2_emu.wire.decode import decode_datagram_untrusted, decode_frame_untrusted
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import ECN_CE, ipv4_checksum
 from rocev2_emu.wire.pfc import PFC_DST_MAC, PfcFrame, decode_pfc_untrusted, encode_pfc
@@ -23,8 +24,6 @@ from rocev2_emu.wire.roce import (
     DSCP_CNP,
     FrameTemplate,
     RoceFrame,
-    decode_datagram_untrusted,
-    decode_frame_untrusted,
     pack_aeth,
     pack_atomic_ack,
     pack_atomic_eth,
