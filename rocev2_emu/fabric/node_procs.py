@@ -16,6 +16,7 @@ import trio.abc
 
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.runtime.sync import SyncAddress, sync_label
+from rocev2_emu.runtime.sync_messages import process_label
 
 READY_TIMEOUT = 60.0
 
@@ -28,11 +29,13 @@ async def read_ready(name: str, proc: NodeProcess, ready: dict[str, str]) -> Non
     while buf.count(b"\n") < len(nodes):
         chunk = await proc.stdout.receive_some(4096)
         if not chunk:
-            raise RuntimeError(f"node {name} exited before it was ready (code {proc.poll()})")
+            raise RuntimeError(
+                f"node {process_label(name)} exited before it was ready (code {proc.poll()})"
+            )
         buf += chunk
     for line in buf.decode().splitlines()[: len(nodes)]:
         if not line.startswith("READY ") or line.split()[1] not in nodes:
-            raise RuntimeError(f"node {name} said {line!r} instead of READY")
+            raise RuntimeError(f"node {process_label(name)} said {line!r} instead of READY")
         ready[line.split()[1]] = line
 
 
@@ -101,10 +104,11 @@ async def wait_ready(procs: dict[str, NodeProcess], tails: dict[str, deque[str]]
         missing = sorted(set(procs) - set(ready))
         for name in missing:
             print(
-                f"rocev2-emu up: node {name} not ready: " + " | ".join(tails[name]),
+                f"rocev2-emu up: node {process_label(name)} not ready: " + " | ".join(tails[name]),
                 file=sys.stderr,
             )
-        raise RuntimeError(f"nodes not ready within {READY_TIMEOUT:g} s: {missing}") from exc
+        shown = [process_label(name) for name in missing]
+        raise RuntimeError(f"nodes not ready within {READY_TIMEOUT:g} s: {shown}") from exc
     return ready
 
 

@@ -34,7 +34,7 @@ from rocev2_emu.fabric.node_procs import drain, last_words, node_argv, start_nod
 from rocev2_emu.fabric.report import report, write_json
 from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime.coordinator import Coordinator
-from rocev2_emu.runtime.sync_messages import SyncError
+from rocev2_emu.runtime.sync_messages import SyncError, process_label
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -260,7 +260,9 @@ async def _named_death(procs: dict[str, NodeProcess], exc: Exception) -> Excepti
         code = proc.poll()
         if code is not None:
             why = first_exception(exc)  # (not a group's "Exceptions from Trio nursery")
-            return RuntimeError(f"node {name} died with code {code} during the job ({why})")
+            return RuntimeError(
+                f"node {process_label(name)} died with code {code} during the job ({why})"
+            )
     return exc
 
 

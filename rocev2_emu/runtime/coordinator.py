@@ -38,6 +38,7 @@ from rocev2_emu.runtime.sync_messages import (
     Report,
     Stop,
     SyncError,
+    process_label,
 )
 
 
@@ -188,11 +189,11 @@ class Coordinator:
                 try:
                     report = Report.from_wire(msg)
                 except ValueError as exc:
-                    raise SyncError(f"node {name}: {exc}") from exc
+                    raise SyncError(f"node {process_label(name)}: {exc}") from exc
                 await self.take(name, report)
         except ControlError as exc:
             if name in self.links and not self.finished:
-                raise SyncError(f"node {name} went away ({exc})", name) from exc
+                raise SyncError(f"node {process_label(name)} went away ({exc})", name) from exc
         finally:
             with trio.CancelScope(shield=True):
                 if mine is not None:
@@ -280,7 +281,7 @@ class Coordinator:
         try:
             await self.links[name].send(grant.wire())
         except ControlError as exc:
-            raise SyncError(f"node {name} went away ({exc})", name) from exc
+            raise SyncError(f"node {process_label(name)} went away ({exc})", name) from exc
 
     async def paced(self, until: float) -> None:
         """With a pace: wait until the wall clock lets the run reach ``until`` (emulated),

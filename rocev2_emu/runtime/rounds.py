@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreReply
-from rocev2_emu.runtime.sync_messages import Grant, LinkChange, Report, SyncError
+from rocev2_emu.runtime.sync_messages import Grant, LinkChange, Report, SyncError, process_label
 
 STALL_SECONDS: Final = 60.0  # wall seconds without a round that moves: the run stops
 
@@ -116,7 +116,8 @@ class Rounds:
         only brings its operations: its report of that window follows."""
         for op in report.store:
             if self._origins.get(op.origin) != name:
-                raise SyncError(f"node {name}: a store operation as host {op.origin}")
+                who = process_label(name)
+                raise SyncError(f"node {who}: a store operation as host {op.origin}")
             self.store.submit(op)
         self.ask(name, report.changes)
         if report.window != self.granted.get(name, 0):
@@ -138,9 +139,9 @@ class Rounds:
                 change = change.at_instant(max(self.until, 0.0))
             elif change.at < self.until:
                 raise SyncError(
-                    f"node {name}: a link change at t={change.at * 1e6:.3f} us comes after the "
-                    f"run reached {self.until * 1e6:.3f} us (ask at least one lookahead ahead "
-                    "of now)"
+                    f"node {process_label(name)}: a link change at t={change.at * 1e6:.3f} us "
+                    f"comes after the run reached {self.until * 1e6:.3f} us (ask at least one "
+                    "lookahead ahead of now)"
                 )
             self.changes.append(change)
         return bool(changes)

@@ -23,6 +23,17 @@ from rocev2_emu.runtime.link import faults_from_request
 
 MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report may carry)
 DONE: Final = "done"  # the stop reason of a run that ended normally
+SHOWN_NODES: Final = 3  # nodes a message names of a process that hosts more
+
+
+def process_label(name: str) -> str:
+    """A node process as a message names it: its nodes (comma-separated), at most
+    :data:`SHOWN_NODES` of them and how many more - a worker hosting 13 137 nodes is one short
+    line, not 100 KB."""
+    nodes = name.split(",")
+    if len(nodes) <= SHOWN_NODES:
+        return name
+    return f"{','.join(nodes[:SHOWN_NODES])} and {len(nodes) - SHOWN_NODES} more"
 
 
 class SyncError(Exception):
