@@ -1,6 +1,6 @@
 """Starting a fabric's node processes and reading what they say: the ``rocev2-emu node``
 arguments of each, a blank forked before the run or a fresh interpreter, their READY lines
-(within :data:`READY_TIMEOUT`), their pipes kept flowing with the last lines remembered, and
+(within :func:`ready_deadline`), their pipes kept flowing with the last lines remembered, and
 the line that says why one left.  One pipe task per process; a tail of a few lines each.
 """
 
@@ -18,7 +18,15 @@ from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.runtime.sync import SyncAddress, sync_label
 from rocev2_emu.runtime.sync_messages import process_label
 
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 60.0  # wall seconds for a fabric's node processes to say READY, and
+READY_PER_NODE = 0.01  # as many more per node of the fabric: every process reads the whole
+# file and builds its nodes on cores the others share (26 274 nodes on six workers: 5 min)
+
+
+def ready_deadline(processes: list[str]) -> float:
+    """Wall seconds the node processes ``processes`` (each named by its nodes) have to be
+    ready: :data:`READY_TIMEOUT`, and :data:`READY_PER_NODE` for every node they host."""
+    return READY_TIMEOUT + READY_PER_NODE * sum(name.count(",") + 1 for name in processes)
 
 
 async def read_ready(name: str, proc: NodeProcess, ready: dict[str, str]) -> None:
@@ -94,8 +102,9 @@ async def start_node(
 
 async def wait_ready(procs: dict[str, NodeProcess], tails: dict[str, deque[str]]) -> dict[str, str]:
     ready: dict[str, str] = {}
+    deadline = ready_deadline(list(procs))
     try:
-        with trio.fail_after(READY_TIMEOUT):
+        with trio.fail_after(deadline):
             async with trio.open_nursery() as waiting:
                 for name, proc in procs.items():
                     waiting.start_soon(read_ready, name, proc, ready)
@@ -108,7 +117,7 @@ async def wait_ready(procs: dict[str, NodeProcess], tails: dict[str, deque[str]]
                 file=sys.stderr,
             )
         shown = [process_label(name) for name in missing]
-        raise RuntimeError(f"nodes not ready within {READY_TIMEOUT:g} s: {shown}") from exc
+        raise RuntimeError(f"nodes not ready within {deadline:g} s: {shown}") from exc
     return ready
 
 

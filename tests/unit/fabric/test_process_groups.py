@@ -16,6 +16,7 @@ from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.agent_server import MAX_OPEN_FLOWS, OpenFlows, open_flows_on
 from rocev2_emu.fabric.exact_node import run_exact_node
 from rocev2_emu.fabric.layout import by_process, open_batches, process_groups, process_name
+from rocev2_emu.fabric.node_procs import READY_PER_NODE, READY_TIMEOUT, ready_deadline
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
@@ -154,3 +155,13 @@ async def test_open_flows_refuses_a_source_that_is_not_a_host_of_the_process() -
         await open_flows_on(
             {}, OpenFlows([flow, {"spec": {"id": 1, "src": "h0", "dst": "h1"}, "dst": "x"}])
         )
+
+
+def test_the_ready_deadline_grows_with_the_nodes_the_processes_host() -> None:
+    """Six workers of the 24 576-accelerator cluster (26 274 nodes) took more than the fixed
+    60 s to read the file and build their nodes on two cores; a fabric of a few nodes keeps
+    about a minute."""
+    small = ready_deadline(["sw0", "h0", "h1"])
+    assert small == READY_TIMEOUT + 3 * READY_PER_NODE
+    workers = [",".join(f"n{w}_{k}" for k in range(4379)) for w in range(6)]
+    assert ready_deadline(workers) == READY_TIMEOUT + 6 * 4379 * READY_PER_NODE > 300
