@@ -23,7 +23,7 @@ from rocev2_emu.runtime.link import faults_from_request
 
 MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report may carry)
 DONE: Final = "done"  # the stop reason of a run that ended normally
-SHOWN_NODES: Final = 3  # nodes a message names of a process that hosts more
+SHOWN_NODES: Final = 8  # nodes a message names of a process that hosts more
 
 
 def process_label(name: str) -> str:
