@@ -12,7 +12,11 @@ At scale (``--topology FILE``, for example a k = 8 fat-tree's 128 hosts): the fi
 are the ranks (as many as their ``ranks`` say, one each by default); the receiver hangs off
 the switch of its first host, the six senders two each off the last three switches that hosts
 hang off (on the leaf-spine: leaf 0 and leaves 1-3, as above); ``--iterations`` and ``--size``
-(bytes per all-reduce) set the job.
+(bytes per all-reduce) set the job.  Up to :data:`FLAT_RING_RANKS` ranks the all-reduce is a
+flat ring, as on the leaf-spine; above, it is the schedule NCCL's tuner would pick
+(``algo="auto"``: the tree or rings within rings, :mod:`collectives.comm.cost`).  A flat ring
+over 1 024 ranks is 2 046 steps of 128-byte chunks for 256 KiB, about 1 G frame-hops over 40
+iterations: a schedule nobody runs at that scale.
 
 Each iteration's time is the latest rank's finish minus the previous iteration's latest
 finish; the report gives p50 / p99 / max, the mean of the slowest tenth, the time lost in all
@@ -49,12 +53,14 @@ from rocev2_emu.topology.model import Topology
 
 @job("iterations")
 async def iterations(comm: Communicator, p: dict[str, Any]) -> list[float]:
-    """``p["iters"]`` all-reduces of ``p["bytes"]``; the emulated time each one ended."""
+    """``p["iters"]`` all-reduces of ``p["bytes"]`` (schedule ``p["algo"]``, ring by default);
+    the emulated time each one ended."""
     x = np.ones(int(p["bytes"]) // 4, np.float32)
+    algo = str(p.get("algo", "ring"))
     await comm.barrier()
     ends = [comm.ctx.now()]
     for _ in range(int(p["iters"])):
-        await comm.all_reduce(x, algo="ring")
+        await comm.all_reduce(x, algo=algo)
         ends.append(comm.ctx.now())
     return ends
 
@@ -121,6 +127,12 @@ def summarize(results: dict[int, list[float]]) -> tuple[list[float], list[int]]:
 BURST = 2 << 20  # bytes per sender per burst: 6 senders, 12 MiB towards one 100G port
 PERIOD = 1.5e-3  # seconds between bursts
 BURSTS = 3
+FLAT_RING_RANKS = 128  # above this many ranks, the tuner's schedule instead of a flat ring
+
+
+def schedule(ranks: int) -> str:
+    """The all-reduce's ``algo`` for ``ranks`` ranks (:data:`FLAT_RING_RANKS`)."""
+    return "ring" if ranks <= FLAT_RING_RANKS else "auto"
 
 
 def straggler(
@@ -134,15 +146,17 @@ def straggler(
         iters, size = mode.iterations or iters, mode.size or size
     if size % 4 or iters < 1:
         raise ValueError(f"straggler: --size must be a multiple of 4 bytes (float32), got {size}")
-    params = {"iters": iters, "bytes": size, "timeout": 0.5}
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
+    algo = "ring"
     for setting, dcqcn, with_bursts in (
         ("quiet", False, False),
         ("pfc", False, True),
         ("pfc+dcqcn", True, True),
     ):
         topo = straggler_topology(seed, dcqcn, text)
+        algo = schedule(sum(h.ranks for h in topo.hosts))
+        params = {"iters": iters, "bytes": size, "timeout": 0.5, "algo": algo}
         flows = bursts(PERIOD, BURST, BURSTS, 50e-6) if with_bursts else []
         results, fab = run_virtual_recorded(topo, "iterations", params, setting, mode, flows=flows)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
@@ -190,6 +204,8 @@ def straggler(
         ),
     ]
     check, ok = check_lines(checks)
+    if algo != "ring":
+        lines.insert(0, f"all-reduce schedule: {algo} (more than {FLAT_RING_RANKS} ranks)")
     return rows, lines + check, ok
 
 
@@ -206,7 +222,8 @@ def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     ax.set_xlabel("time (emulated us); shaded: a burst's drain time at the receiver's port")
     ax.set_ylabel("all-reduce iteration (us)")
     ranks, size = rows[0]["ranks"], rows[0]["bytes"]
-    ax.set_title(f"straggler: {ranks}-rank ring all-reduce, {size >> 10} KiB, beside micro-bursts")
+    what = "ring" if schedule(ranks) == "ring" else "tuned"
+    ax.set_title(f"straggler: {ranks}-rank {what} all-reduce, {size >> 10} KiB, beside bursts")
     ax.legend(fontsize=8)
     return fig
 

@@ -492,6 +492,39 @@ def test_straggler_at_scale_takes_a_topology_iterations_and_size(
     assert "scenario straggler takes no --senders" in capsys.readouterr().err
 
 
+def test_straggler_runs_a_flat_ring_up_to_128_ranks_and_the_tuned_schedule_above() -> None:
+    from collectives.scenarios.straggler import FLAT_RING_RANKS, schedule
+
+    assert FLAT_RING_RANKS == 128
+    assert [schedule(n) for n in (8, 128, 129, 1024)] == ["ring", "ring", "auto", "auto"]
+
+
+# three 2-iteration virtual runs of a k = 4 fat-tree with the flat ring's limit lowered to 8
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_straggler_above_the_flat_ring_limit_says_it_runs_the_tuned_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from collectives.plugin import register
+    from collectives.scenarios import straggler
+    from rocev2_emu.experiments import harness
+
+    register()
+    (tmp_path / "ft4.toml").write_text(fat_tree(4))
+    scale: dict[str, Any] = {"topology": str(tmp_path / "ft4.toml"), "iterations": 2}
+    monkeypatch.setattr(straggler, "FLAT_RING_RANKS", 8)
+    harness.main("straggler", seed=1, out=str(tmp_path / "auto"), virtual=True, scale=scale)
+    assert "all-reduce schedule: auto (more than 8 ranks)" in capsys.readouterr().out
+    monkeypatch.setattr(straggler, "FLAT_RING_RANKS", 128)
+    harness.main("straggler", seed=1, out=str(tmp_path / "ring"), virtual=True, scale=scale)
+    assert "all-reduce schedule" not in capsys.readouterr().out
+    tuned, ring = (
+        json.loads((tmp_path / d / "straggler.json").read_text())["runs"][0]["times"]
+        for d in ("auto", "ring")
+    )
+    assert tuned != ring  # a different schedule ran
+
+
 # ten virtual runs of a 40-node fabric, at a quarter of the shipped size (a 2 MiB ring over 32
 # ranks, a 256 KiB all-to-all): about half a minute here; a hang still ends the test
 @pytest.mark.slow
