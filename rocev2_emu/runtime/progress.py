@@ -29,8 +29,8 @@ class ProgressLine:
     def __init__(self, stream: TextIO, fraction: Callable[[], float] | None = None) -> None:
         self.stream = stream
         self.fraction = fraction
-        self._start = time.monotonic()
-        self._next = self._start + EVERY_WALL_SECONDS
+        self.start = time.monotonic()  # wall seconds (monotonic) when the run began
+        self._next = self.start + EVERY_WALL_SECONDS
         self._calls = 0
         self._width = 0
 
@@ -53,7 +53,7 @@ class ProgressLine:
         self.show(engine, now)
 
     def show(self, engine: Progressing, wall: float) -> None:
-        elapsed = max(wall - self._start, 1e-9)
+        elapsed = max(wall - self.start, 1e-9)
         line = (
             f"virtual time {engine.now * 1e6:,.1f} us emulated, "
             f"{engine.hops / elapsed:,.0f} frame-hops/s, {elapsed:.0f} s"

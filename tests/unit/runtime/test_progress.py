@@ -28,7 +28,7 @@ def test_the_line_shows_emulated_time_rate_and_eta_then_clears() -> None:
     out = Terminal()
     line = ProgressLine.on_terminal(lambda: 0.25, stream=out)
     assert line is not None
-    line.show(FakeEngine(now=1234.5e-6, hops=50_000), wall=line._start + 10.0)
+    line.show(FakeEngine(now=1234.5e-6, hops=50_000), wall=line.start + 10.0)
     text = out.getvalue()
     assert text.startswith("\rvirtual time 1,234.5 us emulated, 5,000 frame-hops/s, 10 s")
     assert "25% done, ETA 30 s" in text
