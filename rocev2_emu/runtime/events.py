@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from mypy_extensions import mypyc_attr
+from mypy_extensions import i64, mypyc_attr
 
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
 
@@ -157,12 +157,13 @@ def _before(a: Event, b: Event) -> bool:
     return a.seq < b.seq
 
 
-def _sift_up(heap: list[Event], pos: int, event: Event) -> None:
+def _sift_up(heap: list[Event], pos: i64, event: Event) -> None:
     """Put ``event`` in the hole at ``pos``, moving it towards the root past later parents."""
+    at = event.at
     while pos > 0:
         parent = (pos - 1) >> 1
         above = heap[parent]
-        if not _before(event, above):
+        if above.at < at or (above.at == at and not _before(event, above)):
             break
         heap[pos] = above
         pos = parent
@@ -176,19 +177,25 @@ def heap_push(heap: list[Event], event: Event) -> None:
 
 
 def heap_pop(heap: list[Event]) -> Event:
-    """heapq's pop (the same sift: the hole goes down to a leaf, then the last entry rises)."""
+    """heapq's pop (the same sift: the hole goes down to a leaf, then the last entry rises).
+    Indices are native 64-bit integers and a child is read once; the times are compared
+    inline, the rest of the key (:func:`_before`) only on a tie."""
     last = heap.pop()
-    if not heap:
+    end: i64 = len(heap)
+    if end == 0:
         return last
     first = heap[0]
-    end = len(heap)
-    pos = 0
-    child = 1
+    pos: i64 = 0
+    child: i64 = 1
     while child < end:
+        c = heap[child]
         right = child + 1
-        if right < end and not _before(heap[child], heap[right]):
-            child = right
-        heap[pos] = heap[child]
+        if right < end:
+            r = heap[right]
+            if r.at < c.at or (r.at == c.at and not _before(c, r)):
+                c = r
+                child = right
+        heap[pos] = c
         pos = child
         child = 2 * pos + 1
     _sift_up(heap, pos, last)
