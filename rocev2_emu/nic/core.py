@@ -12,18 +12,18 @@ Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clo
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import deque
 from typing import Any, Final
 
 from rocev2_emu.nic.config import NicConfig
+from rocev2_emu.nic.deadlines import Deadlines
 from rocev2_emu.nic.ingress import IngressQueue
 from rocev2_emu.runtime.events import Core
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
-from rocev2_emu.transport.qp import QueuePair
+from rocev2_emu.transport.qp import NO_DEADLINE, QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR
 from rocev2_emu.wire.bth import CNP_PAD_LEN, Opcode
@@ -84,10 +84,8 @@ class NicCore(Core):
         self._control: deque[bytes] = deque()
         self._peer_ip: dict[int, int] = {}  # QPN -> its peer's address (the path's source IP)
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
-        # every QP: a heap of (deadline, QPN) with stale entries skipped, refreshed for the QPs
-        # an operation touched
-        self._timers: list[tuple[float, int]] = []
-        self._timer_of: dict[int, float] = {}  # QPN -> its live deadline in the heap
+        # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
+        self._deadlines = Deadlines()
         self._touched: dict[int, QueuePair] = {}  # QPs whose deadline may have moved
 
     # -- resources (called by the verbs layer) ---------------------------------------------
@@ -142,7 +140,7 @@ class NicCore(Core):
         if self.qps.get(qp.qpn) is not qp:
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
-        self._timer_of.pop(qp.qpn, None)
+        qp.deadline = NO_DEADLINE  # its entries on the heap are stale
         self._touched.pop(qp.qpn, None)
         self._peer_ip.pop(qp.qpn, None)
         self._active[qp.priority].pop(qp.qpn, None)
@@ -422,28 +420,16 @@ class NicCore(Core):
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
-        heap, timer_of, qps = self._timers, self._timer_of, self.qps
+        deadlines, qps = self._deadlines, self.qps
         for qpn, qp in self._touched.items():
-            if qps.get(qpn) is not qp:
-                continue
-            t = qp.get_timer()
-            if t is None:
-                if qpn in timer_of:
-                    del timer_of[qpn]
-            elif timer_of.get(qpn) != t:
-                timer_of[qpn] = t
-                heapq.heappush(heap, (t, qpn))
+            if qps.get(qpn) is qp:
+                deadlines.refresh(qp)
         self._touched.clear()
 
     def _next_qp_timer(self) -> float | None:
         self._refresh_timers()
-        heap, timer_of = self._timers, self._timer_of
-        while heap:
-            t, qpn = heap[0]
-            if timer_of.get(qpn) == t:
-                return t
-            heapq.heappop(heap)  # the QP moved its deadline (or is gone)
-        return None
+        t = self._deadlines.first()
+        return None if t == NO_DEADLINE else t
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
@@ -464,13 +450,9 @@ class NicCore(Core):
                 self._receive(datagram, now)
             self._edge_pfc(now)
         self._refresh_timers()
-        heap, timer_of = self._timers, self._timer_of
-        while heap and heap[0][0] <= now:
-            t, qpn = heapq.heappop(heap)
-            if timer_of.get(qpn) != t:
-                continue
-            del timer_of[qpn]
-            qp = self.qps[qpn]
+        deadlines = self._deadlines
+        while (qp := deadlines.due(now)) is not None:
+            qpn = qp.qpn
             qp.handle_timer(now)
             self._touched[qpn] = qp
             self._active[qp.priority][qpn] = qp

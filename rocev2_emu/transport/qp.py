@@ -56,6 +56,7 @@ MAX_MESSAGE: Final = 1 << 31
 # loss).  IBTA sets no window; real NICs are bounded by the bandwidth-delay product, which an
 # unpaced emulated link does not have.
 DEFAULT_MAX_INFLIGHT: Final = 512
+NO_DEADLINE: Final = -1.0  # a QP with no deadline on its NIC's heap (nic.deadlines)
 
 
 class QueuePair(QPEndpoint):
@@ -101,6 +102,7 @@ class QueuePair(QPEndpoint):
         self.priority = 3  # 802.1p priority, set by the NIC from the DSCP
         self.rc: RateControl | None = None  # rate control, set by the NIC at RTS
         self.last_cnp = -1.0  # notification point: when this QP last sent a CNP
+        self.deadline = NO_DEADLINE  # its live entry on the NIC's deadline heap
         self.requester = Requester(self)
         self.responder = Responder(self)
 
