@@ -32,9 +32,9 @@ def test_due_hands_out_qps_by_time_then_qpn_and_each_live_deadline_once() -> Non
     assert d.first() == 1e-6
     assert d.due(0.5e-6) is None
     order = []
-    while (qp := d.due(5e-6)) is not None:
-        order.append(qp)
-        assert qp.deadline == NO_DEADLINE
+    while (due := d.due(5e-6)) is not None:
+        order.append(due)
+        assert due.deadline == NO_DEADLINE
     assert order == [qps[1], qps[3], *sorted((qps[0], qps[2]), key=lambda q: q.qpn)]
     assert d.first() == NO_DEADLINE
 
