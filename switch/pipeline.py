@@ -33,7 +33,7 @@ from rocev2_emu.wire.ethernet import (
     ipv4_checksum,
     wire_len,
 )
-from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
+from rocev2_emu.wire.linerate import NOMINAL_BPS
 from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc, pause_time
 from rocev2_emu.wire.qos import PRIORITIES
 from switch.config import (
@@ -44,65 +44,11 @@ from switch.config import (
     SwitchConfig,
 )
 from switch.mmu import ADMIT_DROP, ADMIT_HEADROOM, Mmu
+from switch.port_state import PortState, QueueEntry
 from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
 _ELIDED_MIN: Final = _IP + 20 + 8 + 12  # a timing-only frame: IPv4, UDP and BTH at least
-
-
-class _Entry:
-    __slots__ = ("datagram", "from_headroom", "in_port", "size")
-
-    def __init__(self, datagram: bytes, in_port: int, size: int, from_headroom: bool) -> None:
-        self.datagram, self.in_port, self.size, self.from_headroom = (
-            datagram,
-            in_port,
-            size,
-            from_headroom,
-        )
-
-
-class PortState:
-    """Counters and queues of one port (names after SAI port / queue statistics)."""
-
-    def __init__(self, rate_bps: float, prio_count: int = PRIORITIES) -> None:
-        self.up = True
-        self.pacer = LinePacer(rate_bps)  # the egress link's transmitter
-        # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
-        self.queues: list[dict[int, deque[_Entry]]] = [{} for _ in range(prio_count)]
-        self.queue_bytes = [0] * prio_count
-        self.queued = 0  # bit p set while priority p has frames queued (the timer's scan)
-        self.peak_queue_bytes = 0  # the most any one priority's egress queue held
-        self.control: deque[bytes] = deque()
-        self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
-        self.paused_time = [0.0] * prio_count  # accumulated, emulated seconds
-        self._paused_from = [-1.0] * prio_count
-        self.rx_packets = self.rx_bytes = self.tx_packets = self.tx_bytes = 0
-        self.drops: Counter[str] = Counter()
-        self.ecn_marked = [0] * prio_count
-        self.pfc_tx = [0] * prio_count
-        self.pfc_rx = [0] * prio_count
-        self.xoff_refresh_at = [0.0] * prio_count  # when to re-send XOFF upstream
-
-    def pause(self, prio: int, until: float, now: float) -> None:
-        if self._paused_from[prio] >= 0 and self.paused_until[prio] <= now:
-            self._close_pause(prio)
-        if until > now and self._paused_from[prio] < 0:
-            self._paused_from[prio] = now
-        if until <= now and self._paused_from[prio] >= 0:
-            self.paused_until[prio] = now
-            self._close_pause(prio)
-        self.paused_until[prio] = until
-
-    def _close_pause(self, prio: int) -> None:
-        self.paused_time[prio] += self.paused_until[prio] - self._paused_from[prio]
-        self._paused_from[prio] = -1.0
-
-    def paused_seconds(self, prio: int, now: float) -> float:
-        extra = 0.0
-        if self._paused_from[prio] >= 0:
-            extra = min(now, self.paused_until[prio]) - self._paused_from[prio]
-        return self.paused_time[prio] + max(0.0, extra)
 
 
 class SwitchCore(Core):
@@ -136,9 +82,12 @@ class SwitchCore(Core):
         # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
         self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
         self._prio = [config.priority_of(dscp) for dscp in range(64)]
-        self._pending: set[int] = set()  # ports with frames queued
+        # ports with frames to send: the set next_out's sweep turns over (its order is the
+        # order ports take their turns) and the same ports as a list the timer reads
+        self._pending: set[int] = set()
+        self._pending_ports: list[PortState] = []
         self._sweep: list[int] = []  # next_out's turn over the pending ports, and where it is
-        self._spare: list[deque[_Entry]] = []  # emptied FIFOs, reused (queues are mostly short)
+        self._spare: list[deque[QueueEntry]] = []  # emptied FIFOs, reused (queues are mostly short)
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         self._prefix = [
@@ -226,12 +175,13 @@ class SwitchCore(Core):
         fifo = eq.queues[prio].get(port)
         if fifo is None:
             fifo = eq.queues[prio][port] = self._spare.pop() if self._spare else deque()
-        fifo.append(_Entry(datagram, port, size, from_headroom))
+        fifo.append(QueueEntry(datagram, port, size, from_headroom))
         eq.queue_bytes[prio] += size
         eq.queued |= 1 << prio
         if eq.queue_bytes[prio] > eq.peak_queue_bytes:
             eq.peak_queue_bytes = eq.queue_bytes[prio]
-        self._pending.add(out)
+        if eq.pending < 0:
+            self._queue_on(out, eq)
         if prio in mmu.lossless and mmu.should_pause(port, prio):
             self._send_pfc(port, prio, self.config.pfc_quanta, now)
 
@@ -314,7 +264,8 @@ class SwitchCore(Core):
         self.mmu.paused[port][prio] = quanta > 0
         frame = encode_pfc(cfg.mac, {prio: quanta})
         ps.control.append(VXLAN_HEADER.pack(VXLAN_FLAG_I, cfg.vni << 8) + frame)
-        self._pending.add(port)
+        if ps.pending < 0:
+            self._queue_on(port, ps)
         ps.pfc_tx[prio] += 1
         if quanta:
             rate = cfg.rate_bps or NOMINAL_BPS
@@ -335,7 +286,6 @@ class SwitchCore(Core):
             for index in self._pending:  # (compiled, a list.extend copies the set first)
                 sweep.append(index)
             self._sweep_at = 0
-        pending = self._pending
         while self._sweep_at < len(sweep):
             index = sweep[self._sweep_at]
             ps = self.ports[index]
@@ -352,11 +302,27 @@ class SwitchCore(Core):
                     ps.drops["link_down"] += 1
                     continue
                 pacer.idle = True
-                if not ps.control and not ps.queued:
-                    pending.discard(index)
+                if not ps.control and not ps.queued and ps.pending >= 0:
+                    self._queue_off(index, ps)
             self._sweep_at += 1
         sweep.clear()
         return None
+
+    def _queue_on(self, index: int, ps: PortState) -> None:
+        """Port ``index`` has frames to send (it had none)."""
+        ps.pending = len(self._pending_ports)
+        self._pending_ports.append(ps)
+        self._pending.add(index)
+
+    def _queue_off(self, index: int, ps: PortState) -> None:
+        """Port ``index`` has nothing left to send."""
+        ports = self._pending_ports
+        last = ports.pop()
+        if last is not ps:
+            ports[ps.pending] = last
+            last.pending = ps.pending
+        ps.pending = -1
+        self._pending.discard(index)
 
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
@@ -385,7 +351,7 @@ class SwitchCore(Core):
             return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)
         return None
 
-    def _release(self, e: _Entry, prio: int, now: float) -> None:
+    def _release(self, e: QueueEntry, prio: int, now: float) -> None:
         mmu = self.mmu
         mmu.dequeue(e.in_port, prio, e.size, e.from_headroom)
         if mmu.paused[e.in_port][prio] and mmu.should_resume(e.in_port, prio):
@@ -420,8 +386,7 @@ class SwitchCore(Core):
         """The next time :meth:`next_out` or :meth:`handle_timer` has work: only ports with
         frames queued and ports refreshing an XOFF are looked at, not every port."""
         t = self.watchdog.get_timer()
-        for index in self._pending:
-            ps = self.ports[index]
+        for ps in self._pending_ports:
             free_at = ps.pacer.free_at
             if ps.control:
                 at = free_at
