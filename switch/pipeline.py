@@ -49,6 +49,10 @@ from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
 _ELIDED_MIN: Final = _IP + 20 + 8 + 12  # a timing-only frame: IPv4, UDP and BTH at least
+# Validated IPv4 headers a switch remembers (one per flow, direction and frame length; about
+# 200 bytes an entry, some 3 MB at the bound) before it forgets them all and learns again:
+# above the several thousand a core switch sees in a thousand-flow incast.
+VALID_IP_MAX: Final = 16384
 
 
 class SwitchCore(Core):
@@ -58,6 +62,7 @@ class SwitchCore(Core):
     def __init__(self, config: SwitchConfig) -> None:
         self.config = config
         self.ports = [PortState(p.rate_bps) for p in config.ports]
+        self._paused_until = [ps.paused_until for ps in self.ports]  # the watchdog reads them
         self.by_vni = {p.vni: p.index for p in config.ports}
         lossless = config.lossless if config.pfc_enabled else frozenset()
         headrooms = [p.headroom_bytes for p in config.ports]
@@ -90,6 +95,8 @@ class SwitchCore(Core):
         self._spare: list[deque[QueueEntry]] = []  # emptied FIFOs, reused (queues are mostly short)
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
+        # no refresh is due before this (the earliest, or earlier: then the look finds none)
+        self._refresh_next = math.inf
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
             + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
@@ -202,7 +209,7 @@ class SwitchCore(Core):
         if ports is None:  # a host reached by the default route, or no host at all
             ports = cfg.default_route if dst in cfg.hosts else ()
         entry = (out, self._prio[header[1] >> 2], ports)
-        if len(self._valid_ip) > 4096:
+        if len(self._valid_ip) > VALID_IP_MAX:
             self._valid_ip.clear()
         self._valid_ip[header] = entry
         return entry
@@ -269,7 +276,9 @@ class SwitchCore(Core):
         ps.pfc_tx[prio] += 1
         if quanta:
             rate = cfg.rate_bps or NOMINAL_BPS
-            ps.xoff_refresh_at[prio] = now + pause_time(quanta, rate) / 2
+            refresh = ps.xoff_refresh_at[prio] = now + pause_time(quanta, rate) / 2
+            if refresh < self._refresh_next:
+                self._refresh_next = refresh
             self._refreshing.add(port)
         else:
             ps.xoff_refresh_at[prio] = 0.0
@@ -412,7 +421,8 @@ class SwitchCore(Core):
         return t
 
     def handle_timer(self, now: float) -> None:
-        if self._refreshing:
+        if self._refreshing and now >= self._refresh_next:
+            self._refresh_next = math.inf  # what stays, and each refresh sent, lowers it again
             for index in sorted(self._refreshing):
                 ps = self.ports[index]
                 for prio in range(PRIORITIES):
@@ -422,19 +432,19 @@ class SwitchCore(Core):
                             self._send_pfc(index, prio, self.config.pfc_quanta, now)  # refresh
                         else:
                             ps.xoff_refresh_at[prio] = 0.0
+                    t = ps.xoff_refresh_at[prio]
+                    if t and t < self._refresh_next:
+                        self._refresh_next = t
                 if not any(ps.xoff_refresh_at):
                     self._refreshing.discard(index)
         if not self.watchdog.watching:
             return
-        for port, prio in self.watchdog.check(now, self._queue_paused):
+        for port, prio in self.watchdog.check(now, self._paused_until):
             ps = self.ports[port]
             if self.watchdog.stormed[port][prio]:
                 ps.pause(prio, now, now)  # stop honouring the pause
                 if self._watchdog_drops:
                     self._flush(port, prio, now, "pfc_watchdog")
-
-    def _queue_paused(self, port: int, prio: int, now: float) -> bool:
-        return self.ports[port].paused_until[prio] > now
 
     def _flush(self, port: int, prio: int, now: float, reason: str) -> None:
         ps = self.ports[port]

@@ -7,13 +7,14 @@ honouring pauses for it; with ``forward`` it only stops honouring pauses.  The q
 once no pause frame has been seen for the restoration time.  Times are emulated seconds.
 
 Only the queues being watched (paused, or stormed) cost anything on a timer: the set of them is
-kept as pauses come and go, so a switch with many ports pays nothing for its idle ones.
+kept as pauses come and go, so a switch with many ports pays nothing for its idle ones.  A
+queue is watched as one integer, ``port * PRIORITIES + prio``, so that (port, priority) order is
+the integers' order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from rocev2_emu.wire.qos import PRIORITIES
 
@@ -27,7 +28,7 @@ class Watchdog:
         self.stormed = [[False] * PRIORITIES for _ in range(ports)]
         self.storms_detected = [[0] * PRIORITIES for _ in range(ports)]
         self.storms_restored = [[0] * PRIORITIES for _ in range(ports)]
-        self._watched: set[tuple[int, int]] = set()  # (port, prio): paused, or stormed
+        self._watched: set[int] = set()  # port * PRIORITIES + prio: paused, or stormed
 
     @property
     def watching(self) -> bool:
@@ -39,18 +40,21 @@ class Watchdog:
             self.last_pause[port][prio] = now
             if not was_paused or self.paused_since[port][prio] < 0:
                 self.paused_since[port][prio] = now
-            self._watched.add((port, prio))
+            self._watched.add(port * PRIORITIES + prio)
         else:
             self.paused_since[port][prio] = -1.0
             if not self.stormed[port][prio]:
-                self._watched.discard((port, prio))
+                self._watched.discard(port * PRIORITIES + prio)
 
-    def check(self, now: float, paused: Callable[[int, int, float], bool]) -> list[tuple[int, int]]:
-        """Queues whose storm state changed at ``now``."""
+    def check(self, now: float, paused_until: list[list[float]]) -> list[tuple[int, int]]:
+        """Queues whose storm state changed at ``now``, in (port, priority) order;
+        ``paused_until[port][prio]``: until when the neighbour pauses that egress queue."""
         changed: list[tuple[int, int]] = []
-        if not self._watched:
+        watched = self._watched
+        if not watched:
             return changed
-        for port, prio in sorted(self._watched):
+        for key in sorted(watched):
+            port, prio = key // PRIORITIES, key % PRIORITIES
             row = self.stormed[port]
             if row[prio]:
                 if now - self.last_pause[port][prio] >= self.restore:
@@ -58,15 +62,15 @@ class Watchdog:
                     self.paused_since[port][prio] = -1.0
                     self.storms_restored[port][prio] += 1
                     changed.append((port, prio))
-                    self._watched.discard((port, prio))
+                    watched.discard(key)
                 continue
             since = self.paused_since[port][prio]
             if since < 0:
-                self._watched.discard((port, prio))
+                watched.discard(key)
                 continue
-            if not paused(port, prio, now):
+            if not paused_until[port][prio] > now:
                 self.paused_since[port][prio] = -1.0  # the pause lapsed
-                self._watched.discard((port, prio))
+                watched.discard(key)
             elif now - since >= self.detect:
                 row[prio] = True
                 self.storms_detected[port][prio] += 1
@@ -75,7 +79,8 @@ class Watchdog:
 
     def get_timer(self) -> float | None:
         t: float | None = None
-        for port, prio in self._watched:
+        for key in self._watched:
+            port, prio = key // PRIORITIES, key % PRIORITIES
             if self.stormed[port][prio]:
                 at = self.last_pause[port][prio] + self.restore
             elif self.paused_since[port][prio] >= 0:
