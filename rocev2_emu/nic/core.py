@@ -217,7 +217,7 @@ class NicCore(Core):
     def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
         c = self.counters
         c.rx_packets += 1
-        datagram = data if type(data) is bytes else bytes(data)
+        datagram = data if isinstance(data, bytes) else bytes(data)
         elide = self.elide
         # (a runt counts as a packet, not as bytes; an elided frame as its whole length)
         c.rx_bytes += wire_len(datagram) if elide else max(0, len(datagram) - VXLAN_LEN)

@@ -140,7 +140,8 @@ class Pump:
                     break
                 got += 1
                 if pcap is not None:  # a NIC's: its items are datagrams
-                    pcap.write(now, memoryview(item)[VXLAN_LEN:], wire_len(item) if elide else -1)
+                    size = wire_len(bytes(item)) if elide else -1
+                    pcap.write(now, memoryview(item)[VXLAN_LEN:], size)
                 deliver(item, now)
             core.handle_timer(now)
             if not self._transmit(now):
