@@ -299,7 +299,7 @@ class SwitchCore(Core):
             index = sweep[self._sweep_at]
             ps = self.ports[index]
             pacer = ps.pacer
-            if pacer.ready(now):
+            if not pacer.rate_bps or pacer.free_at <= now:  # LinePacer.ready, inline
                 datagram = self._dequeue(index, ps, now)
                 if datagram is not None:
                     size = wire_len(datagram) if self._elide else len(datagram) - VXLAN_LEN
