@@ -50,7 +50,8 @@ def gloo(n: int, nbytes: int, iters: int) -> float:
 
 def emulator(n: int, nbytes: int, iters: int) -> float:
     from collectives.bench.nccl import params
-    from collectives.jobs.launch import run_local
+    from collectives.jobs.launch import run_job
+    from rocev2_emu.fabric.options import Clock, RunOptions
     from rocev2_emu.topology.file import parse
     from rocev2_emu.topology.generate import single_switch, to_toml
 
@@ -61,7 +62,8 @@ def emulator(n: int, nbytes: int, iters: int) -> float:
     path = Path(tempfile.mkdtemp(prefix="gloo-vs-emu-")) / "one-switch.toml"
     path.write_text(to_toml(data))
     job = params([nbytes], iters=iters, warmup=1, algo="ring", timeout=600.0, qp_timeout=14)
-    results, _ = run_local(parse(data, str(path)), str(path), 1.0, "bench", job)
+    wall = RunOptions(Clock.WALL, 1.0)
+    results = run_job(parse(data, str(path)), str(path), "bench", job, wall).results
     failed = [v for v in results.values() if isinstance(v, dict)]
     assert not failed, failed
     rows = [results[r][0] for r in sorted(results)]

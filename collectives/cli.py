@@ -15,7 +15,7 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 
@@ -24,21 +24,21 @@ from collectives.bench import virtual as virtual_bench
 from collectives.comm import ops
 from collectives.comm.communicator import ALGORITHMS
 from collectives.jobs.failures import failures
-from collectives.jobs.job import run_virtual
-from collectives.jobs.launch import run_attached, run_attached_exact, run_exact_job, run_local
+from collectives.jobs.launch import run_attached, run_attached_exact, run_job
 from rocev2_emu.cli.args import (
-    add_clock,
-    add_payload,
+    add_run_options,
     host_port,
     nonnegative_int,
-    positive_float,
     positive_int,
+    run_options,
     with_payload,
 )
 from rocev2_emu.cli.bench import BenchKind, register_bench
 from rocev2_emu.cli.demo import set_demo
 from rocev2_emu.fabric import blocks
+from rocev2_emu.fabric.flow_run import describe
 from rocev2_emu.fabric.layout import process_layout
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.file import load, parse, resolve_names
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import NodeKind, Topology
@@ -109,15 +109,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "receiver admits per link is slots x slot bytes",
     )
     g.add_argument("--topology", help="topology file (default: the shipped leaf-spine)")
-    add_payload(g)
-    g.add_argument("--virtual", action="store_true", help="in virtual time, one process")
     g.add_argument(
         "--attach",
         action="store_true",
         help="run on a fabric already running (rocev2-emu up FILE, the compose testbed); "
         "give its FILE as --topology",
     )
-    add_clock(g, None, "default: exact, wall with --attach (a fabric left running)")
+    add_run_options(
+        g,
+        None,
+        "default: exact, wall with --attach (a fabric left running)",
+        workers="with --clock exact (or --virtual; bench virtual too): N processes, each "
+        "hosting a group of nodes (a switch with its hosts), instead of one per node (or one "
+        "in all) - the same figures",
+    )
     g.add_argument(
         "--sync",
         type=host_port,
@@ -125,24 +130,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --clock exact --attach: serve the run's coordinator here, where its node "
         "processes (rocev2-emu node ... --clock exact --sync HOST:PORT: the compose testbed's "
         "containers) join it",
-    )
-    g.add_argument(
-        "--tdf", type=positive_float, help="TDF with processes (default: the topology's)"
-    )
-    g.add_argument(
-        "--pace",
-        type=positive_float,
-        metavar="N",
-        help="with --clock exact: at least N wall seconds per emulated second (still exact; a "
-        "run that cannot keep up goes slower, never differently), to follow the map live",
-    )
-    g.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="with --clock exact (or --virtual; bench virtual too): N processes, each hosting a "
-        "group of nodes (a switch with its hosts), instead of one per node (or one in all) - "
-        "the same figures",
     )
     g.add_argument(
         "--ui",
@@ -188,40 +175,33 @@ class BenchOptions:
     slots: int = 4
     slot_bytes: int = 256 << 10
     topology: str | None = None
-    payload: str | None = None  # --payload: "none" for a timing-only run
-    virtual: bool = False
     attach: bool = False
-    clock: str | None = None  # None: exact, wall with --attach
+    run: RunOptions = field(default_factory=RunOptions)  # exact (wall with --attach: the flags)
     sync: tuple[str, int] | None = None  # --clock exact --attach: where the coordinator listens
-    tdf: float | None = None
-    pace: float | None = None  # --clock exact: wall seconds per emulated second, at least
-    workers: int | None = None  # --clock exact: processes hosting the nodes (None: one each)
     show_nodes: bool = False  # list the node processes and their metrics first
     ui: str | None = None  # serve the live map here while it runs (processes)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchOptions:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+        given = {
+            f.name: getattr(args, f.name)
+            for f in fields(cls)
+            if f.name != "run" and hasattr(args, f.name)  # (args.run: the command's)
+        }
+        return cls(**given, run=run_options(args, job=not args.attach))
 
 
-def demo(
-    clock: str,
-    tdf: float | None,
-    ui: str | None = None,
-    pace: float | None = None,
-    workers: int | None = None,
-) -> int:
+def demo(options: RunOptions, ui: str | None = None) -> int:
     """The README's first command: all-reduce on the shipped leaf-spine, one process per node
-    (``workers``: that many processes hosting them; ``ui``: with the fabric's live map)."""
+    (the options' ``workers``: that many processes hosting them; ``ui``: with the fabric's
+    live map)."""
+    workers = options.workers
     opts = BenchOptions(
         minbytes=1 << 10,
         maxbytes=4 << 20,
         iters=2,
         algo="ring",
-        clock=clock,
-        tdf=tdf,
-        pace=pace,
-        workers=workers,
+        run=options,
         show_nodes=True,
         ui=ui,
     )
@@ -248,7 +228,8 @@ def main(which: str, args: BenchOptions) -> int:
         )
     topo, path = (load(args.topology), args.topology) if args.topology else default_topology()
     # (a swarm testbed names its nodes; an attached bench finds the block its fabric took)
-    topo = with_payload(blocks.running(resolve_names(topo), path), args.payload)
+    options = args.run
+    topo = with_payload(blocks.running(resolve_names(topo), path), options.payload)
     params = bench.params(
         bench.sizes(args.minbytes, args.maxbytes, args.stepfactor),
         coll,
@@ -266,19 +247,7 @@ def main(which: str, args: BenchOptions) -> int:
         **({"grant_dscp": args.grant_dscp} if args.grant_dscp is not None else {}),
     )
     ranks = sum(h.ranks for h in topo.hosts)
-    if args.virtual or args.clock == "virtual":
-        args = replace(args, virtual=True, clock="virtual")
-    elif args.clock is None:  # a run with a job is exact; one attached to a running fabric wall
-        args = replace(args, clock="wall" if args.attach else "exact")
-    if args.virtual and args.workers is not None:  # virtual time split over processes: the
-        args = replace(args, virtual=False, clock="exact")  # windows give one process's run
-    exact = args.clock == "exact" and not args.virtual
-    if args.pace is not None and not exact:
-        raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
-    if args.workers is not None and not exact:
-        raise ValueError(
-            "--workers groups the processes of an exact run: give --clock exact (or --virtual)"
-        )
+    exact = options.clock is Clock.EXACT
     if exact and args.attach and not args.sync:
         raise ValueError(
             "--clock exact --attach needs --sync HOST:PORT: where this run serves its "
@@ -286,13 +255,9 @@ def main(which: str, args: BenchOptions) -> int:
         )
     if args.sync and not (exact and args.attach):
         raise ValueError("--sync serves the coordinator of --clock exact --attach: give both")
-    if exact and args.attach and args.workers is not None:
+    if exact and args.attach and options.workers is not None:
         raise ValueError("--workers: the attached nodes' processes are started elsewhere")
-    tdf = 1.0 if args.virtual or exact else (args.tdf or topo.tdf)
-    mode = "virtual time" if args.virtual else f"one process per node, clock: wall, TDF {tdf:g}"
-    paced = f", paced at {args.pace:g} wall s per emulated s" if args.pace else ""
-    if exact:
-        mode = f"{process_layout(topo, args.workers)}, clock: exact{paced}"
+    mode = describe(topo, options)
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
         if exact and args.sync is not None:
@@ -300,6 +265,7 @@ def main(which: str, args: BenchOptions) -> int:
             served = f"{host}:{port}"
             if host in ("0.0.0.0", "::", ""):  # every address of this machine (a stack's job)
                 served = f"port {port} of this machine"
+            paced = f", paced at {options.pace:g} wall s per emulated s" if options.pace else ""
             where = f"{process_layout(topo, None)} joining {served}"
             mode = f"attached: {where}, clock: exact{paced}"
     print(
@@ -312,39 +278,22 @@ def main(which: str, args: BenchOptions) -> int:
         f"algo: {args.algo} order: {args.order} qps per connection: {args.qps_per_connection}"
         f"{'; payload: none (timing only)' if topo.timing_only else ''}; times in emulated us"
     )
-    if args.ui and (args.virtual or args.attach):
+    if args.ui and (options.clock is Clock.VIRTUAL or args.attach):
         raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")
     synced = ""
-    if args.virtual:
-        results, fabric = run_virtual(topo, "bench", params)
-    elif exact and args.attach:
+    if args.attach and exact:
         assert args.sync is not None
         results, fabric, synced = run_attached_exact(
-            topo, "bench", params, args.sync, pace=args.pace
-        )
-    elif exact:
-        results, fabric, synced = run_exact_job(
-            topo,
-            path,
-            "bench",
-            params,
-            quiet=not args.show_nodes,
-            beside=map_task(topo, args.ui),
-            pace=args.pace,
-            workers=args.workers,
+            topo, "bench", params, args.sync, pace=options.pace
         )
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)
     else:
-        results, fabric = run_local(
-            topo,
-            path,
-            tdf,
-            "bench",
-            params,
-            quiet=not args.show_nodes,
-            beside=map_task(topo, args.ui),
+        beside = map_task(topo, args.ui)
+        run = run_job(
+            topo, path, "bench", params, options, quiet=not args.show_nodes, beside=beside
         )
+        results, fabric, synced = run.results, run.fabric, run.synced
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
         for line in failures(failed):
@@ -362,7 +311,8 @@ def main(which: str, args: BenchOptions) -> int:
         print(line)
     if exact:
         print(f"# clock: exact, {synced}", file=sys.stderr)
-    warning = bench.faithfulness_warning(fabric, topo.tdf if args.attach else tdf)
+    tdf = topo.tdf if args.attach else options.dilation(topo.tdf)
+    warning = bench.faithfulness_warning(fabric, tdf)
     if warning:
         print(warning, file=sys.stderr)
     return 1 if wrong else 0

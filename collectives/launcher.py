@@ -59,8 +59,9 @@ from collectives.jobs.ranks import (
     exit_code,
 )
 from rocev2_emu.cli import commands
-from rocev2_emu.cli.args import add_clock, nonnegative_float, positive_float, positive_int
+from rocev2_emu.cli.args import add_run_options, nonnegative_float, positive_int, run_options
 from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import to_toml
@@ -207,7 +208,7 @@ def per_host(data: dict[str, Any], n: int) -> dict[str, Any]:
 def launch(
     topo: Topology,
     path: str,
-    tdf: float,
+    options: RunOptions,
     command: list[str],
     *,
     ranks: int | None,
@@ -216,9 +217,9 @@ def launch(
     host: str | None = None,
     job_id: str = "torch",
     nproc_per_host: int = 1,
-    exact: bool = False,
 ) -> int:
-    """``rocev2-emu launch``: the switches, the ranks, their exit code (``ui``: the map);
+    """``rocev2-emu launch``: the switches, the ranks on the options' clock (exact or wall),
+    their exit code (``ui``: the map);
     ``host``: only that host's rank, over running switches (:func:`run_one_rank`);
     ``nproc_per_host``: ``topo`` is already :func:`per_host`'s, for the ranks' environment."""
     if not command:
@@ -226,6 +227,8 @@ def launch(
     refuse_split_servers(topo, runner="launch (a process per rank, each its own host)")
     job = RankLauncher(command, ranks, compute_ms, per_host=nproc_per_host)
     job.hosts(topo)  # a bad --ranks fails before anything starts
+    exact = options.clock is Clock.EXACT
+    tdf = options.dilation(topo.tdf)
     if host is not None:
         if ui is not None:
             raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
@@ -338,8 +341,15 @@ def _args(p: argparse.ArgumentParser) -> None:
         "[--compute-ms MS] [--ui [ADDR:PORT]] [--host NAME [--job ID]] TOPOLOGY -- COMMAND ..."
     )
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
-    add_clock(p, "exact", "a rank's engine waits while its script computes", virtual=False)
-    p.add_argument("--tdf", type=positive_float, help="override the topology's TDF (wall clock)")
+    add_run_options(
+        p,
+        Clock.EXACT,
+        "a rank's engine waits while its script computes",
+        virtual=False,
+        workers=None,
+        pace=False,
+        payload=False,
+    )
     p.add_argument(
         "--ranks", type=positive_int, help="ranks on the first N hosts (default: every host)"
     )
@@ -397,7 +407,7 @@ def _run(args: argparse.Namespace) -> int:
         return launch(
             topo,
             path,
-            args.tdf or topo.tdf,
+            run_options(args, job=True),
             list(args.rest),
             ranks=args.ranks,
             compute_ms=args.compute_ms,
@@ -405,7 +415,6 @@ def _run(args: argparse.Namespace) -> int:
             host=args.host,
             job_id=args.job,
             nproc_per_host=n,
-            exact=args.clock == "exact",
         )
 
 

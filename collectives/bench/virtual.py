@@ -37,13 +37,12 @@ from typing import Any, Final
 import numpy as np
 
 from collectives.comm.communicator import Communicator
-from collectives.jobs.job import run_virtual
-from collectives.jobs.launch import run_exact_job
+from collectives.jobs.launch import run_job
 from collectives.jobs.registry import job
 from rocev2_emu import cores
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.supervisor import run_flow_job
-from rocev2_emu.fabric.virtual import run_flows_virtual
+from rocev2_emu.fabric.flow_run import run_flow_job
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine, to_toml
 from rocev2_emu.topology.model import Topology
@@ -96,10 +95,8 @@ def _all_reduce(text: str, nbytes: int) -> Run:
 
     def run(workers: int | None) -> tuple[dict[str, Any], float]:
         def on(topo: Topology, path: str) -> tuple[dict[int, Any], dict[str, Any]]:
-            if workers is None:
-                return run_virtual(topo, name, params)
-            results, fabric, _ = run_exact_job(topo, path, name, params, workers=workers)
-            return results, fabric
+            run = run_job(topo, path, name, params, _options(workers))
+            return run.results, run.fabric
 
         results, fabric = _on(text, workers, None, on)
         return fabric, max(results.values())
@@ -107,14 +104,18 @@ def _all_reduce(text: str, nbytes: int) -> Run:
     return run
 
 
+def _options(workers: int | None) -> RunOptions:
+    """One process in virtual time, or split over ``workers`` processes on the exact clock."""
+    return RunOptions(Clock.VIRTUAL) if workers is None else RunOptions(workers=workers)
+
+
 def _incast(dcqcn: bool) -> Run:
     def run(workers: int | None) -> tuple[dict[str, Any], float]:
         def on(topo: Topology, path: str) -> tuple[list[FlowResult], dict[str, Any]]:
             hosts = [h.name for h in topo.hosts]
             flows = [FlowSpec(i, src, hosts[-1], 64 << 10) for i, src in enumerate(hosts[:-1])]
-            if workers is None:
-                return run_flows_virtual(topo, flows)
-            return run_flow_job(topo, path, 1.0, flows, exact=True, workers=workers)
+            run = run_flow_job(topo, path, flows, _options(workers))
+            return run.results, run.fabric
 
         results, fabric = _on(fat_tree(16), workers, dcqcn, on)
         if not all(r.ok for r in results):

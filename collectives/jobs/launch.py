@@ -19,6 +19,7 @@ import secrets
 import socket
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from rocev2_emu.fabric.exact import (
     ask_nodes,
     quiet_stats,
 )
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
 from rocev2_emu.topology.file import parse
@@ -175,30 +177,51 @@ class ExactCollectiveJob:
         return False  # the coordinator stops the run, naming it
 
 
-def run_exact_job(
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """What a collective job gives: each rank's result, the fabric's counters, and for an
+    exact run how it was synchronised."""
+
+    results: dict[int, Any]
+    fabric: dict[str, Any]
+    synced: str = ""
+
+
+def run_job(
     topo: Topology,
     path: str,
     name: str,
     params: dict[str, Any],
+    options: RunOptions,
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
-    pace: float | None = None,
-    workers: int | None = None,
-) -> tuple[dict[int, Any], dict[str, Any], str]:
-    """Job ``name`` on one process per node (``workers``: that many processes hosting them) on
-    the exact clock: (results by rank, fabric counters, how the run was synchronised)."""
-    outcome, synced = run_exact(
-        topo,
-        path,
-        lambda coordinator: ExactCollectiveJob(name, params, coordinator),
-        quiet=quiet,
-        beside=beside,
-        pace=pace,
-        workers=workers,
-    )
-    results, fabric = outcome
-    return results, fabric, synced
+) -> JobRun:
+    """Job ``name`` on every rank of ``topo`` (read from ``path`` by node processes) on the
+    options' clock: one event engine (virtual); one process per node, or ``workers``
+    processes, synchronised on emulated time (exact: the virtual run's results); or one
+    process per node on the dilated wall clock.  ``quiet=False`` lists the node processes
+    first; ``beside``: a task alongside them (the live map).  A SyncError (one line) when an
+    exact run could not go on."""
+    if options.clock is Clock.VIRTUAL:
+        return JobRun(*run_virtual(topo, name, params))
+    if options.clock is Clock.EXACT:
+        (results, fabric), synced = run_exact(
+            topo,
+            path,
+            lambda coordinator: ExactCollectiveJob(name, params, coordinator),
+            quiet=quiet,
+            beside=beside,
+            pace=options.pace,
+            workers=options.workers,
+        )
+        return JobRun(results, fabric, synced)
+    job = CollectiveJob(name, params)
+    tdf = options.dilation(topo.tdf)
+    outcome = run_processes(topo, path, tdf, job, quiet=quiet, beside=beside)
+    if outcome is None:
+        raise RuntimeError("a switch died during the job")
+    return JobRun(*outcome)
 
 
 ATTACHED_JOIN_TIMEOUT = 300.0  # wall seconds: containers starting on a busy machine
@@ -216,7 +239,7 @@ def run_attached_exact(
     testbed's containers: ``rocev2-emu node ... --clock exact --sync HOST:PORT``): the
     coordinator is served here on ``listen``, every node process joins it (proving the
     fabric's secret) within :data:`ATTACHED_JOIN_TIMEOUT`, and the job runs as
-    :func:`run_exact_job` runs it - the virtual run's results; once it is done the coordinator
+    :func:`run_job` runs it - the virtual run's results; once it is done the coordinator
     ends the run and the node processes exit.  (results by rank, fabric counters, how the run
     was synchronised); a SyncError (one line) when it could not go on."""
     attach(topo)
@@ -254,26 +277,6 @@ def run_attached(
     return results, fabric
 
 
-def run_local(
-    topo: Topology,
-    path: str,
-    tdf: float,
-    name: str,
-    params: dict[str, Any],
-    *,
-    quiet: bool = True,
-    beside: Callable[..., Awaitable[None]] | None = None,
-) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Job ``name`` on one process per node at ``tdf``: (results by rank, fabric counters);
-    ``quiet=False`` lists the nodes and their metrics endpoints first."""
-    job = CollectiveJob(name, params)
-    outcome = run_processes(topo, path, tdf, job, quiet=quiet, beside=beside)
-    if outcome is None:
-        raise RuntimeError("a switch died during the job")
-    results, fabric = outcome
-    return results, fabric
-
-
 def run_topology_data(
     data: dict[str, Any],
     name: str,
@@ -289,7 +292,7 @@ def run_topology_data(
     first (to put the path in ``params``, say); a scenario's ``mode`` may put the live map
     beside the job (``scenario NAME --ui``)."""
     if mode is not None:
-        data = with_payload_data(data, mode.payload)
+        data = with_payload_data(data, mode.run.payload)
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(to_toml(data))
@@ -297,13 +300,9 @@ def run_topology_data(
         if prepare is not None:
             prepare(topo, str(path))
         ui = mode.ui(topo) if mode is not None and mode.ui is not None else None
-        if mode is not None and mode.exact:
-            workers = mode.workers
-            results, fabric, _ = run_exact_job(
-                topo, str(path), job, params, beside=ui, workers=workers
-            )
-            return results, fabric
-        return run_local(topo, str(path), tdf, job, params, beside=ui)
+        options = mode.run if mode is not None and not mode.virtual else RunOptions(Clock.WALL, tdf)
+        run = run_job(topo, str(path), job, params, options, beside=ui)
+        return run.results, run.fabric
 
 
 def run_virtual_recorded(
@@ -319,8 +318,8 @@ def run_virtual_recorded(
     """A scenario's job in virtual time (:func:`~collectives.jobs.job.run_virtual`), recorded for
     the map's replay as ``label`` when its ``mode`` records: the fabric, and every rank's
     progress from the job's own metrics; timing-only if the mode's payload says so."""
-    if mode is not None and mode.payload is not None:
-        topo.payload = mode.payload
+    if mode is not None and mode.run.payload is not None:
+        topo.payload = mode.run.payload
     if mode is None or mode.record is None:
         return run_virtual(topo, job, params, flows=flows, beside=beside)
     metrics = HostCollectiveMetrics(CollectorRegistry())

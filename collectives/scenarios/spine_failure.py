@@ -247,7 +247,7 @@ def spine_failure(
                 all(r["during"] < r["quiet_during"] for r in rows),
             )
         )
-    elif mode is not None and mode.exact:  # repeats exactly; on the wall clock: reported
+    elif mode is not None and mode.run.exact:  # repeats exactly; on the wall clock: reported
         checks.append(
             (
                 "the failure cost busbw: the all-reduce during it slower than those before",

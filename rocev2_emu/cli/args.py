@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.model import PAYLOADS, Topology
 
 
@@ -105,23 +106,41 @@ def with_payload(topo: Topology, payload: str | None) -> Topology:
     return topo
 
 
-CLOCKS = ("exact", "wall")  # with processes; --virtual (or --clock virtual) is one process
+PROCESS_CLOCKS = (Clock.EXACT, Clock.WALL)  # with processes; virtual is one process
+
+_WORKERS = (
+    "with --clock exact (or --virtual): N processes, each hosting a group of nodes (a switch "
+    "with its hosts), instead of one per node (or one in all) - the same results"
+)
+_PACE = (
+    "with --clock exact: at least N wall seconds per emulated second (still exact; a run that "
+    "cannot keep up goes slower, never differently), to follow the map live"
+)
 
 
-def add_clock(
+def add_run_options(
     p: argparse.ArgumentParser | argparse._ArgumentGroup,
     default: str | None,
     says: str = "",
     *,
-    virtual: bool = True,
+    virtual: bool | str = True,
+    tdf: str = "the wall clock's time-dilation factor (default: the topology's)",
+    tdf_default: float | None = None,
+    workers: str | None = _WORKERS,
+    pace: bool = True,
+    payload: bool = True,
 ) -> None:
-    """``--clock exact|wall`` (and ``virtual``, with ``--virtual`` its alias, where the command
-    runs in one process too): every command that runs processes takes it.  ``default``: a
-    run with a job is exact (None: the command decides from its arguments, :func:`clock_of`);
-    ``says``: what the command adds."""
+    """The flags of a run's :class:`~rocev2_emu.fabric.options.RunOptions`, defined here once
+    for every command: ``--clock`` (``--virtual`` its alias where the command runs in one
+    process too), ``--tdf``, ``--workers``, ``--pace`` and ``--payload``.  ``default``: the
+    clock (None: exact for a run with a job, wall for a fabric left running,
+    :func:`run_options`); ``says``: what the command adds to ``--clock``'s help; ``virtual``:
+    whether it runs in one process too (a string: ``--virtual``'s help); ``workers``: that
+    flag's help (None: not taken)."""
+    clocks = [str(c) for c in (Clock.VIRTUAL, *PROCESS_CLOCKS)] if virtual else PROCESS_CLOCKS
     p.add_argument(
         "--clock",
-        choices=(*CLOCKS, "virtual") if virtual else CLOCKS,
+        choices=[str(c) for c in clocks],
         default=default,
         help="exact: every node on emulated time, synchronised - the figures of one process "
         "in virtual time, on any machine however loaded; wall: dilated by the TDF, for live "
@@ -129,14 +148,32 @@ def add_clock(
         + ("; virtual: one process (as --virtual)" if virtual else "")
         + (f"; {says}" if says else f" (default {default})"),
     )
+    if virtual:
+        says_virtual = virtual if isinstance(virtual, str) else "in virtual time, one process"
+        p.add_argument("--virtual", action="store_true", help=says_virtual)
+    p.add_argument("--tdf", type=positive_float, default=tdf_default, help=tdf)
+    if workers is not None:
+        p.add_argument("--workers", type=positive_int, metavar="N", help=workers)
+    if pace:
+        p.add_argument("--pace", type=positive_float, metavar="N", help=_PACE)
+    if payload:
+        add_payload(p)
 
 
-def clock_of(args: argparse.Namespace, job: bool) -> str:
-    """The run's clock: ``--virtual`` or ``--clock``, else exact for a run with a job and wall
-    for a fabric left running (``up`` without flows, a bench attached to one)."""
-    if getattr(args, "virtual", False) or args.clock == "virtual":
-        return "virtual"
-    if args.clock is not None:
-        clock: str = args.clock
-        return clock
-    return "exact" if job else "wall"
+def run_options(args: argparse.Namespace, job: bool) -> RunOptions:
+    """The run's options from :func:`add_run_options`' flags: the clock is ``--virtual`` or
+    ``--clock``, else exact for a run with a job and wall for a fabric left running; virtual
+    time split over ``--workers`` runs on the exact clock (its windows give the one process's
+    run).  A flag the clock does not take is a ValueError naming it."""
+    clock = Clock.VIRTUAL if getattr(args, "virtual", False) else args.clock
+    clock = Clock(clock) if clock is not None else Clock.EXACT if job else Clock.WALL
+    workers = getattr(args, "workers", None)
+    if clock is Clock.VIRTUAL and workers is not None:
+        clock = Clock.EXACT
+    return RunOptions(
+        clock,
+        tdf=args.tdf,
+        workers=workers,
+        pace=getattr(args, "pace", None),
+        payload=getattr(args, "payload", None),
+    )

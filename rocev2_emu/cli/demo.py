@@ -12,13 +12,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from rocev2_emu.cli.args import add_clock, positive_float, positive_int
+from rocev2_emu.cli.args import add_run_options, run_options
 from rocev2_emu.cli.commands import Command, register
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.tools.perftest import wait_until_listening
 
-# the clock ("exact" or "wall"), the TDF of the wall clock (None: the topology's), --ui,
-# --pace, --workers
-Demo = Callable[[str, float | None, str | None, float | None, int | None], int]
+# the run's options (its clock, the wall clock's TDF, --pace, --workers) and --ui
+Demo = Callable[[RunOptions, str | None], int]
 _DEMO: list[Demo] = []
 
 
@@ -29,23 +29,14 @@ def set_demo(demo: Demo) -> None:
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perftest", action="store_true", help="the two-NIC perftest demo instead")
-    add_clock(p, "exact", virtual=False)
-    p.add_argument(
-        "--tdf", type=float, help="time-dilation factor of --clock wall (default: the topology's)"
-    )
-    p.add_argument(
-        "--pace",
-        type=positive_float,
-        metavar="N",
-        help="with --clock exact: at least N wall seconds per emulated second (still exact), to "
-        "follow the map live",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
-        "hosts), instead of one per node - the same figures, fewer processes to wake",
+    add_run_options(
+        p,
+        Clock.EXACT,
+        virtual=False,
+        tdf="time-dilation factor of --clock wall (default: the topology's; --perftest: 200)",
+        workers="with --clock exact: N processes, each hosting a group of nodes (a switch with "
+        "its hosts), instead of one per node - the same figures, fewer processes to wake",
+        payload=False,
     )
     p.add_argument("--loss", type=float, default=0.0, help="link loss probability")
     p.add_argument(
@@ -61,15 +52,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.perftest and args.ui:
         raise ValueError("--ui draws a fabric: the all-reduce demo's; --perftest has none")
     if _DEMO and not args.perftest:
-        if args.tdf is not None and args.clock == "exact":
+        if args.tdf is not None and args.clock == Clock.EXACT:
             raise ValueError("--tdf dilates the wall clock: give --clock wall too")
-        if args.pace is not None and args.clock != "exact":
-            raise ValueError("--pace slows an exact run to the wall clock: not with --clock wall")
-        if args.workers is not None and args.clock != "exact":
-            raise ValueError(
-                "--workers groups the processes of an exact run: not with --clock wall"
-            )
-        return _DEMO[0](args.clock, args.tdf, args.ui, args.pace, args.workers)
+        return _DEMO[0](run_options(args, job=True), args.ui)
     return perftest_demo(args.tdf or 200.0, args.loss)
 
 

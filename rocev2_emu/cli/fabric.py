@@ -12,19 +12,19 @@ from typing import Any
 import trio
 
 from rocev2_emu.cli.args import (
-    add_clock,
-    add_payload,
-    clock_of,
+    add_run_options,
     nonnegative_float,
     positive_float,
     positive_int,
+    run_options,
     sync_address,
     with_payload,
 )
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
-from rocev2_emu.fabric import blocks, control, nodes, supervisor
+from rocev2_emu.fabric import blocks, control, flow_run, nodes
 from rocev2_emu.fabric.exact_node import run_exact_node
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 from rocev2_emu.testbed.compose import generate
 from rocev2_emu.topology import file as topology_file
@@ -41,30 +41,8 @@ def _load(path: str) -> Topology:
 def _up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", help="topology TOML file (see examples/topologies)")
     p.add_argument("--flows", help="flow list TOML ([[flow]] src, dst, size, start_us, dscp)")
-    p.add_argument(
-        "--virtual",
-        action="store_true",
-        help="one process in virtual time (deterministic; needs --flows)",
-    )
-    add_clock(p, None, "default: exact with --flows, wall for a fabric left running")
-    p.add_argument("--tdf", type=float, help="override the topology's time-dilation factor")
-    p.add_argument(
-        "--pace",
-        type=positive_float,
-        metavar="N",
-        help="with --clock exact: at least N wall seconds per emulated second (still exact; a "
-        "run that cannot keep up goes slower, never differently), to follow the map live",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="with --clock exact (or --virtual): N processes, each hosting a group of nodes (a "
-        "switch with its hosts), instead of one per node (one in all); frames between groups "
-        "cross as datagrams, the results are the same",
-    )
+    add_run_options(p, None, "default: exact with --flows, wall for a fabric left running")
     p.add_argument("--json", metavar="FILE", help="also write the results and counters as JSON")
-    add_payload(p)
     p.add_argument(
         "--ui",
         nargs="?",
@@ -83,55 +61,33 @@ def _up_args(p: argparse.ArgumentParser) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     topo = with_payload(_load(args.topology), args.payload)
-    args.clock = clock_of(args, job=args.flows is not None)
-    args.virtual = args.clock == "virtual"
+    if args.virtual and args.workers is not None and args.record:
+        raise ValueError("--record samples a virtual run in one process: not with --workers")
+    options = run_options(args, job=args.flows is not None)
+    virtual = options.clock is Clock.VIRTUAL
     beside: Any = None
     watch: Any = None
-    if args.virtual and args.workers is not None:  # virtual time split over processes: the
-        if args.record:  # exact clock's windows give the one process's run
-            raise ValueError("--record samples a virtual run in one process: not with --workers")
-        args.virtual, args.clock = False, "exact"
-    if args.record and not args.ui and not args.virtual:
+    if args.record and not args.ui and not virtual:
         raise ValueError("--record writes what --ui samples: give --ui too (or --virtual)")
-    if args.virtual and args.record:
+    if virtual and args.record:
         from rocev2_emu.ui.record import recorder  # the ui extra is not needed to record
 
         watch = recorder(topo, args.record)
     elif args.ui:
-        if args.virtual:
+        if virtual:
             raise ValueError("--ui needs processes: a virtual run has no nodes to sample")
         from rocev2_emu.ui.server import parse_addr, serve_live  # the ui extra
 
         beside = partial(serve_live, topo, parse_addr(args.ui), args.record)
-    return supervisor.up(
+    return flow_run.up(
         topo,
         args.topology,
-        tdf=args.tdf,
+        options,
         flows_path=args.flows,
-        virtual=args.virtual,
         beside=beside,
         watch=watch,
-        exact=args.clock == "exact",
         json_out=args.json,
-        pace=_pace(args),
-        workers=_workers(args),
     )
-
-
-def _pace(args: argparse.Namespace) -> float | None:
-    if args.pace is not None and (args.clock != "exact" or args.virtual):
-        raise ValueError("--pace slows an exact run to the wall clock: give --clock exact too")
-    pace: float | None = args.pace
-    return pace
-
-
-def _workers(args: argparse.Namespace) -> int | None:
-    if args.workers is not None and args.clock != "exact":
-        raise ValueError(
-            "--workers groups the processes of an exact run: give --clock exact (or --virtual)"
-        )
-    workers: int | None = args.workers
-    return workers
 
 
 def _view_args(p: argparse.ArgumentParser) -> None:
@@ -153,7 +109,6 @@ def _view(args: argparse.Namespace) -> int:
 def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology")
     p.add_argument("name", help="the node (with --clock exact and --workers: NAME,NAME,...)")
-    p.add_argument("--tdf", type=float, help="override the topology's TDF")
     p.add_argument(
         "--epoch", type=float, help="time.monotonic() at emulated time 0, shared by the fabric"
     )
@@ -169,20 +124,20 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parent-pid", type=int, default=0, help="exit when this process (the launcher) is gone"
     )
-    add_clock(p, "wall", "exact with --sync", virtual=False)
-    add_payload(p)
+    add_run_options(
+        p,
+        Clock.WALL,
+        "exact with --sync",
+        virtual=False,
+        workers="with --clock exact: the run's nodes are in N processes; NAME lists this one's",
+        pace=False,
+    )
     p.add_argument(
         "--sync",
         type=sync_address,
         metavar="HOST:PORT",
         help="the coordinator of an exact run (--clock exact); or the path of its Unix socket "
         "(rocev2-emu up gives one to the node processes it starts)",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="with --clock exact: the run's nodes are in N processes; NAME lists this one's",
     )
     p.add_argument(
         "--join-timeout",

@@ -12,15 +12,17 @@ from functools import partial
 import trio
 
 from rocev2_emu.cli.args import (
-    add_clock,
+    add_run_options,
     nonnegative_float,
     nonnegative_int,
     port_number,
     positive_float,
     positive_int,
     probability,
+    run_options,
 )
 from rocev2_emu.cli.commands import Command, register
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.tools.perftest import PerftestOptions
 from rocev2_emu.tools.perftest import run as run_perftest
@@ -122,12 +124,6 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         default=100.0,
         help="emulated link rate in Gbit/s, 0 = unpaced (default 100)",
     )
-    p.add_argument(
-        "--tdf",
-        type=positive_float,
-        default=200.0,
-        help="time-dilation factor: one emulated second lasts TDF real seconds (default 200)",
-    )
     p.add_argument("--loss", type=probability, default=0.0, help="link loss probability")
     p.add_argument(
         "--duplicate", type=probability, default=0.0, help="link duplication probability"
@@ -141,18 +137,18 @@ def _configure(p: argparse.ArgumentParser, name: str) -> None:
         type=nonnegative_float,
         help="one-way link delay, emulated microseconds (default 0; on the event engine 1)",
     )
-    add_clock(
+    add_run_options(
         p,
-        "wall",
+        Clock.WALL,
         "exact needs it on both sides, the server keeps the run (default wall, as "
         "perftest on real NICs)",
-        virtual=False,
-    )
-    p.add_argument(
-        "--virtual",
-        action="store_true",
-        help="both sides in this process in virtual time (no SERVER); the server's output, "
+        virtual="both sides in this process in virtual time (no SERVER); the server's output, "
         "then the client's",
+        tdf="time-dilation factor: one emulated second lasts TDF real seconds (default 200)",
+        tdf_default=200.0,
+        workers=None,
+        pace=False,
+        payload=False,
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the link's fault injection")
     p.add_argument("--pcap", help="write this NIC's frames (both directions) to a pcap file")
@@ -214,7 +210,8 @@ ENGINE_REFUSES = (  # the wall clock's: the pair's link on the engine has a rate
 
 
 def _options(args: argparse.Namespace) -> PerftestOptions:
-    engine = args.virtual or args.clock == "exact"
+    clock = run_options(args, job=False).clock
+    engine = clock is not Clock.WALL
     if args.virtual and args.server is not None:
         raise ValueError("--virtual runs both sides in this process: give no SERVER")
     if engine:
@@ -254,7 +251,7 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
         qp_timeout=args.qp_timeout,
         retry_cnt=args.retry_cnt,
         connect_timeout=args.connect_timeout,
-        clock="virtual" if args.virtual else args.clock,
+        clock=clock,
         delay_us=delay_us,
     )
 
@@ -262,9 +259,9 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
 def _run(args: argparse.Namespace) -> int:
     _note_ignored(args)
     opts = _options(args)
-    if opts.clock == "virtual":
+    if opts.clock is Clock.VIRTUAL:
         return run_virtual_pair(opts)
-    if opts.clock == "exact":
+    if opts.clock is Clock.EXACT:
         return run_exact_side(opts)
     return trio.run(run_perftest, opts)
 

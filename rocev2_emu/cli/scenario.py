@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -11,11 +12,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rocev2_emu.cli.args import add_clock, add_payload, loads, positive_int
+from rocev2_emu.cli.args import add_run_options, loads, positive_int, run_options
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
 from rocev2_emu.experiments.harness import Recorder
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.fabric.virtual import Watcher
 from rocev2_emu.topology.model import Topology
 
@@ -23,7 +25,6 @@ from rocev2_emu.topology.model import Topology
 def _configure(p: argparse.ArgumentParser) -> None:
     names = list(SCENARIOS)
     p.add_argument("name", help=f"{', '.join(names[:-1])} or {names[-1]} (docs/scenarios.md)")
-    p.add_argument("--virtual", action="store_true", help="in virtual time (one process)")
     p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
     p.add_argument(
         "--seeds",
@@ -34,16 +35,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "passed with (default 1)",
     )
     p.add_argument("--out", help="directory for NAME.json and NAME.png (default .)")
-    p.add_argument(
-        "--tdf", type=float, default=1000.0, help="TDF of a run with real processes (default 1000)"
-    )
-    add_clock(p, None, "wall is dilated by --tdf (default: exact, wall for dilation)")
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="with --clock exact: N processes, each hosting a group of nodes (a switch with its "
-        "hosts), instead of one per node - the same results",
+    add_run_options(
+        p,
+        None,
+        "wall is dilated by --tdf (default: exact, wall for dilation)",
+        tdf=f"the wall clock's time-dilation factor (default {harness.SCENARIO_TDF:g})",
+        workers="with --clock exact: N processes, each hosting a group of nodes (a switch with "
+        "its hosts), instead of one per node - the same results",
+        pace=False,
     )
     p.add_argument(
         "--ui",
@@ -58,7 +57,6 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="in virtual time, do not record each run (flows or a job) for the map's replay "
         "(default: NAME-SETTING.jsonl beside NAME.json; rocev2-emu view FILE)",
     )
-    add_payload(p)
     scale = p.add_argument_group("scale (each scenario takes those its help names)")
     scale.add_argument(
         "--senders", type=positive_int, help="incast: senders (default 8; processes: 4)"
@@ -106,22 +104,16 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     scale = {k: getattr(args, k) for k in harness.SCALE}
-    if args.virtual or args.clock == "virtual":
-        args.virtual, args.clock = True, "virtual"
-    elif args.clock is None:  # exact, where the scenario's runs can be (not dilation's)
-        scenario = SCENARIOS.get(args.name)
-        args.clock = "exact" if scenario is None or scenario.exact else "wall"
-    if args.ui and args.virtual:
+    scenario = SCENARIOS.get(args.name)
+    if args.clock is None and scenario is not None and not scenario.exact:
+        args.clock = Clock.WALL  # its runs measure the wall clock (dilation)
+    if args.workers is not None and (args.virtual or args.clock not in (None, Clock.EXACT)):
+        print(f"{args.name} takes --workers with --clock exact only", file=sys.stderr)
+        return 2  # (refused, as a scenario refuses what it does not take)
+    options = run_options(args, job=True)
+    if args.ui and options.clock is Clock.VIRTUAL:
         raise ValueError("--ui needs processes: a virtual run is replayed (rocev2-emu view)")
-    run: dict[str, Any] = {
-        "out": args.out,
-        "virtual": args.virtual,
-        "tdf": args.tdf,
-        "exact": args.clock == "exact",
-        "workers": args.workers,
-        "scale": scale,
-        "payload": args.payload,
-    }
+    run: dict[str, Any] = {"out": args.out, "options": options, "scale": scale}
     if args.seeds > 1:
         # a recording per seed is what --seeds 1 is for
         return harness.main_seeds(

@@ -15,18 +15,23 @@ from rocev2_emu.experiments.harness import (
 )
 from rocev2_emu.experiments.runs import Run
 from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.generate import single_switch
 
 
-def dilation(seed: int, mode: Mode = Mode(virtual=False)) -> tuple[list[Run], list[str], bool]:
+def dilation(
+    seed: int, mode: Mode = Mode(RunOptions(Clock.WALL))
+) -> tuple[list[Run], list[str], bool]:
     """A 4:1 incast with PFC at two TDFs (and in virtual time as the reference): the emulated
     completion times must agree within 10 %, or the time dilation is not doing its job."""
     flows = [FlowSpec(i, f"h{i}", "h4", 1 << 20) for i in range(4)]
     data = topology_data(single_switch(5), seed, **settings(True, False, False))
-    reference = Mode(True, record=mode.record)  # recorded for the map's replay, if asked
+    reference = Mode(record=mode.record)  # recorded for the map's replay, if asked
     runs = [fabric_run(data, flows, ("sw0", 4), 20e-6, "virtual", reference)]
     for tdf in (mode.tdf, 2 * mode.tdf):
-        watched = Mode(False, tdf, ui=mode.ui)  # the live map beside each, with --ui
+        watched = Mode(
+            RunOptions(Clock.WALL, tdf), ui=mode.ui
+        )  # the live map beside each, with --ui
         runs.append(fabric_run(data, flows, ("sw0", 4), 20e-6, f"TDF {tdf:g}", watched))
     lines, p50 = [], []
     for run in runs:

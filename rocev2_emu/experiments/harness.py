@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry
 from rocev2_emu.experiments.plots import plot_runs
 from rocev2_emu.experiments.runs import Run, runs_json
 from rocev2_emu.fabric.agent import FlowSpec
+from rocev2_emu.fabric.flow_run import run_flow_job
 from rocev2_emu.fabric.flows import run_flows
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import fabric_stats
-from rocev2_emu.fabric.supervisor import run_flow_job
 from rocev2_emu.fabric.virtual import (
     Watcher,
     delivered,
@@ -48,6 +49,8 @@ from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import Topology
 
 G = 1e9
+SCENARIO_TDF = 1000.0  # a scenario's wall clock: 1 000 wall seconds per emulated second
+VIRTUAL: Final = RunOptions(Clock.VIRTUAL)  # a scenario's default: one process, virtual time
 START = 1e-6  # emulated seconds: when a scenario's flows start, in every mode
 
 
@@ -143,9 +146,9 @@ def fabric_run(
     mode: Mode,
 ) -> Run:
     """Run ``flows`` on the topology ``data``: in virtual time with sampled series, or as one
-    process per node at ``mode.tdf`` (flow results and counters only).  ``watch``: the
+    process per node on the mode's clock (flow results and counters only).  ``watch``: the
     (switch, port) to sample, or a host: the switch port facing it."""
-    data = with_payload_data(data, mode.payload)
+    data = with_payload_data(data, mode.run.payload)
     if mode.virtual:
         topo = parse(data, "<scenario>")
         recorder = mode.record(topo, setting) if mode.record else None
@@ -155,17 +158,9 @@ def fabric_run(
         path = f"{tmp}/{setting}.toml"
         Path(path).write_text(to_toml(data))
         topo = parse(data, path)
-        results, fabric = run_flow_job(
-            topo,
-            path,
-            mode.tdf,
-            flows,
-            beside=mode.ui(topo) if mode.ui else None,
-            exact=mode.exact,
-            t0=START,
-            workers=mode.workers,
-        )
-    return Run(setting, results, fabric=fabric)
+        beside = mode.ui(topo) if mode.ui else None
+        run = run_flow_job(topo, path, flows, mode.run, t0=START, beside=beside)
+    return Run(setting, run.results, fabric=run.fabric)
 
 
 class Recorder(Protocol):
@@ -179,15 +174,13 @@ class Recorder(Protocol):
 
 @dataclass(slots=True, frozen=True)
 class Mode:
-    """How a scenario runs: in virtual time or with processes at ``tdf``; and, for scenarios
-    that take them (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow or per
-    operation (``size``), a ``topology`` file to run on, which ``settings`` to run, a job's
+    """How a scenario runs: its ``run`` options (the clock: virtual time by default; a wall
+    clock dilated by :data:`SCENARIO_TDF` unless given); and, for scenarios that take them
+    (:attr:`Scenario.takes`), its scale: ``senders``, bytes per flow or per operation
+    (``size``), a ``topology`` file to run on, which ``settings`` to run, a job's
     ``iterations``, and a workload's ``flows``, ``loads`` and ``cdf``."""
 
-    virtual: bool = True
-    tdf: float = 1000.0
-    exact: bool = False  # with processes: on the exact clock, not dilated by the TDF
-    workers: int | None = None  # exact: processes hosting the nodes (None: one per node)
+    run: RunOptions = VIRTUAL
     senders: int | None = None
     size: int | None = None
     topology: str | None = None
@@ -196,11 +189,19 @@ class Mode:
     flows: int | None = None  # flows a run (fct)
     loads: tuple[float, ...] | None = None  # fractions of the hosts' line rate (fct)
     cdf: str | None = None  # a flow-size distribution, shipped or a file (fct)
-    payload: str | None = None  # --payload: "none" for timing-only runs (None: the topology's)
     # the map: a recorder of each virtual run (by topology and setting), a live server beside
     # each run with processes (given by the CLI: this layer does not import the ui)
     record: Recorder | None = None
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None
+
+    @property
+    def virtual(self) -> bool:
+        return self.run.clock is Clock.VIRTUAL
+
+    @property
+    def tdf(self) -> float:
+        """The wall clock's dilation of a run with processes."""
+        return self.run.tdf or SCENARIO_TDF
 
 
 def settings(
@@ -399,31 +400,25 @@ def main(
     *,
     seed: int,
     out: str | None,
-    virtual: bool,
-    tdf: float = 1000.0,
-    exact: bool = False,
-    workers: int | None = None,
+    options: RunOptions,
     scale: dict[str, Any] | None = None,
-    payload: str | None = None,
     record: Recorder | None = None,
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None,
 ) -> int:
-    """Run scenario ``name``; ``scale``: the Mode fields of scale given (senders, size,
-    topology, settings, iterations), each refused by a scenario that does not take it; ``record``,
-    ``ui``: the map's recorder (virtual) and live server (processes), per run."""
+    """Run scenario ``name`` with the run's ``options``; ``scale``: the Mode fields of scale
+    given (senders, size, topology, settings, iterations), each refused by a scenario that does
+    not take it; ``record``, ``ui``: the map's recorder (virtual) and live server (processes),
+    per run."""
     scenario = SCENARIOS.get(name)
     if scenario is None:
         print(f"unknown scenario {name!r}; built: {sorted(SCENARIOS)}", file=sys.stderr)
         return 2
-    if scenario.virtual_only and not virtual:
+    clock = options.clock
+    if scenario.virtual_only and clock is not Clock.VIRTUAL:
         print(f"{name} runs in virtual time only: add --virtual", file=sys.stderr)
         return 2
-    if exact and (virtual or not scenario.exact):
-        why = "it runs in virtual time" if virtual else scenario.not_exact
-        print(f"{name} takes no --clock exact: {why}", file=sys.stderr)
-        return 2
-    if workers is not None and not exact:
-        print(f"{name} takes --workers with --clock exact only", file=sys.stderr)
+    if clock is Clock.EXACT and not scenario.exact:
+        print(f"{name} takes no --clock exact: {scenario.not_exact}", file=sys.stderr)
         return 2
     given = {k: v for k, v in (scale or {}).items() if v is not None}
     refused = sorted(set(given) - scenario.takes)
@@ -431,14 +426,19 @@ def main(
         flags = ", ".join(SCALE_FLAGS.get(k, "--" + k) for k in refused)
         print(f"scenario {name} takes no {flags}", file=sys.stderr)
         return 2
-    where = "virtual time (TDF 1)" if virtual else f"one process per node, clock: wall, TDF {tdf:g}"
-    if exact:
-        where = "one process per node" if workers is None else f"{workers} worker processes"
+    mode = Mode(options, **given, record=record, ui=ui)
+    where = {
+        Clock.VIRTUAL: "virtual time (TDF 1)",
+        Clock.WALL: f"one process per node, clock: wall, TDF {mode.tdf:g}",
+        Clock.EXACT: "one process per node"
+        if options.workers is None
+        else f"{options.workers} worker processes",
+    }[clock]
+    if clock is Clock.EXACT:
         where += ", clock: exact"
-    if payload == "none":
+    if options.payload == "none":
         where += ", payload: none (timing only: values not checked)"
     print(f"# scenario {name}, {where}, seed {seed}{scenario.units}", flush=True)
-    mode = Mode(virtual, tdf, exact, workers, **given, payload=payload, record=record, ui=ui)
     outcome = scenario.run(seed, mode)
     for line in outcome.lines:
         print(line)

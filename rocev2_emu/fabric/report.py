@@ -111,17 +111,15 @@ def write_json(
 
 def report(
     topo: Topology,
-    tdf: float | None,
     mode: str,
     results: list[FlowResult],
     fabric: dict[str, Any],
 ) -> int:
-    """Print the flows' completion times and the fabric's counters; the exit code.  ``tdf``:
-    the wall clock's dilation (None: no wall clock, an exact run)."""
-    dilated = "" if tdf is None else f", TDF {tdf:g}"
+    """Print the flows' completion times and the fabric's counters; the exit code.  ``mode``:
+    where and on which clock the flows ran, in words."""
     print(
-        f"# {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches, {mode}"
-        f"{dilated}; times are emulated"
+        f"# {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches, {mode}; "
+        "times are emulated"
     )
     print(
         f"{'flow':>5} {'src':>8} {'dst':>8} {'bytes':>10} {'start(us)':>10} {'FCT(us)':>10} "
@@ -162,7 +160,7 @@ def report(
     )
     if fabric.get("late_wakeups") or fabric.get("socket_drops"):
         print(
-            f"# warning: switches fell behind{dilated} (late wake-ups, or frames the "
+            "# warning: switches fell behind (late wake-ups, or frames the "
             "kernel dropped): this run was not faithful; raise the TDF",
             file=sys.stderr,
         )

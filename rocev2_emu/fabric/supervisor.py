@@ -6,7 +6,8 @@ serves metrics, then runs a :class:`FabricJob` (or waits for Ctrl-C), and stops 
 the way out.  If a node dies it asks the job whether it can go on (a collective job can: its
 other ranks raise); otherwise it says which node died and why (its last stderr lines) and
 stops the rest.  A fabric left running with no job keeps its other nodes when one stops or
-crashes (``rocev2-emu stop``), as a real fabric would.  ``rocev2-emu up`` is :func:`up`.
+crashes (``rocev2-emu stop``), as a real fabric would.  ``rocev2-emu up`` is
+:func:`rocev2_emu.fabric.flow_run.up`.
 """
 
 from __future__ import annotations
@@ -25,17 +26,12 @@ import trio.abc
 
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import blocks
-from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob
-from rocev2_emu.fabric.flows import FlowsJob, load_flows
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.fabric.layout import lookahead, process_groups, process_name
 from rocev2_emu.fabric.node_procs import drain, last_words, node_argv, start_node, wait_ready
-from rocev2_emu.fabric.report import report, write_json
-from rocev2_emu.fabric.virtual import Watcher, run_virtual
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync_messages import SyncError, process_label
-from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
+from rocev2_emu.topology.model import Topology, refuse_split_servers
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 
@@ -84,6 +80,11 @@ async def _watch(
             file=sys.stderr,
         )
         scope.cancel()
+
+
+class NodeDied(RuntimeError):
+    """A node of a wall-clock run died and its job could not go on (the supervisor has said
+    which, with its last words)."""
 
 
 class FabricBusy(RuntimeError):
@@ -282,123 +283,17 @@ def run_processes(
     topo: Topology,
     topo_path: str,
     tdf: float,
-    job: FabricJob,
+    job: FabricJob | None,
     *,
     quiet: bool = True,
     only: Collection[str] | None = None,
     beside: Callable[..., Awaitable[None]] | None = None,
 ) -> Any:
-    """One process per node (``only``: for these nodes; the job runs the others), ``job``,
-    then stop; what the job returned (None: a node died and the job could not go on).
+    """One process per node on the wall clock dilated by ``tdf`` (``only``: for these nodes;
+    the job runs the others), ``job``, then stop; what the job returned (None: a node died and
+    the job could not go on).  No job: the fabric runs until Ctrl-C or every node stopped.
     ``beside``: a task alongside once the nodes are ready (the map of ``--ui``)."""
     return _supervised(trio.run, topo, topo_path, tdf, job, quiet, only, beside)
-
-
-def run_flow_job(
-    topo: Topology,
-    topo_path: str,
-    tdf: float,
-    flows: list[FlowSpec],
-    beside: Callable[..., Awaitable[None]] | None = None,
-    *,
-    exact: bool = False,
-    t0: float = FLOW_START,
-    workers: int | None = None,
-) -> tuple[list[FlowResult], dict[str, Any]]:
-    """One process per node, the flows, then stop: their results and the fabric's counters
-    (``beside``: a task alongside, the map; ``exact``: on the exact clock, the flows starting
-    at emulated ``t0``, on ``workers`` processes if given)."""
-    if exact:
-        results, fabric, _ = _run_exact(topo, topo_path, flows, beside, t0, workers=workers)
-        return results, fabric
-    outcome = _supervised(trio.run, topo, topo_path, tdf, FlowsJob(flows), True, None, beside)
-    if outcome is None:
-        raise RuntimeError("a node died during the job")
-    assert isinstance(outcome, tuple)
-    return outcome
-
-
-def up(
-    topo: Topology,
-    topo_path: str,
-    *,
-    tdf: float | None = None,
-    flows_path: str | None = None,
-    virtual: bool = False,
-    beside: Callable[..., Awaitable[None]] | None = None,
-    watch: Watcher | None = None,
-    exact: bool = False,
-    json_out: str | None = None,
-    pace: float | None = None,
-    workers: int | None = None,
-) -> int:
-    """``rocev2-emu up``: the fabric, and its flows if given (``--virtual``: in virtual time;
-    ``exact``: node processes synchronised on emulated time, ``workers``: that many processes
-    hosting them, not one per node); ``beside``: a task alongside the
-    running fabric (the map of ``--ui``); in virtual time, ``watch``: an observer of the run
-    (the recorder of ``--record``); ``json_out``: the results and counters as JSON too."""
-    flows = load_flows(flows_path, topo) if flows_path else None
-    if virtual:
-        if flows is None:
-            raise TopologyError("--virtual needs --flows: a virtual fabric only lives for a job")
-        return run_virtual(topo, flows, watch, json_out)
-    if exact:
-        if flows is None:
-            raise TopologyError("--clock exact needs --flows: an exact fabric lives for a job")
-        try:
-            results, fabric, synced = _run_exact(
-                topo, topo_path, flows, beside, FLOW_START, quiet=False, pace=pace, workers=workers
-            )
-        except SyncError as exc:
-            print(f"rocev2-emu up: {exc}", file=sys.stderr)
-            return 1
-        write_json(json_out, results, fabric, topo)
-        where = "local processes" if workers is None else f"{workers} worker processes"
-        mode = f"{where}, clock: exact ({synced})"
-        return report(topo, None, mode, results, fabric)
-    tdf = tdf or topo.tdf
-    try:
-        job = FlowsJob(flows) if flows else None
-        outcome = _supervised(trio.run, topo, topo_path, tdf, job, False, None, beside)
-    except KeyboardInterrupt:
-        return 130
-    except BaseExceptionGroup as group:
-        if group.subgroup(KeyboardInterrupt) is not None:
-            print("rocev2-emu up: stopped", file=sys.stderr)
-            return 130  # Ctrl-C: every node has been stopped on the way out
-        raise
-    if outcome is None:
-        return 1  # a node died; _watch said which
-    results, fabric = outcome
-    write_json(json_out, results, fabric, topo)
-    return report(topo, tdf, "local processes, clock: wall", results, fabric)
-
-
-def _run_exact(
-    topo: Topology,
-    topo_path: str,
-    flows: list[FlowSpec],
-    beside: Callable[..., Awaitable[None]] | None,
-    t0: float,
-    *,
-    quiet: bool = True,
-    pace: float | None = None,
-    workers: int | None = None,
-) -> tuple[list[FlowResult], dict[str, Any], str]:
-    """The flows on node processes on the exact clock: their results, the fabric's counters and
-    how it was synchronised (:meth:`Coordinator.summary`); a SyncError (one line) if the run
-    could not go on (a node died or went silent)."""
-    outcome, synced = run_exact(
-        topo,
-        topo_path,
-        lambda c: ExactFlowsJob(flows, c, t0),
-        quiet=quiet,
-        beside=beside,
-        pace=pace,
-        workers=workers,
-    )
-    results, fabric = outcome
-    return results, fabric, synced
 
 
 def run_exact(

@@ -19,7 +19,7 @@ import trio.testing
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec, HostAgent
 from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
-from rocev2_emu.fabric.report import fabric_stats, report, write_json
+from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.collector import engine_collector
@@ -159,13 +159,3 @@ def run_flows_virtual(
     task alongside the flows (a link failing at an instant,
     :func:`~rocev2_emu.fabric.changes.change_links_at`)."""
     return run_virtual_time(topo.seed, _flows, topo, flows, watch, beside)
-
-
-def run_virtual(
-    topo: Topology, flows: list[FlowSpec], watch: Watcher | None = None, json_out: str | None = None
-) -> int:
-    """``rocev2-emu up --virtual``: the flows in virtual time, then the report (``json_out``:
-    and the JSON)."""
-    results, fabric = run_flows_virtual(topo, flows, watch)
-    write_json(json_out, results, fabric, topo)
-    return report(topo, 1.0, "virtual time (one process, one event engine)", results, fabric)

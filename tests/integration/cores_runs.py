@@ -22,6 +22,7 @@ from collectives.bench.virtual import all_reduce_once
 from collectives.jobs.job import run_virtual
 from rocev2_emu import cores
 from rocev2_emu.experiments import catalog, harness
+from rocev2_emu.experiments.harness import VIRTUAL
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.virtual import run_flows_virtual
 from rocev2_emu.topology.file import parse
@@ -51,7 +52,7 @@ def _scenario_incast() -> Any:
     assert "incast" in catalog.SCENARIOS  # the catalog registers the scenarios
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
         scale = {"senders": 4, "size": 256 << 10}
-        code = harness.main("incast", seed=3, out=out, virtual=True, scale=scale, record=None)
+        code = harness.main("incast", seed=3, out=out, options=VIRTUAL, scale=scale, record=None)
         if code != 0:
             raise AssertionError(f"scenario incast exited {code}")
         return json.loads((Path(out) / "incast.json").read_text())

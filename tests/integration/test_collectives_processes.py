@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from collectives.jobs.launch import run_local
+from collectives.jobs.launch import run_job
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import leaf_spine, to_toml
 from rocev2_emu.topology.model import Topology
 from tests.integration.procs import node_pid
+
+WALL = RunOptions(Clock.WALL, 1000.0)
 
 pytestmark = pytest.mark.integration
 BENCH = [sys.executable, "-m", "rocev2_emu", "bench", "all-reduce", "--clock", "wall"]
@@ -44,7 +47,8 @@ def test_every_op_dtype_and_awkward_size_is_right_with_one_percent_loss() -> Non
     QPs per connection, through a lossy spine link."""
     topo, path = leaf_spine_file(loss_link=("leaf0", "spine0"))
     params = {"sizes": [0, 1, 9, 1000], "qp_timeout": 6, "qps_per_connection": 2}
-    results, fabric = run_local(topo, path, 1000.0, "check", params)
+    run = run_job(topo, path, "check", params, WALL)
+    results, fabric = run.results, run.fabric
     assert sorted(results) == list(range(8))
     assert all(v == [] for v in results.values()), [v for v in results.values() if v][:1]
     assert fabric["retransmitted"] > 0  # the loss was real, and go-back-N recovered it
@@ -73,7 +77,7 @@ def test_a_killed_host_makes_every_surviving_rank_raise_within_the_deadline(op: 
     killer = threading.Thread(target=_kill_host_when_busy, args=(topo, "h3"), daemon=True)
     killer.start()
     params = {"rank": -1, "at": 10**6, "count": 16384, "qp_timeout": 6, "timeout": 0.02, "op": op}
-    results, _ = run_local(topo, path, 1000.0, "stop", params)  # a hang fails on the timeout
+    results = run_job(topo, path, "stop", params, WALL).results  # a hang fails on the timeout
     dead = {6, 7}  # h3's ranks
     assert set(results) == set(range(8)) - dead
     for rank, outcome in results.items():

@@ -362,6 +362,7 @@ def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_vir
     from collectives.jobs.launch import run_topology_data
     from collectives.scenarios import entropy
     from rocev2_emu.experiments.harness import Mode
+    from rocev2_emu.fabric.options import RunOptions
     from rocev2_emu.topology.file import parse
 
     data = entropy.entropy_data(1, "5-tuple", small=True, tdf=1.0)
@@ -381,7 +382,7 @@ def test_a_collective_scenarios_job_with_processes_on_the_exact_clock_is_the_vir
             1.0,
             "entropy_op",
             params,
-            mode=Mode(virtual=False, exact=True, workers=workers),
+            mode=Mode(RunOptions(workers=workers)),
         )
     assert exact == virtual
     assert all(r["wrong"] == 0 for r in exact.values())
@@ -401,11 +402,12 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     from collectives.scenarios import spine_failure as sf
     from rocev2_emu.experiments.harness import Mode
     from rocev2_emu.fabric.changes import change_links_at
+    from rocev2_emu.fabric.options import RunOptions
     from rocev2_emu.topology.file import parse
 
     size = 256 << 10
     with cpu_burners():
-        exact = sf.run(1, 9, None, tdf=1.0, mode=Mode(virtual=False, exact=True), size=size)
+        exact = sf.run(1, 9, None, tdf=1.0, mode=Mode(RunOptions()), size=size)
     assert exact["failed_at"] is not None and exact["wrong"] == 0
     assert exact["link_down_drops"] > 0 and exact["retransmitted"] > 0
     topo = parse(sf.spine_data(1, 9, small=True), "spine-failure.toml")

@@ -19,6 +19,8 @@ import pytest
 
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.catalog import SCENARIOS
+from rocev2_emu.experiments.harness import VIRTUAL
+from rocev2_emu.fabric.options import Clock, RunOptions
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +39,7 @@ def behind(data: dict[str, Any]) -> tuple[int, int]:
 def test_scenario_checks_hold_with_real_processes_on_the_exact_clock(
     name: str, tmp_path: Path
 ) -> None:
-    code = harness.main(name, seed=2, out=str(tmp_path), virtual=False, exact=True)
+    code = harness.main(name, seed=2, out=str(tmp_path), options=RunOptions())
     data = json.loads((tmp_path / f"{name}.json").read_text())
     assert all(r["verified"] for run in data["runs"] for r in run["results"])
     assert code == 0 and data["ok"] is True, data["report"]
@@ -49,7 +51,9 @@ def test_the_incast_scenario_with_processes_is_its_virtual_run(tmp_path: Path) -
     runs = {}
     for mode, exact in (("virtual", False), ("exact", True)):
         out = tmp_path / mode
-        harness.main("incast", seed=3, out=str(out), virtual=not exact, exact=exact, scale=scale)
+        harness.main(
+            "incast", seed=3, out=str(out), options=RunOptions() if exact else VIRTUAL, scale=scale
+        )
         runs[mode] = json.loads((out / "incast.json").read_text())["runs"]
     assert len(runs["exact"]) == len(runs["virtual"]) == 4
     for virtual, exact in zip(runs["virtual"], runs["exact"], strict=True):
@@ -58,7 +62,7 @@ def test_the_incast_scenario_with_processes_is_its_virtual_run(tmp_path: Path) -
 
 
 def test_a_scenario_that_cannot_run_exact_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    assert harness.main("dilation", seed=1, out=None, virtual=False, exact=True) == 2
+    assert harness.main("dilation", seed=1, out=None, options=RunOptions()) == 2
     assert "takes no --clock exact: it measures the wall clock" in capsys.readouterr().err
 
 
@@ -67,7 +71,7 @@ def test_scenario_checks_hold_with_real_processes(name: str, tdf: float, tmp_pat
     assert name in SCENARIOS
     for attempt in (tdf, 4 * tdf):
         out = tmp_path / f"tdf{attempt:g}"
-        code = harness.main(name, seed=2, out=str(out), virtual=False, tdf=attempt)
+        code = harness.main(name, seed=2, out=str(out), options=RunOptions(Clock.WALL, attempt))
         data = json.loads((out / f"{name}.json").read_text())
         # bytes are never the machine's fault: every flow is verified whatever the load
         assert all(r["verified"] for run in data["runs"] for r in run["results"])
@@ -91,7 +95,7 @@ def test_the_fct_scenario_with_processes_is_its_virtual_run(tmp_path: Path) -> N
     for mode, exact in (("virtual", False), ("exact", True)):
         out = tmp_path / mode
         code = harness.main(
-            "fct", seed=2, out=str(out), virtual=not exact, exact=exact, scale=scale
+            "fct", seed=2, out=str(out), options=RunOptions() if exact else VIRTUAL, scale=scale
         )
         assert code == 0
         rows[mode] = (out / "fct.json").read_text()

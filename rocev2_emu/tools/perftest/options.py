@@ -8,6 +8,7 @@ from typing import Final, cast
 
 import numpy as np
 
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.transport.work import (
     WcStatus,
@@ -51,7 +52,7 @@ class PerftestOptions:
     qp_timeout: int = 14
     retry_cnt: int = 7
     connect_timeout: float = 60.0  # wall seconds to find the peer
-    clock: str = "wall"  # "wall" (dilated, TDF), "exact" (a pair of processes), "virtual"
+    clock: Clock = Clock.WALL  # wall (dilated, TDF), exact (a pair of processes), virtual
     delay_us: float = 1.0  # the engine's link delay (exact, virtual): its lookahead
 
     def link_settings(self) -> dict[str, float]:
@@ -113,7 +114,7 @@ def mismatch(params: object, opts: PerftestOptions) -> str | None:
         return f"the client's mtu = {params['mtu']} is not a path MTU"
     if params["size"] * params["qps"] > MAX_BUFFER:
         return f"the client asks for {params['size'] * params['qps']} bytes, over {MAX_BUFFER}"
-    if opts.clock != "wall" and params.get("link") != opts.link_settings():
+    if opts.clock is not Clock.WALL and params.get("link") != opts.link_settings():
         return (
             f"the client's link is {params.get('link')!r:.200}, this server's "
             f"{opts.link_settings()}: start both sides with the same --rate, --delay-us, --loss "

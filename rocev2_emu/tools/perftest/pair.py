@@ -28,6 +28,7 @@ from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.exact_node import exact_nodes, run_exact_process
 from rocev2_emu.fabric.layout import process_groups
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
 from rocev2_emu.fabric.supervisor import first_exception
 from rocev2_emu.fabric.virtual import run_virtual_time, virtual_fabric
@@ -94,7 +95,7 @@ def run_virtual_pair(opts: PerftestOptions) -> int:
     topo = pair_topology(opts)
     server, client = copy(opts), copy(opts)
     server.server, client.server = None, "virtual"
-    server.clock = client.clock = "virtual"
+    server.clock = client.clock = Clock.VIRTUAL
     outputs = {SERVER: io.StringIO(), CLIENT: io.StringIO()}
     stdout = sys.stdout
     sys.stdout = _TaskOutput(stdout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.tools.perftest.options import LINE, TITLES, PerftestOptions, Side
 from rocev2_emu.verbs.api import Context
 
@@ -59,7 +60,7 @@ def print_header(opts: PerftestOptions, batch_io: str = "off") -> None:
     print(f" Mtu             : {opts.mtu}[B]")
     print(" Link type       : Ethernet (RoCEv2 over VXLAN/UDP)")
     rate = f"{opts.rate_gbps:g} Gbit/s" if opts.rate_gbps else "unpaced"
-    if opts.clock == "wall":
+    if opts.clock is Clock.WALL:
         print(f" Emulation       : TDF {opts.tdf:g}, link {rate}; figures in emulated time")
         print(f" Batched I/O     : {batch_io} (UDP GSO/GRO; --no-batch-io: one datagram a call)")
         print(" Data ex. method : Ethernet (msgpack over TCP)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.nic.metrics import nic_registry
 from rocev2_emu.runtime.metrics import serve
 from rocev2_emu.runtime.ports import batch_mode
@@ -84,7 +85,7 @@ async def converse(ctx: Context, chan: PeerExchange, opts: PerftestOptions, batc
                 "tdf": opts.tdf,
                 "rate_gbps": opts.rate_gbps,
                 **{k: getattr(opts, k) for k in PARAMS},
-                **({"link": opts.link_settings()} if opts.clock != "wall" else {}),
+                **({"link": opts.link_settings()} if opts.clock is not Clock.WALL else {}),
             }
         )
     side = await _setup(ctx, chan, opts)

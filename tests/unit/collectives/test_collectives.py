@@ -26,6 +26,7 @@ from collectives.jobs.failures import failures, rank_ranges
 from collectives.jobs.job import comm_options, host_places, places_for, run_virtual
 from collectives.jobs.registry import job
 from rocev2_emu.control import auth
+from rocev2_emu.experiments.harness import VIRTUAL
 from rocev2_emu.fabric.nodes import rank_progress
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine, single_switch
@@ -434,7 +435,7 @@ def test_straggler_bursts_stretch_the_tail_and_dcqcn_shrinks_it(tmp_path: Path) 
     from rocev2_emu.experiments import harness
 
     register()  # what the CLI does through the rocev2_emu.plugins entry point
-    assert harness.main("straggler", seed=1, out=str(tmp_path), virtual=True) == 0
+    assert harness.main("straggler", seed=1, out=str(tmp_path), options=VIRTUAL) == 0
     assert_png(tmp_path / "straggler.png")
     data = json.loads((tmp_path / "straggler.json").read_text())
     quiet, pfc, both = data["runs"]
@@ -481,14 +482,14 @@ def test_straggler_at_scale_takes_a_topology_iterations_and_size(
     register()
     (tmp_path / "ft4.toml").write_text(fat_tree(4))
     scale: dict[str, Any] = {"topology": str(tmp_path / "ft4.toml"), "iterations": 4}
-    harness.main("straggler", seed=1, out=str(tmp_path), virtual=True, scale=scale)
+    harness.main("straggler", seed=1, out=str(tmp_path), options=VIRTUAL, scale=scale)
     quiet, pfc, both = json.loads((tmp_path / "straggler.json").read_text())["runs"]
     assert [r["ranks"] for r in (quiet, pfc, both)] == [16, 16, 16]
     assert quiet["bytes"] == 256 << 10 and len(quiet["times"]) == 4
     assert pfc["fabric"]["pfc_tx"] > 0 and pfc["p99"] > 1.25 * quiet["p99"]
     assert "edge0_0" in pfc["fabric"]["pfc_senders"]  # the receiver's edge pauses its uplinks
     capsys.readouterr()
-    assert harness.main("straggler", seed=1, out=None, virtual=True, scale={"senders": 3}) == 2
+    assert harness.main("straggler", seed=1, out=None, options=VIRTUAL, scale={"senders": 3}) == 2
     assert "scenario straggler takes no --senders" in capsys.readouterr().err
 
 
@@ -513,10 +514,10 @@ def test_straggler_above_the_flat_ring_limit_says_it_runs_the_tuned_schedule(
     (tmp_path / "ft4.toml").write_text(fat_tree(4))
     scale: dict[str, Any] = {"topology": str(tmp_path / "ft4.toml"), "iterations": 2}
     monkeypatch.setattr(straggler, "FLAT_RING_RANKS", 8)
-    harness.main("straggler", seed=1, out=str(tmp_path / "auto"), virtual=True, scale=scale)
+    harness.main("straggler", seed=1, out=str(tmp_path / "auto"), options=VIRTUAL, scale=scale)
     assert "all-reduce schedule: auto (more than 8 ranks)" in capsys.readouterr().out
     monkeypatch.setattr(straggler, "FLAT_RING_RANKS", 128)
-    harness.main("straggler", seed=1, out=str(tmp_path / "ring"), virtual=True, scale=scale)
+    harness.main("straggler", seed=1, out=str(tmp_path / "ring"), options=VIRTUAL, scale=scale)
     assert "all-reduce schedule" not in capsys.readouterr().out
     tuned, ring = (
         json.loads((tmp_path / d / "straggler.json").read_text())["runs"][0]["times"]
@@ -537,7 +538,9 @@ def test_ecmp_entropy_collisions_show_with_one_qp_and_qp_scaling_spreads_them(
 
     register()
     scale = {"size": 2 << 20}
-    assert harness.main("ecmp-entropy", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert (
+        harness.main("ecmp-entropy", seed=1, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
+    )
     assert_png(tmp_path / "ecmp-entropy.png")
     rows = json.loads((tmp_path / "ecmp-entropy.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
@@ -569,7 +572,7 @@ def test_admission_bounds_the_window_and_loses_nothing(tmp_path: Path) -> None:
 
     register()
     scale = {"iterations": 2}
-    assert harness.main("admission", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert harness.main("admission", seed=1, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
     assert_png(tmp_path / "admission.png")
     rows = json.loads((tmp_path / "admission.json").read_text())["runs"]
     by = {(r["workload"], r["setting"]): r for r in rows}
@@ -591,7 +594,9 @@ def test_spine_failure_loses_no_byte_and_costs_busbw_while_spines_fail(
 
     register()
     scale = {"size": 256 << 10}
-    assert harness.main("spine-failure", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert (
+        harness.main("spine-failure", seed=1, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
+    )
     assert_png(tmp_path / "spine-failure.png")
     spare, tight = json.loads((tmp_path / "spine-failure.json").read_text())["runs"]
     assert spare["spines"] == 9 and tight["spines"] == 8

@@ -12,6 +12,8 @@ import pytest
 
 from collectives.bench import dlrm
 from collectives.jobs.job import run_virtual
+from rocev2_emu.experiments.harness import VIRTUAL
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import single_switch
 from tests.conftest import assert_png
@@ -46,7 +48,9 @@ def test_the_recommendation_scenario_checks_pass_plots_and_times_the_same_withou
 
     register()
     scale = {"iterations": 1}
-    assert harness.main("recommendation", seed=1, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert (
+        harness.main("recommendation", seed=1, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
+    )
     assert_png(tmp_path / "recommendation.png")
     rows = json.loads((tmp_path / "recommendation.json").read_text())["runs"]
     assert [r["setting"] for r in rows] == [
@@ -59,7 +63,11 @@ def test_the_recommendation_scenario_checks_pass_plots_and_times_the_same_withou
     # timing-only (--payload none): the same report but for the values, which it does not check
     none = tmp_path / "none"
     code = harness.main(
-        "recommendation", seed=1, out=str(none), virtual=True, scale=scale, payload="none"
+        "recommendation",
+        seed=1,
+        out=str(none),
+        options=RunOptions(Clock.VIRTUAL, payload="none"),
+        scale=scale,
     )
     assert code == 0
     data = json.loads((none / "recommendation.json").read_text())

@@ -19,10 +19,13 @@ from collectives.comm.placement import hierarchy, ring_order
 from collectives.jobs.job import places_for, run_virtual, server_ranks
 from collectives.launcher import launch
 from rocev2_emu.fabric.layout import process_groups, process_layout
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.testbed import compose
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, ai_zone, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
+
+WALL = RunOptions(Clock.WALL, 1.0)
 
 
 def two_servers(nics: bool = True, fabric: str = "nvlink") -> Topology:
@@ -138,7 +141,7 @@ def test_servers_stay_in_one_process_and_a_process_per_node_refuses_them(tmp_pat
     refuse_split_servers(two_servers(nics=False))  # so is a server of one NIC
     # launch (a process per rank) and the compose testbed (a container per node) say so
     with pytest.raises(TopologyError, match=r"launch \(a process per rank, each its own host\)"):
-        launch(topo, "rails.toml", 1.0, ["python", "train.py"], ranks=None, compute_ms=0.0)
+        launch(topo, "rails.toml", WALL, ["python", "train.py"], ranks=None, compute_ms=0.0)
     path = tmp_path / "rails.toml"
     path.write_text(ai_zone(1, 2, 1, 4, rails=True))
     with pytest.raises(TopologyError, match=r"has a NIC per accelerator"):

@@ -13,6 +13,7 @@ import pytest
 from rocev2_emu.experiments import catalog, fct, harness
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.fabric import slowdown
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.topology.generate import leaf_spine
 from tests.conftest import assert_png
 
@@ -24,7 +25,13 @@ def test_fct_on_the_leaf_spine_checks_what_the_papers_agree_on(
     flows' tail under PFC alone's at each load, and a higher load lengthening it."""
     assert "fct" in catalog.SCENARIOS
     scale = {"settings": ("pfc", "dcqcn-paper"), "iterations": 2, "flows": 120}
-    rc = harness.main("fct", seed=1, out=str(tmp_path), virtual=True, scale=scale, payload="none")
+    rc = harness.main(
+        "fct",
+        seed=1,
+        out=str(tmp_path),
+        options=RunOptions(Clock.VIRTUAL, payload="none"),
+        scale=scale,
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert out.count(": pass") == 4 and "FAIL" not in out  # completed, 2 x DCQCN < PFC, load
@@ -46,7 +53,9 @@ def test_a_timing_only_run_has_the_real_payloads_figures() -> None:
     """One run's slowdown rows, byte for byte, with and without payload bytes."""
     base = tomllib.loads(leaf_spine(2, 4, 2))
     real, none = (
-        fct.run_one(base, "dcqcn-paper", 0.5, 3, 60, "websearch", Mode(payload=p))
+        fct.run_one(
+            base, "dcqcn-paper", 0.5, 3, 60, "websearch", Mode(RunOptions(Clock.VIRTUAL, payload=p))
+        )
         for p in (None, "none")
     )
     assert json.dumps(real) == json.dumps(none)

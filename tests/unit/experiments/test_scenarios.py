@@ -15,6 +15,7 @@ from rocev2_emu.experiments import (
     pfc_unfairness,
     victim_flow,
 )
+from rocev2_emu.experiments.harness import VIRTUAL
 from rocev2_emu.experiments.plots import plot_runs
 from rocev2_emu.topology.generate import fat_tree
 from tests.conftest import assert_png
@@ -25,7 +26,7 @@ def test_incast_scenario_checks_pass_and_results_are_written(
 ) -> None:
     assert "incast" in catalog.SCENARIOS
     scale = {"senders": 4, "size": 2 << 20}
-    assert harness.main("incast", seed=3, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert harness.main("incast", seed=3, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
     out = capsys.readouterr().out
     assert out.count(": pass") == 4
     data = json.loads((tmp_path / "incast.json").read_text())
@@ -54,7 +55,7 @@ def test_incast_at_scale_on_a_fat_tree_file(
         "topology": str(topo),
         "settings": ("pfc", "pfc+dcqcn"),
     }
-    assert harness.main("incast", seed=2, out=str(tmp_path), virtual=True, scale=scale) == 0
+    assert harness.main("incast", seed=2, out=str(tmp_path), options=VIRTUAL, scale=scale) == 0
     out = capsys.readouterr().out
     assert "lossy" not in out and out.count(": pass") == 1
     assert "not checked: DCQCN's fewer pauses; a flow lasts 21.0 us" in out
@@ -69,17 +70,17 @@ def test_incast_at_scale_on_a_fat_tree_file(
 def test_a_scenario_refuses_scale_it_does_not_take(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = harness.main("fairness", seed=1, out=str(tmp_path), virtual=True, scale={"senders": 3})
+    rc = harness.main("fairness", seed=1, out=str(tmp_path), options=VIRTUAL, scale={"senders": 3})
     assert rc == 2
     assert "scenario fairness takes no --senders" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown incast settings"):
         harness.main(
-            "incast", seed=1, out=str(tmp_path), virtual=True, scale={"settings": ("nope",)}
+            "incast", seed=1, out=str(tmp_path), options=VIRTUAL, scale={"settings": ("nope",)}
         )
 
 
 def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert harness.main("nope", seed=1, out=None, virtual=True) == 2
+    assert harness.main("nope", seed=1, out=None, options=VIRTUAL) == 2
     assert "unknown scenario" in capsys.readouterr().err
 
 
@@ -129,7 +130,7 @@ def test_fluid_model_queue_matches_the_model_with_dcqcns_np(tmp_path: Path) -> N
 def test_a_scenario_over_seeds_says_how_many_each_check_passed_with(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = harness.main_seeds("victim-flow", seed=5, seeds=2, out=str(tmp_path), virtual=True)
+    rc = harness.main_seeds("victim-flow", seed=5, seeds=2, out=str(tmp_path), options=VIRTUAL)
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "# victim-flow over seeds 5 to 6:" in out
@@ -137,4 +138,4 @@ def test_a_scenario_over_seeds_says_how_many_each_check_passed_with(
     for seed in (5, 6):
         data = json.loads((tmp_path / f"seed-{seed}" / "victim-flow.json").read_text())
         assert data["seed"] == seed and data["ok"] is True
-    assert harness.main_seeds("nope", seed=1, seeds=3, out=str(tmp_path), virtual=True) == 2
+    assert harness.main_seeds("nope", seed=1, seeds=3, out=str(tmp_path), options=VIRTUAL) == 2

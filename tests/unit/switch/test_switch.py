@@ -318,8 +318,8 @@ def test_virtual_mode_runs_the_real_drivers_and_repeats_exactly(
 ) -> None:
     from pathlib import Path
 
-    from rocev2_emu.fabric.flows import load_flows
-    from rocev2_emu.fabric.virtual import run_virtual
+    from rocev2_emu.fabric.flow_run import up
+    from rocev2_emu.fabric.options import Clock, RunOptions
 
     assert isinstance(tmp_path, Path)
     data = tomllib.loads(single_switch(5))
@@ -331,10 +331,9 @@ def test_virtual_mode_runs_the_real_drivers_and_repeats_exactly(
     flows_file.write_text(
         "".join(f'[[flow]]\nsrc = "h{i}"\ndst = "h4"\nsize = 524288\n\n' for i in range(4))
     )
-    flows = load_flows(flows_file, t)
     outputs = []
     for _ in range(2):
-        assert run_virtual(t, flows) == 0
+        assert up(t, "incast.toml", RunOptions(Clock.VIRTUAL), flows_path=str(flows_file)) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1]  # same drops, same FCTs, to the tenth of a microsecond
     assert outputs[0].count("ok, verified") == 4
