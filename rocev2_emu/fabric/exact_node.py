@@ -1,6 +1,6 @@
 """The node side of the exact process mode: a process hosting one node or a group of them
 (``rocev2-emu node TOPOLOGY NAME --clock exact --sync HOST:PORT``) joins the run's coordinator,
-builds its cores exactly as the virtual fabric does (:mod:`rocev2_emu.fabric.virtual`) - the
+builds its cores with the virtual fabric's builder (:mod:`rocev2_emu.fabric.engine_nodes`) - the
 same seeded QPNs and PSNs, the same link faults - serves its control ports as a process-mode
 node does, and runs its :class:`~rocev2_emu.runtime.exact.ExactEngine` window by window.
 The supervisor's side is :mod:`rocev2_emu.fabric.exact`.
@@ -21,7 +21,7 @@ import resource
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -36,24 +36,22 @@ from rocev2_emu.control.requests import Handler, NoFields, Table
 from rocev2_emu.fabric.agent import CONTROL_PORT, HostAgent
 from rocev2_emu.fabric.agent_server import AgentServer, OpenFlows, open_flows_on
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
+from rocev2_emu.fabric.engine_nodes import build_nodes
 from rocev2_emu.fabric.layout import MAX_PROCESS_NODES, process_groups, process_name
 from rocev2_emu.fabric.nodes import (
     METRICS_PORT,
-    host_agent,
-    host_config,
-    link_faults,
     map_handler,
     metrics_url,
 )
 from rocev2_emu.fabric.services import host_services
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.nic.metrics import nic_registry
-from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.collector import engine_collector
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
 from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import ExactEngine
 from rocev2_emu.runtime.exchange import RemoteLink
+from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.metrics import serve_nodes
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import SyncAddress, sync_label
@@ -65,7 +63,7 @@ from rocev2_emu.runtime.sync_messages import (
     ended_normally,
 )
 from rocev2_emu.runtime.wall_server import Reply, WallServer
-from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
+from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -386,49 +384,42 @@ async def exact_nodes(
             apply(change, now)
 
     engine.on_change = on_change
-    locals_: dict[str, Node] = {}
     ports: dict[tuple[str, int], Reply] = {}  # every node's control port, and /metrics
     registries: dict[str, CollectorRegistry] = {}
     contexts: dict[str, Context] = {}
-    async with trio.open_nursery() as nursery:
-        for switch_node in (n for n in mine if n.kind is NodeKind.SWITCH):  # as the virtual
-            name, address = switch_node.name, switch_node.address  # fabric adds them
-            core = SwitchCore(topo.switch_config(name))
-            changes.append(link_changes(topo, name, core))
-            switch = EngineSwitch(core, engine, DilatedClock(1.0), (address, LINK_UDP_PORT))
-            locals_[name] = switch.node
-            reply = control_replies(switch, {**more, **refusals(control_table(switch))})
-            registry = CollectorRegistry()
-            registry.register(SwitchCollector(switch))
-            switch.clock.threadsafe = lambda: engine.events.now  # for /metrics' thread
-            ports[address, CONTROL_PORT], registries[address] = reply, registry
-        for host_node in (n for n in mine if n.kind is NodeKind.HOST):
-            name, address = host_node.name, host_node.address
-            cfg = host_config(topo, name, 1.0, None, seeded=True)
-            ctx = await nursery.start(_host_context, cfg, engine)
-            assert isinstance(ctx.driver, EngineNic)
-            locals_[name] = ctx.driver.node
-            contexts[name] = ctx
-            registry = nic_registry(ctx.driver, name)
-            services = host_services(topo, ctx, name, registry)
-            services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
-            agent = agents[name] = host_agent(topo, ctx, name)
-            refused = refusals(AgentServer(agent).table)
-            agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
-            await nursery.start(agent_server.keep_jobs)
-            ctx.clock.threadsafe = lambda: engine.events.now
-            ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
-        for link in topo.links:
-            ends = [(end, topo.port_of(end, link)) for end in (link.a, link.b)]
-            faults = link_faults(topo, link)
-            if all(end in locals_ for end, _ in ends):
-                (a, a_port), (b, b_port) = ends
-                engine.connect(locals_[a], a_port, locals_[b], b_port, (faults, faults))
-                continue
-            for (end, port), (peer, _) in ((ends[0], ends[1]), (ends[1], ends[0])):
-                if end in locals_:
-                    far = (socket_of[home[peer]], LINK_UDP_PORT)
-                    engine.link(RemoteLink(locals_[end], port, link.vni, home[peer], far, faults))
+
+    def on_switch(name: str, switch: EngineSwitch) -> None:
+        changes.append(link_changes(topo, name, switch.core))
+        reply = control_replies(switch, {**more, **refusals(control_table(switch))})
+        registry = CollectorRegistry()
+        registry.register(SwitchCollector(switch))
+        switch.clock.threadsafe = lambda: engine.events.now  # for /metrics' thread
+        address = topo.nodes[name].address
+        ports[address, CONTROL_PORT], registries[address] = reply, registry
+
+    async def on_host(name: str, agent: HostAgent) -> None:
+        ctx, address = agent.ctx, topo.nodes[name].address
+        assert isinstance(ctx.driver, EngineNic)
+        contexts[name] = ctx
+        registry = nic_registry(ctx.driver, name)
+        services = host_services(topo, ctx, name, registry)
+        services["map"] = (NoFields, map_handler(ctx, registry))  # the live map's
+        agents[name] = agent
+        refused = refusals(AgentServer(agent).table)
+        agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
+        await nursery.start(agent_server.keep_jobs)
+        ctx.clock.threadsafe = lambda: engine.events.now
+        ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
+
+    def remote(link: Link, node: Node, port: int, peer: str, faults: LinkFaults | None) -> None:
+        far = (socket_of[home[peer]], LINK_UDP_PORT)
+        engine.link(RemoteLink(node, port, link.vni, home[peer], far, faults))
+
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        built = await build_nodes(
+            topo, set(names), engine, stack, remote=remote, on_switch=on_switch, on_host=on_host
+        )
+        locals_ = built.nodes
         if metrics:
             served = registries
             if join.metrics_addr is not None:  # one node (run_exact_node checked)
@@ -486,11 +477,3 @@ def link_changes(
     (:func:`~rocev2_emu.fabric.changes.switch_changes`)."""
     apply = switch_changes(topo, name, core)
     return lambda change, now: apply(change.pairs, change.up, now)
-
-
-async def _host_context(
-    cfg: Any, engine: ExactEngine, *, task_status: trio.TaskStatus[Context]
-) -> None:
-    async with Context.open(cfg, engine=engine) as ctx:
-        task_status.started(ctx)
-        await trio.sleep_forever()

@@ -17,20 +17,16 @@ import trio
 import trio.testing
 
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec, HostAgent
+from rocev2_emu.fabric.engine_nodes import build_nodes
 from rocev2_emu.fabric.flows import run_flows
-from rocev2_emu.fabric.nodes import host_agent, host_config, link_faults
 from rocev2_emu.fabric.report import fabric_stats
 from rocev2_emu.nic.driver import EngineNic
-from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.collector import engine_collector
 from rocev2_emu.runtime.determinism import canonical_trio_scheduler
-from rocev2_emu.runtime.engine import Engine, Node
+from rocev2_emu.runtime.engine import Engine
 from rocev2_emu.runtime.progress import ProgressLine
 from rocev2_emu.topology.model import Topology
-from rocev2_emu.verbs.api import Context
-from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
-from switch.pipeline import SwitchCore
 
 T = TypeVar("T")
 
@@ -52,25 +48,9 @@ async def virtual_fabric(
     (:mod:`rocev2_emu.runtime.engine`); use it inside :func:`run_virtual_time`."""
     engine = Engine()
     engine.progress = line = ProgressLine.on_terminal()
-    clock = DilatedClock(1.0)
-    switches: dict[str, EngineSwitch] = {}
-    agents: dict[str, HostAgent] = {}
-    nodes: dict[str, Node] = {}
-    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        for sw in topo.switches:
-            core = SwitchCore(topo.switch_config(sw.name))
-            switches[sw.name] = EngineSwitch(core, engine, clock, (sw.address, LINK_UDP_PORT))
-            nodes[sw.name] = switches[sw.name].node
-        for h in topo.hosts:
-            cfg = host_config(topo, h.name, 1.0, None, seeded=True)
-            ctx = await stack.enter_async_context(Context.open(cfg, engine=engine))
-            agents[h.name] = host_agent(topo, ctx, h.name)
-            assert isinstance(ctx.driver, EngineNic)
-            nodes[h.name] = ctx.driver.node
-        for link in topo.links:
-            faults = link_faults(topo, link)
-            ends = [topo.port_of(end, link) for end in (link.a, link.b)]
-            engine.connect(nodes[link.a], ends[0], nodes[link.b], ends[1], (faults, faults))
+    async with trio.open_nursery() as nursery, AsyncExitStack() as contexts:
+        built = await build_nodes(topo, None, engine, contexts)
+        switches, agents = built.switches, built.agents
         await nursery.start(engine.run)
         try:
             yield switches, agents
