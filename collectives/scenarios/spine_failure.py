@@ -49,6 +49,7 @@ from rocev2_emu.experiments.plots import plotted
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.changes import change_links_at, change_links_in_run
 from rocev2_emu.fabric.control import set_links
+from rocev2_emu.fabric.options import Clock
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import Topology
@@ -247,7 +248,9 @@ def spine_failure(
                 all(r["during"] < r["quiet_during"] for r in rows),
             )
         )
-    elif mode is not None and mode.run.exact:  # repeats exactly; on the wall clock: reported
+    elif (
+        mode is not None and mode.run.clock is Clock.EXACT
+    ):  # repeats exactly; on the wall clock: reported
         checks.append(
             (
                 "the failure cost busbw: the all-reduce during it slower than those before",

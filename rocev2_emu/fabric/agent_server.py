@@ -181,9 +181,10 @@ def request_spec(d: Any, where: str) -> FlowSpec:
 
 class AgentServer:
     """Serves an agent's calls over TCP: accept_flow, digest, run_flows (a job of this host), and
-    for a job that sets every flow up before the clock starts (the exact mode, whose process
-    opens them: :func:`open_flows_on`): start_flows (they run in the background) and
-    flow_results (waits for them)."""
+    for a job that sets every flow up before it starts them (:class:`~rocev2_emu.fabric.flows.
+    FlowsJob`): open_flows (this host's; an exact run's process opens its hosts' flows:
+    :func:`open_flows_on`), start_flows (they run in the background) and flow_results (waits
+    for them)."""
 
     def __init__(
         self,
@@ -243,6 +244,7 @@ class AgentServer:
         """The agent's commands: request type and handler for each."""
         return {
             "accept_flow": (AcceptFlow, self._accept_flow),
+            "open_flows": (OpenFlows, self._open_flows),
             "digest": (Digest, self._digest),
             "digests": (Digests, self._digests),
             "run_flows": (RunFlows, self._run_flows),
@@ -251,6 +253,9 @@ class AgentServer:
             "stats": (HostStats, self._stats),
             "set_faults": (SetNicFaults, self._set_faults),
         }
+
+    async def _open_flows(self, req: OpenFlows) -> dict[str, Any]:
+        return await open_flows_on({self.agent.name: self.agent}, req)
 
     async def _accept_flow(self, req: AcceptFlow) -> dict[str, Any]:
         spec = request_spec(req.spec, "spec")

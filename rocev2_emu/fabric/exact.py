@@ -3,11 +3,11 @@ them) on its own event engine, the links between them real UDP datagrams carryin
 time, the windows granted by a coordinator in the supervisor (:mod:`rocev2_emu.runtime.sync`);
 the node processes are :mod:`rocev2_emu.fabric.exact_node`.
 
-:class:`ExactFlowsJob` runs a flow job on such a fabric as
-:func:`~rocev2_emu.fabric.virtual.run_flows_virtual` runs it in one process: the flows opened
-one by one in the order of their ids while the clock is held, started at the same emulated
-instant, and the counters read when the fabric is quiet.  The same topology and flows therefore
-give the same results and counters as the virtual run, whatever the machine's load.
+Here are the requests a job makes of such a fabric (:class:`~rocev2_emu.fabric.handle.ExactFabric`
+wraps them): to nodes grouped by process (:func:`ask_nodes`), and the counters once the fabric
+is quiet (:func:`quiet_stats`).  A flows job (:class:`~rocev2_emu.fabric.flows.FlowsJob`) opens
+its flows one by one in the order of their ids while the clock is held and starts them at one
+emulated instant, so it gives the virtual run's results and counters whatever the load.
 
 A change to the fabric asked for in the run (:meth:`ExactEngine.change_links`, e.g. a job's
 rank failing spines) reaches every process with a window; a switch applies it at its emulated
@@ -17,22 +17,14 @@ routes converged around every link down so far.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any, Final
 
 import trio
 import trio.testing
 
-from rocev2_emu.fabric.agent import (
-    FlowResult,
-    FlowSpec,
-    data_digest,
-    flow_data,
-)
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.layout import by_process, open_batches
+from rocev2_emu.fabric.layout import by_process
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync import sync_label
@@ -40,81 +32,14 @@ from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.topology.model import Topology
 
 __all__ = [
-    "FLOW_START",
     "Coordinator",
-    "ExactFlowsJob",
     "SyncError",
+    "ask_node",
     "ask_nodes",
+    "gather",
     "quiet_stats",
     "sync_label",
 ]
-
-FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
-
-
-class ExactFlowsJob:
-    """The flows on an exact fabric of node processes (see the module); the supervisor runs
-    ``coordinator`` beside it."""
-
-    def __init__(
-        self, flows: list[FlowSpec], coordinator: Coordinator, t0: float = FLOW_START
-    ) -> None:
-        self.flows = flows
-        self.coordinator = coordinator
-        self.t0 = t0
-
-    async def run(
-        self, topo: Topology, tdf: float, epoch: float
-    ) -> tuple[list[FlowResult], dict[str, Any]]:
-        coordinator = self.coordinator
-        with trio.fail_after(60):
-            await coordinator.connected.wait()
-        # one batch at a time, each flow of a batch after the other: every NIC draws its QPNs
-        # and PSNs in the flows' order, as in virtual time; a batch is a run of flows whose
-        # sources share a process (its hosts call a destination there directly)
-        for batch in open_batches(sorted(self.flows, key=lambda f: f.id), coordinator.names):
-            flows = [{"spec": asdict(f), "dst": topo.nodes[f.dst].address} for f in batch]
-            await _ask(topo, batch[0].src, {"cmd": "open_flows", "flows": flows}, 30 + len(flows))
-        sources = sorted({f.src for f in self.flows})
-        # the clock is held until released: the sources are told in any order, each process
-        # its own, all start at t0; what arrived is checked after the run (no out-of-band wait
-        # inside it)
-        await ask_nodes(
-            topo, coordinator, sources, {"cmd": "start_flows", "t0": self.t0, "verify": False}
-        )
-        coordinator.release()
-        replies = await ask_nodes(
-            topo, coordinator, sources, {"cmd": "flow_results"}, timeout=math.inf
-        )
-        results = [FlowResult(**r) for reply in replies.values() for r in reply["results"]]
-        if not topo.timing_only:  # (timing only: the fabric carried no bytes to check)
-            await self._verify(topo, results)
-        return sorted(results, key=lambda r: r.id), await quiet_stats(topo, coordinator)
-
-    async def _verify(self, topo: Topology, results: list[FlowResult]) -> None:
-        """Each flow that ended well is ``verified`` if its destination holds exactly the bytes
-        its source wrote (:func:`~rocev2_emu.fabric.agent.flow_data`, by the flow's id): one
-        ``digests`` request per destination."""
-        specs = {spec.id: spec for spec in self.flows}
-        ids: dict[str, list[int]] = {}
-        for r in results:
-            if r.status == "ok":
-                ids.setdefault(r.dst, []).append(r.id)
-        dsts = sorted(ids)
-        replies = await _gather(
-            len(dsts), lambda i: _ask(topo, dsts[i], {"cmd": "digests", "ids": ids[dsts[i]]})
-        )
-        held = {
-            flow_id: digest
-            for dst, reply in zip(dsts, replies, strict=True)
-            for flow_id, digest in zip(ids[dst], reply["sha256"], strict=True)
-        }
-        for r in results:
-            if r.status == "ok":
-                r.verified = held.get(r.id) == data_digest(flow_data(specs[r.id]))
-
-    async def node_died(self, name: str, code: int) -> bool:
-        return False
 
 
 async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any]:
@@ -146,7 +71,7 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
 CONCURRENT_REQUESTS: Final = 32  # control requests in flight at once (a server admits 256)
 
 
-async def _gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
+async def gather(count: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
     """``one(i)`` for each ``i < count``, up to :data:`CONCURRENT_REQUESTS` at once: their
     results, in that order."""
     results: list[Any] = [None] * count
@@ -174,9 +99,9 @@ async def ask_nodes(
     of ``names``), :data:`MAX_PROCESS_NODES` at a time, the processes at once; each node's reply
     by name.  A RuntimeError names the first node that answered with an error."""
     asks = by_process(coordinator.names, set(names))
-    replies = await _gather(
+    replies = await gather(
         len(asks),
-        lambda i: _ask(
+        lambda i: ask_node(
             topo, asks[i][0], {"cmd": "for_nodes", "names": asks[i], "request": request}, timeout
         ),
     )
@@ -196,10 +121,10 @@ async def ask_nodes(
 async def _ask_each(addresses: list[str], msgs: list[dict[str, Any]]) -> list[Any]:
     """``msgs[i]`` to the node at ``addresses[i]``, for each (the clock is held): their replies,
     in order."""
-    return await _gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
+    return await gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
 
 
-async def _ask(
+async def ask_node(
     topo: Topology, name: str, msg: dict[str, Any], timeout: float = 30.0
 ) -> dict[str, Any]:
     with trio.fail_after(timeout):

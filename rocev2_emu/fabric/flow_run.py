@@ -2,9 +2,9 @@
 with processes, ``bench virtual``'s flow cases.
 
 :func:`run_flow_job` takes the run's :class:`~rocev2_emu.fabric.options.RunOptions` and runs
-the flows on one event engine (virtual), on node processes synchronised on emulated time
-(exact, :class:`~rocev2_emu.fabric.exact.ExactFlowsJob`) or on node processes on the dilated
-wall clock (wall, :class:`~rocev2_emu.fabric.flows.FlowsJob`).  The virtual and exact runs give
+the flows on one event engine (virtual, :func:`~rocev2_emu.fabric.flows.run_flows`), or as
+one :class:`~rocev2_emu.fabric.flows.FlowsJob` on node processes synchronised on emulated time
+(exact) or on the dilated wall clock (wall).  The virtual and exact runs give
 the same results and counters byte for byte.  :func:`up` is the command.
 """
 
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
-from rocev2_emu.fabric.exact import FLOW_START, ExactFlowsJob
-from rocev2_emu.fabric.flows import FlowsJob, load_flows
+from rocev2_emu.fabric.flows import FLOW_START, FlowsJob, load_flows
 from rocev2_emu.fabric.layout import process_layout
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import report, write_json
@@ -69,7 +68,7 @@ def run_flow_job(
         (results, fabric), synced = run_exact(
             topo,
             topo_path,
-            lambda coordinator: ExactFlowsJob(flows, coordinator, t0),
+            lambda coordinator: FlowsJob(flows, t0, coordinator),
             quiet=quiet,
             beside=beside,
             pace=options.pace,

@@ -1,26 +1,36 @@
 """Flow jobs: a list of RDMA WRITE flows between hosts, as the HPCC simulator's flow files.
 
 Flow files are TOML (``[[flow]]`` with src, dst, size, and optionally start_us and dscp).
-:func:`run_flows` runs them on in-process host agents (virtual mode); :class:`FlowsJob` on a
-fabric of node processes, through each source host's control port.
+:func:`run_flows` runs them on in-process host agents (virtual time); :class:`FlowsJob` on a
+fabric of node processes (the exact clock or the wall clock), through the sources' control
+ports.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
-from rocev2_emu.control import auth
-from rocev2_emu.fabric.agent import CONTROL_PORT, FlowPeer, FlowResult, FlowSpec, HostAgent
-from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.report import merge_stats
-from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.fabric.agent import (
+    FlowPeer,
+    FlowResult,
+    FlowSpec,
+    HostAgent,
+    data_digest,
+    flow_data,
+)
+from rocev2_emu.fabric.exact import ask_node, gather
+from rocev2_emu.fabric.handle import fabric_for
+from rocev2_emu.fabric.layout import open_batches
+from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
-from rocev2_emu.verbs.oob import OobChannel
+
+FLOW_START: Final = 1e-3  # emulated seconds: when a flow job's flows start (as in virtual time)
 
 FLOW_KEYS = frozenset({"src", "dst", "size", "start_us", "dscp"})
 
@@ -89,46 +99,62 @@ async def run_flows(
 
 
 class FlowsJob:
-    """The flows on a fabric of node processes: each source host's agent runs its own."""
+    """The flows on a fabric of node processes, on the exact clock (given the run's
+    ``coordinator``) or the wall clock: opened one by one in the order of their ids (each NIC
+    draws its QPNs and PSNs in that order, as in virtual time), started together at ``t0``
+    (the wall clock: half a second after the start requests), their bytes checked at each
+    destination afterwards (no out-of-band wait inside the run), the counters read once the
+    flows are done.  On the exact clock the results and counters are the virtual run's."""
 
-    def __init__(self, flows: list[FlowSpec]) -> None:
+    def __init__(
+        self, flows: list[FlowSpec], t0: float = FLOW_START, coordinator: Coordinator | None = None
+    ) -> None:
         self.flows = flows
+        self.t0 = t0
+        self.coordinator = coordinator
 
     async def run(
         self, topo: Topology, tdf: float, epoch: float
     ) -> tuple[list[FlowResult], dict[str, Any]]:
-        clock = DilatedClock(tdf, epoch=epoch)
-        t0 = clock.now() + 0.5 / tdf  # half a real second from now, in emulated time
-        peers = {h.name: (h.address, CONTROL_PORT) for h in topo.hosts}
-        results: list[FlowResult] = []
+        fabric = fabric_for(topo, tdf, epoch, self.coordinator)
+        await fabric.joined()
+        # a batch is a run of flows whose sources share a process (its hosts call a
+        # destination there directly), each flow of a batch after the other
+        for batch in open_batches(sorted(self.flows, key=lambda f: f.id), fabric.processes):
+            flows = [{"spec": asdict(f), "dst": topo.nodes[f.dst].address} for f in batch]
+            request = {"cmd": "open_flows", "flows": flows}
+            await ask_node(topo, batch[0].src, request, 30 + len(flows))
+        sources = sorted({f.src for f in self.flows})
+        start = {"cmd": "start_flows", "t0": fabric.start_at(self.t0), "verify": False}
+        await fabric.ask(sources, start)
+        fabric.release()
+        replies = await fabric.ask(sources, {"cmd": "flow_results"}, timeout=math.inf)
+        results = [FlowResult(**r) for reply in replies.values() for r in reply["results"]]
+        if not topo.timing_only:  # (timing only: the fabric carried no bytes to check)
+            await self._verify(topo, results)
+        return sorted(results, key=lambda r: r.id), await fabric.stats()
 
-        async def source(name: str, specs: list[FlowSpec]) -> None:
-            address = topo.nodes[name].address
-            chan = await OobChannel.connect(
-                address, CONTROL_PORT, timeout=30, secret=auth.current()
-            )
-            chan.timeout = 3600.0
-            try:
-                await chan.send(
-                    {
-                        "cmd": "run_flows",
-                        "flows": [asdict(s) for s in specs],
-                        "peers": peers,
-                        "t0": t0,
-                    }
-                )
-                reply = await chan.recv()
-            finally:
-                await chan.aclose()
-            if "error" in reply:
-                raise RuntimeError(f"host {name}: {reply['error']}")
-            results.extend(FlowResult(**r) for r in reply["results"])
-
-        async with trio.open_nursery() as jobs:
-            for name in sorted({f.src for f in self.flows}):
-                jobs.start_soon(source, name, [f for f in self.flows if f.src == name])
-        stats = {n.name: await control(n.address, {"cmd": "stats"}) for n in topo.nodes.values()}
-        return sorted(results, key=lambda r: r.id), merge_stats(stats)
+    async def _verify(self, topo: Topology, results: list[FlowResult]) -> None:
+        """Each flow that ended well is ``verified`` if its destination holds exactly the bytes
+        its source wrote (:func:`~rocev2_emu.fabric.agent.flow_data`, by the flow's id): one
+        ``digests`` request per destination."""
+        specs = {spec.id: spec for spec in self.flows}
+        ids: dict[str, list[int]] = {}
+        for r in results:
+            if r.status == "ok":
+                ids.setdefault(r.dst, []).append(r.id)
+        dsts = sorted(ids)
+        replies = await gather(
+            len(dsts), lambda i: ask_node(topo, dsts[i], {"cmd": "digests", "ids": ids[dsts[i]]})
+        )
+        held = {
+            flow_id: digest
+            for dst, reply in zip(dsts, replies, strict=True)
+            for flow_id, digest in zip(ids[dst], reply["sha256"], strict=True)
+        }
+        for r in results:
+            if r.status == "ok":
+                r.verified = held.get(r.id) == data_digest(flow_data(specs[r.id]))
 
     async def node_died(self, name: str, code: int) -> bool:
         return False

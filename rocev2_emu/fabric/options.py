@@ -52,14 +52,6 @@ class RunOptions:
         if self.tdf is not None and self.tdf <= 0:
             raise ValueError(f"--tdf {self.tdf:g}: a dilation is a positive factor")
 
-    @property
-    def virtual(self) -> bool:
-        return self.clock is Clock.VIRTUAL
-
-    @property
-    def exact(self) -> bool:
-        return self.clock is Clock.EXACT
-
     def dilation(self, topology_tdf: float) -> float:
         """Wall seconds per emulated second of the node processes: the wall clock's TDF (the
         topology's unless given); 1 on the other clocks, whose nodes never read the wall."""
