@@ -33,12 +33,8 @@ from collectives.jobs.job import host_places, run_virtual
 from rocev2_emu.experiments.harness import Mode, with_payload_data
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control
-from rocev2_emu.fabric.exact import (
-    Coordinator,
-    SyncError,
-    ask_nodes,
-    quiet_stats,
-)
+from rocev2_emu.fabric.exact import Coordinator
+from rocev2_emu.fabric.handle import ExactFabric
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import merge_stats, stats_delta
 from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
@@ -152,26 +148,20 @@ class ExactCollectiveJob:
     async def run(
         self, topo: Topology, tdf: float, epoch: float
     ) -> tuple[dict[int, Any], dict[str, Any]]:
-        coordinator = self.coordinator
-        with trio.move_on_after(self.join_timeout):
-            await coordinator.connected.wait()
-        if not coordinator.connected.is_set():
-            raise SyncError(
-                f"node processes not joined within {self.join_timeout:g} s: "
-                + ", ".join(coordinator.missing())
-            )
+        fabric = ExactFabric(topo, self.coordinator, self.join_timeout)
+        await fabric.joined()
         # each process starts its hosts' ranks in the topology's order, the processes at once
         # (each its own engine, its clock held at 0), then waits for them
         hosts = [h.name for h in topo.hosts]
         start = {"cmd": "collective", "name": self.name, "params": self.params, "store": "exact"}
-        await ask_nodes(topo, coordinator, hosts, start)
-        coordinator.release()
+        await fabric.ask(hosts, start)
+        fabric.release()
         done = {"cmd": "collective", "results": True}
-        replies = await ask_nodes(topo, coordinator, hosts, done, timeout=math.inf)
+        replies = await fabric.ask(hosts, done, timeout=math.inf)
         results: dict[int, Any] = {}
         for name in hosts:  # as the hosts come in the topology
             results.update({int(k): v for k, v in replies[name]["results"].items()})
-        return results, await quiet_stats(topo, coordinator)
+        return results, await fabric.stats()
 
     async def node_died(self, name: str, code: int) -> bool:
         return False  # the coordinator stops the run, naming it

@@ -25,7 +25,7 @@ from rocev2_emu.fabric.agent import (
     flow_data,
 )
 from rocev2_emu.fabric.exact import ask_node, gather
-from rocev2_emu.fabric.handle import fabric_for
+from rocev2_emu.fabric.handle import JOIN_SECONDS, fabric_for
 from rocev2_emu.fabric.layout import open_batches
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.topology.model import NodeKind, Topology, TopologyError
@@ -107,16 +107,21 @@ class FlowsJob:
     flows are done.  On the exact clock the results and counters are the virtual run's."""
 
     def __init__(
-        self, flows: list[FlowSpec], t0: float = FLOW_START, coordinator: Coordinator | None = None
+        self,
+        flows: list[FlowSpec],
+        t0: float = FLOW_START,
+        coordinator: Coordinator | None = None,
+        join_timeout: float = JOIN_SECONDS,
     ) -> None:
         self.flows = flows
         self.t0 = t0
         self.coordinator = coordinator
+        self.join_timeout = join_timeout  # wall seconds for an exact run's processes to join
 
     async def run(
         self, topo: Topology, tdf: float, epoch: float
     ) -> tuple[list[FlowResult], dict[str, Any]]:
-        fabric = fabric_for(topo, tdf, epoch, self.coordinator)
+        fabric = fabric_for(topo, tdf, epoch, self.coordinator, self.join_timeout)
         await fabric.joined()
         # a batch is a run of flows whose sources share a process (its hosts call a
         # destination there directly), each flow of a batch after the other

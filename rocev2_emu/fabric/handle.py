@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import trio
 
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.exact import ask_node, ask_nodes, gather, quiet_stats
+from rocev2_emu.fabric.exact import SyncError, ask_node, ask_nodes, gather, quiet_stats
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.coordinator import Coordinator
@@ -55,16 +55,25 @@ class Fabric(Protocol):
 
 
 class ExactFabric:
-    """The node processes of an exact run, synchronised by ``coordinator``."""
+    """The node processes of an exact run, synchronised by ``coordinator``; each must join
+    it within ``join_timeout`` wall seconds."""
 
-    def __init__(self, topo: Topology, coordinator: Coordinator) -> None:
+    def __init__(
+        self, topo: Topology, coordinator: Coordinator, join_timeout: float = JOIN_SECONDS
+    ) -> None:
         self.topo = topo
         self.coordinator = coordinator
+        self.join_timeout = join_timeout
         self.processes = coordinator.names
 
     async def joined(self) -> None:
-        with trio.fail_after(JOIN_SECONDS):
+        with trio.move_on_after(self.join_timeout):
             await self.coordinator.connected.wait()
+        if not self.coordinator.connected.is_set():
+            raise SyncError(
+                f"node processes not joined within {self.join_timeout:g} s: "
+                + ", ".join(self.coordinator.missing())
+            )
 
     async def ask(
         self, names: list[str], request: dict[str, Any], timeout: float = 30.0
@@ -111,8 +120,15 @@ class WallFabric:
         return merge_stats({n.name: await control(n.address, {"cmd": "stats"}) for n in nodes})
 
 
-def fabric_for(topo: Topology, tdf: float, epoch: float, coordinator: Coordinator | None) -> Fabric:
-    """The fabric a job runs on: exact with a coordinator, else the wall clock's."""
+def fabric_for(
+    topo: Topology,
+    tdf: float,
+    epoch: float,
+    coordinator: Coordinator | None,
+    join_timeout: float = JOIN_SECONDS,
+) -> Fabric:
+    """The fabric a job runs on: exact with a coordinator (its processes joining within
+    ``join_timeout`` wall seconds), else the wall clock's."""
     if coordinator is not None:
-        return ExactFabric(topo, coordinator)
+        return ExactFabric(topo, coordinator, join_timeout)
     return WallFabric(topo, tdf, epoch)

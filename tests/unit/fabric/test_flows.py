@@ -74,3 +74,16 @@ async def test_a_destination_holds_a_flow_only_if_every_byte_is_the_sources() ->
     agent._inbound[2][2][4095] ^= 1
     assert await agent.holds(1, data) and not await agent.holds(2, data)
     assert agent._inbound == {}  # a flow's inbound state ends with its check
+
+
+async def test_an_exact_flows_job_names_the_node_processes_that_never_joined() -> None:
+    """The flows job on the exact clock waits for its processes through the same handle as a
+    collective job: one SyncError naming the missing, not a bare timeout."""
+    from rocev2_emu.fabric.flows import FlowsJob
+    from rocev2_emu.runtime.coordinator import Coordinator
+    from rocev2_emu.runtime.sync_messages import SyncError
+
+    coordinator = Coordinator(["sw0", "h0", "h1", "h2"], 1e-6, b"")
+    job = FlowsJob([FlowSpec(0, "h0", "h2", 4096)], coordinator=coordinator, join_timeout=0.2)
+    with pytest.raises(SyncError, match=r"not joined within 0.2 s: h0, h1, h2, sw0$"):
+        await job.run(TOPO, 1.0, 0.0)
