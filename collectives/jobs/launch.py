@@ -37,7 +37,12 @@ from rocev2_emu.fabric.exact import Coordinator
 from rocev2_emu.fabric.handle import ExactFabric
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import merge_stats, stats_delta
-from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
+from rocev2_emu.fabric.supervisor import (
+    FabricJob,
+    coordinator_for,
+    run_on_processes,
+    run_synced,
+)
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import NodeKind, Topology
@@ -195,23 +200,16 @@ def run_job(
     exact run could not go on."""
     if options.clock is Clock.VIRTUAL:
         return JobRun(*run_virtual(topo, name, params))
-    if options.clock is Clock.EXACT:
-        (results, fabric), synced = run_exact(
-            topo,
-            path,
-            lambda coordinator: ExactCollectiveJob(name, params, coordinator),
-            quiet=quiet,
-            beside=beside,
-            pace=options.pace,
-            workers=options.workers,
-        )
-        return JobRun(results, fabric, synced)
-    job = CollectiveJob(name, params)
-    tdf = options.dilation(topo.tdf)
-    outcome = run_processes(topo, path, tdf, job, quiet=quiet, beside=beside)
-    if outcome is None:
-        raise RuntimeError("a switch died during the job")
-    return JobRun(*outcome)
+
+    def make_job(coordinator: Coordinator | None) -> FabricJob:
+        if coordinator is None:
+            return CollectiveJob(name, params)
+        return ExactCollectiveJob(name, params, coordinator)
+
+    (results, fabric), synced = run_on_processes(
+        topo, path, options, make_job, quiet=quiet, beside=beside
+    )
+    return JobRun(results, fabric, synced)
 
 
 ATTACHED_JOIN_TIMEOUT = 300.0  # wall seconds: containers starting on a busy machine

@@ -20,7 +20,7 @@ from rocev2_emu.fabric.flows import FLOW_START, FlowsJob, load_flows
 from rocev2_emu.fabric.layout import process_layout
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.fabric.report import report, write_json
-from rocev2_emu.fabric.supervisor import NodeDied, run_exact, run_processes
+from rocev2_emu.fabric.supervisor import NodeDied, run_on_processes, run_processes
 from rocev2_emu.fabric.virtual import Watcher, run_flows_virtual
 from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.topology.model import Topology, TopologyError
@@ -64,23 +64,15 @@ def run_flow_job(
     if options.clock is Clock.VIRTUAL:
         results, fabric = run_flows_virtual(topo, flows, watch)
         return FlowRun(results, fabric)
-    if options.clock is Clock.EXACT:
-        (results, fabric), synced = run_exact(
-            topo,
-            topo_path,
-            lambda coordinator: FlowsJob(flows, t0, coordinator),
-            quiet=quiet,
-            beside=beside,
-            pace=options.pace,
-            workers=options.workers,
-        )
-        return FlowRun(results, fabric, synced)
-    tdf = options.dilation(topo.tdf)
-    outcome = run_processes(topo, topo_path, tdf, FlowsJob(flows), quiet=quiet, beside=beside)
-    if outcome is None:
-        raise NodeDied("a node died during the job")
-    results, fabric = outcome
-    return FlowRun(results, fabric)
+    (results, fabric), synced = run_on_processes(
+        topo,
+        topo_path,
+        options,
+        lambda coordinator: FlowsJob(flows, t0, coordinator),
+        quiet=quiet,
+        beside=beside,
+    )
+    return FlowRun(results, fabric, synced)
 
 
 def up(

@@ -29,6 +29,7 @@ from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
 from rocev2_emu.fabric.layout import lookahead, process_groups, process_name
 from rocev2_emu.fabric.node_procs import drain, last_words, node_argv, start_node, wait_ready
+from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync_messages import SyncError, process_label
 from rocev2_emu.topology.model import Topology, refuse_split_servers
@@ -323,6 +324,36 @@ def run_exact(
     if outcome is None:
         raise SyncError("a node died during the job")
     return outcome, coordinator.summary()
+
+
+def run_on_processes(
+    topo: Topology,
+    topo_path: str,
+    options: RunOptions,
+    make_job: Callable[[Coordinator | None], FabricJob],
+    *,
+    quiet: bool = True,
+    beside: Callable[..., Awaitable[None]] | None = None,
+) -> tuple[Any, str]:
+    """The job ``make_job(coordinator)`` on node processes on the options' clock: exact (a
+    coordinator, :func:`run_exact`) or wall (None, :func:`run_processes` at the options'
+    dilation).  Its outcome and how an exact run was synchronised ("" on the wall clock);
+    NodeDied when a node died and the job could not go on."""
+    if options.clock is Clock.EXACT:
+        return run_exact(
+            topo,
+            topo_path,
+            make_job,
+            quiet=quiet,
+            beside=beside,
+            pace=options.pace,
+            workers=options.workers,
+        )
+    tdf = options.dilation(topo.tdf)
+    outcome = run_processes(topo, topo_path, tdf, make_job(None), quiet=quiet, beside=beside)
+    if outcome is None:
+        raise NodeDied("a node died during the job")
+    return outcome, ""
 
 
 def coordinator_for(
