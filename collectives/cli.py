@@ -121,7 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: exact, wall with --attach (a fabric left running)",
         workers="with --clock exact (or --virtual; bench virtual too): N processes, each "
         "hosting a group of nodes (a switch with its hosts), instead of one per node (or one "
-        "in all) - the same figures",
+        "in all) - the same figures; with --attach: how the attached processes group the nodes "
+        "(a swarm stack's worker services)",
     )
     g.add_argument(
         "--sync",
@@ -255,8 +256,6 @@ def main(which: str, args: BenchOptions) -> int:
         )
     if args.sync and not (exact and args.attach):
         raise ValueError("--sync serves the coordinator of --clock exact --attach: give both")
-    if exact and args.attach and options.workers is not None:
-        raise ValueError("--workers: the attached nodes' processes are started elsewhere")
     mode = describe(topo, options)
     if args.attach:
         mode = f"attached to the running fabric, TDF {topo.tdf:g}"
@@ -266,7 +265,7 @@ def main(which: str, args: BenchOptions) -> int:
             if host in ("0.0.0.0", "::", ""):  # every address of this machine (a stack's job)
                 served = f"port {port} of this machine"
             paced = f", paced at {options.pace:g} wall s per emulated s" if options.pace else ""
-            where = f"{process_layout(topo, None)} joining {served}"
+            where = f"{process_layout(topo, options.workers)} joining {served}"
             mode = f"attached: {where}, clock: exact{paced}"
     print(
         f"# rocev2-emu bench {which}: {topo.name} ({len(topo.switches)} switches, "
@@ -284,7 +283,7 @@ def main(which: str, args: BenchOptions) -> int:
     if args.attach and exact:
         assert args.sync is not None
         results, fabric, synced = run_attached_exact(
-            topo, "bench", params, args.sync, pace=options.pace
+            topo, "bench", params, args.sync, pace=options.pace, workers=options.workers
         )
     elif args.attach:
         results, fabric = run_attached(topo, "bench", params)

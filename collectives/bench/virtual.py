@@ -13,9 +13,9 @@ peak resident memory is its own; the wall time counts building the fabric (every
 QP connection) and the run, not the interpreter's start.
 
 ``--workers N`` runs each case split over N processes instead (an exact run:
-:func:`rocev2_emu.fabric.layout.process_groups` places the nodes, a coordinator grants windows of
-emulated time): the same frame-hops and emulated time, and the wall time now counts starting
-the N node processes too; the peak memory is the largest process's.
+:func:`rocev2_emu.topology.processes.process_groups` places the nodes, a coordinator grants
+windows of emulated time): the same frame-hops and emulated time, and the wall time now
+counts starting the N node processes too; the peak memory is the largest process's.
 """
 
 from __future__ import annotations

@@ -222,16 +222,18 @@ def run_attached_exact(
     listen: tuple[str, int],
     *,
     pace: float | None = None,
+    workers: int | None = None,
 ) -> tuple[dict[int, Any], dict[str, Any], str]:
     """Job ``name`` on node processes started elsewhere on the exact clock (the compose
-    testbed's containers: ``rocev2-emu node ... --clock exact --sync HOST:PORT``): the
+    testbed's containers: ``rocev2-emu node ... --clock exact --sync HOST:PORT``; ``workers``:
+    grouped as ``--workers`` groups them, a swarm stack's worker services): the
     coordinator is served here on ``listen``, every node process joins it (proving the
     fabric's secret) within :data:`ATTACHED_JOIN_TIMEOUT`, and the job runs as
     :func:`run_job` runs it - the virtual run's results; once it is done the coordinator
     ends the run and the node processes exit.  (results by rank, fabric counters, how the run
     was synchronised); a SyncError (one line) when it could not go on."""
     attach(topo)
-    coordinator = coordinator_for(topo, fabric_secret(), pace=pace)
+    coordinator = coordinator_for(topo, fabric_secret(), pace=pace, workers=workers)
     job = ExactCollectiveJob(name, params, coordinator, ATTACHED_JOIN_TIMEOUT)
 
     async def main() -> tuple[dict[int, Any], dict[str, Any]]:

@@ -49,12 +49,12 @@ from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.exact_node import JoinOptions, exact_nodes, run_exact_process
-from rocev2_emu.fabric.layout import process_groups
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import first_exception
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.model import NodeKind, Topology
+from rocev2_emu.topology.processes import process_groups
 from rocev2_emu.verbs import Context
 
 ENV_TOPOLOGY = "ROCEV2_TOPOLOGY"
@@ -301,7 +301,7 @@ class FabricWorker:
         join = JoinOptions(join_timeout=env.join_timeout)
         async with exact_nodes(env.topo, groups, [env.host], env.sync, True, join) as process:
             ctx = process.contexts[env.host]
-            registry = process.registries[env.topo.nodes[env.host].address]
+            registry = process.registries[env.host]
             store = exact_store(env.topo.nodes[env.host].index, ctx.clock)
             await self._serve(ctx, registry, store, None, process.engine)
             process.engine.finished()

@@ -357,10 +357,18 @@ def _compose_args(p: argparse.ArgumentParser) -> None:
         "clock), docker-compose.training.yml and deploy/ go (.)",
     )
     p.add_argument("--subnet", default="172.30.0.0/24", help="the bridge network's subnet")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="write only the swarm stack (deploy/docker-stack.yml and its topology), of N "
+        "worker services each hosting a group of nodes as --workers groups them, not a "
+        "container per node",
+    )
 
 
 def _compose(args: argparse.Namespace) -> int:
-    for path in generate(args.topology, args.out, args.subnet):
+    for path in generate(args.topology, args.out, args.subnet, args.workers):
         print(f"wrote {path}")
     return 0
 

@@ -37,18 +37,24 @@ class RemotePeer:
     request, closed after its answer, so an incast of a thousand senders holds no thousand
     connections to its sink (a control server admits 256 at once)."""
 
-    def __init__(self, host: str, port: int = CONTROL_PORT) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int = CONTROL_PORT, node: str | None = None) -> None:
+        """``node``: the peer's name, where its address is its process's, shared with other
+        nodes (a swarm stack's worker): asked through that process's ``for_nodes``."""
+        self.host, self.port, self.node = host, port, node
 
     async def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.node is not None:
+            request = {"cmd": "for_nodes", "names": [self.node], "request": request}
         with holding_clock():
             chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
             try:
                 await chan.send(request)
                 reply: dict[str, Any] = await chan.recv()
-                return reply
             finally:
                 await chan.aclose()
+        if self.node is not None and isinstance(reply.get("replies"), list):
+            reply = reply["replies"][0]
+        return reply
 
     async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
         reply = await self._ask({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})
@@ -98,7 +104,8 @@ MAX_OPEN_FLOWS: Final = 256  # flows one open_flows request sets up
 @dataclass(frozen=True, slots=True)
 class OpenFlows:
     """Set ``flows`` up one after another, in their order, each ``{"spec": FlowSpec's fields,
-    "dst": its destination's address}`` from a host of the process asked (the exact mode,
+    "dst": its destination's address}`` (and ``"node": True`` where that address is shared:
+    the destination is asked by name) from a host of the process asked (the exact mode,
     before the clock starts: :func:`open_flows_on`)."""
 
     flows: list[Any]
@@ -121,7 +128,8 @@ async def open_flows_on(agents: dict[str, HostAgent], req: OpenFlows) -> dict[st
             raise ValueError(f"flows[{i}]: {spec.src!r:.40} is not a host of this process")
     for spec, item in zip(specs, req.flows, strict=True):
         local = agents.get(spec.dst)
-        peer: FlowPeer = local if local is not None else RemotePeer(item["dst"])
+        by_name = spec.dst if item.get("node") is True else None
+        peer: FlowPeer = local if local is not None else RemotePeer(item["dst"], node=by_name)
         try:
             await agents[spec.src].open_flow(spec, peer)
         except (OobError, RemoteVerbsError) as exc:

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.layout import by_process
+from rocev2_emu.fabric.layout import PROCESS_COMMANDS, by_process
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync import sync_label
@@ -127,8 +127,15 @@ async def _ask_each(addresses: list[str], msgs: list[dict[str, Any]]) -> list[An
 async def ask_node(
     topo: Topology, name: str, msg: dict[str, Any], timeout: float = 30.0
 ) -> dict[str, Any]:
+    """``msg`` to node ``name`` at its control port; a node sharing its address with others
+    (a swarm stack's worker) through its process's ``for_nodes``."""
+    wrapped = topo.shares_address(name) and msg.get("cmd") not in PROCESS_COMMANDS
+    if wrapped:
+        msg = {"cmd": "for_nodes", "names": [name], "request": msg}
     with trio.fail_after(timeout):
         reply = await control(topo.nodes[name].address, msg, timeout=min(timeout, 1e6))
+    if wrapped and isinstance(reply, dict) and isinstance(reply.get("replies"), list):
+        reply = reply["replies"][0]
     if not isinstance(reply, dict) or "error" in reply:
         raise RuntimeError(
             f"host {name}: {reply.get('error') if isinstance(reply, dict) else reply}"

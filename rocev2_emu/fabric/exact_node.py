@@ -37,7 +37,7 @@ from rocev2_emu.fabric.agent import CONTROL_PORT, HostAgent
 from rocev2_emu.fabric.agent_server import AgentServer, OpenFlows, open_flows_on
 from rocev2_emu.fabric.changes import changed_faults, link_indices, set_faults_on, switch_changes
 from rocev2_emu.fabric.engine_nodes import build_nodes
-from rocev2_emu.fabric.layout import MAX_PROCESS_NODES, process_groups, process_name
+from rocev2_emu.fabric.layout import MAX_PROCESS_NODES, PROCESS_COMMANDS, at_addresses
 from rocev2_emu.fabric.nodes import (
     METRICS_PORT,
     map_handler,
@@ -52,7 +52,7 @@ from rocev2_emu.runtime.events import Node
 from rocev2_emu.runtime.exact import ExactEngine
 from rocev2_emu.runtime.exchange import RemoteLink
 from rocev2_emu.runtime.link import LinkFaults
-from rocev2_emu.runtime.metrics import serve_nodes
+from rocev2_emu.runtime.metrics import merged, serve_nodes
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import SyncAddress, sync_label
 from rocev2_emu.runtime.sync_messages import (
@@ -64,6 +64,7 @@ from rocev2_emu.runtime.sync_messages import (
 )
 from rocev2_emu.runtime.wall_server import Reply, WallServer
 from rocev2_emu.topology.model import Link, NodeKind, Topology, TopologyError
+from rocev2_emu.topology.processes import process_groups, process_name
 from rocev2_emu.verbs.api import Context
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from switch.driver import EngineSwitch
@@ -177,12 +178,6 @@ class ChangeLinks:
                 raise ValueError(f"pairs[{i}]: {pair!r:.60} is not [a, b] node names")
         if self.faults is not None:
             change_faults(self.faults)  # a map of LinkFaults' fields, each a number
-
-
-# the commands a node process answers for itself (on any of its nodes' control ports)
-PROCESS_COMMANDS: Final = frozenset(
-    {"engine", "node_stats", "change_links", "stop", "open_flows", "for_nodes"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,26 +337,25 @@ async def exact_nodes(
             "next_deadline": stats.seconds_to_next_deadline,
         }
 
-    here = {n.name: n.address for n in mine}
+    handlers: dict[str, Reply] = {}  # each node's control requests, by name
 
-    def addresses(names: list[str]) -> list[str]:
+    def asked(names: list[str]) -> list[Reply]:
         for name in names:
-            if name not in here:
+            if name not in handlers:
                 raise ValueError(f"{name!r:.40} is not a node of this process")
-        return [here[name] for name in names]
+        return [handlers[name] for name in names]
 
     async def node_stats(req: NodeStats) -> dict[str, Any]:
-        asked = addresses(req.names)
+        replies = asked(req.names)
         return {
             "nodes": {
-                name: await ports[address, CONTROL_PORT]({"cmd": "stats"})
-                for name, address in zip(req.names, asked, strict=True)
+                name: await reply({"cmd": "stats"})
+                for name, reply in zip(req.names, replies, strict=True)
             }
         }
 
     async def for_nodes(req: ForNodes) -> dict[str, Any]:
-        asked = addresses(req.names)
-        return {"replies": [await ports[address, CONTROL_PORT](req.request) for address in asked]}
+        return {"replies": [await reply(req.request) for reply in asked(req.names)]}
 
     agents: dict[str, HostAgent] = {}  # this process's hosts' (filled below)
     more: Table = {
@@ -384,8 +378,7 @@ async def exact_nodes(
             apply(change, now)
 
     engine.on_change = on_change
-    ports: dict[tuple[str, int], Reply] = {}  # every node's control port, and /metrics
-    registries: dict[str, CollectorRegistry] = {}
+    registries: dict[str, CollectorRegistry] = {}  # each node's metrics, by name
     contexts: dict[str, Context] = {}
 
     def on_switch(name: str, switch: EngineSwitch) -> None:
@@ -394,11 +387,10 @@ async def exact_nodes(
         registry = CollectorRegistry()
         registry.register(SwitchCollector(switch))
         switch.clock.threadsafe = lambda: engine.events.now  # for /metrics' thread
-        address = topo.nodes[name].address
-        ports[address, CONTROL_PORT], registries[address] = reply, registry
+        handlers[name], registries[name] = reply, registry
 
     async def on_host(name: str, agent: HostAgent) -> None:
-        ctx, address = agent.ctx, topo.nodes[name].address
+        ctx = agent.ctx
         assert isinstance(ctx.driver, EngineNic)
         contexts[name] = ctx
         registry = nic_registry(ctx.driver, name)
@@ -409,7 +401,7 @@ async def exact_nodes(
         agent_server = AgentServer(agent, {**services, **more, **refused}, secret)
         await nursery.start(agent_server.keep_jobs)
         ctx.clock.threadsafe = lambda: engine.events.now
-        ports[address, CONTROL_PORT], registries[address] = agent_server.dispatch, registry
+        handlers[name], registries[name] = agent_server.dispatch, registry
 
     def remote(link: Link, node: Node, port: int, peer: str, faults: LinkFaults | None) -> None:
         far = (socket_of[home[peer]], LINK_UDP_PORT)
@@ -421,10 +413,15 @@ async def exact_nodes(
         )
         locals_ = built.nodes
         if metrics:
-            served = registries
+            at = at_addresses(topo, [n.name for n in mine]).items()
+            served = {a: merged([registries[n] for n in names]) for a, names in at}
             if join.metrics_addr is not None:  # one node (run_exact_node checked)
                 served = {join.metrics_addr: next(iter(registries.values()))}
             serve_nodes(served, METRICS_PORT)
+        # a control port at each address: a node's own, or the first's of nodes sharing one
+        # (they answer by name through for_nodes, a process command every node's table has)
+        at = at_addresses(topo, [n.name for n in mine]).items()
+        ports = {(a, CONTROL_PORT): handlers[names[0]] for a, names in at}
         await WallServer(ports, secret, engine.interrupt).start()
         await nursery.start(engine.run)
         yield ExactProcess(engine, mine, contexts, registries)

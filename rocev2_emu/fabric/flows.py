@@ -126,7 +126,11 @@ class FlowsJob:
         # a batch is a run of flows whose sources share a process (its hosts call a
         # destination there directly), each flow of a batch after the other
         for batch in open_batches(sorted(self.flows, key=lambda f: f.id), fabric.processes):
-            flows = [{"spec": asdict(f), "dst": topo.nodes[f.dst].address} for f in batch]
+            flows = [
+                {"spec": asdict(f), "dst": topo.nodes[f.dst].address}
+                | ({"node": True} if topo.shares_address(f.dst) else {})
+                for f in batch
+            ]
             request = {"cmd": "open_flows", "flows": flows}
             await ask_node(topo, batch[0].src, request, 30 + len(flows))
         sources = sorted({f.src for f in self.flows})

@@ -29,7 +29,7 @@ START_AHEAD = 0.5  # wall seconds from the wall clock's start request to its wor
 class Fabric(Protocol):
     """The node processes a job runs on."""
 
-    processes: list[str]  # each named by its nodes (fabric.layout.process_name)
+    processes: list[str]  # each named by its nodes (topology.processes.process_name)
 
     async def joined(self) -> None:
         """Until every process is in (a SyncError naming the missing after a deadline)."""

@@ -27,12 +27,13 @@ import trio.abc
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.forked import Blanks, NodeProcess
-from rocev2_emu.fabric.layout import lookahead, process_groups, process_name
+from rocev2_emu.fabric.layout import lookahead
 from rocev2_emu.fabric.node_procs import drain, last_words, node_argv, start_node, wait_ready
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync_messages import SyncError, process_label
 from rocev2_emu.topology.model import Topology, refuse_split_servers
+from rocev2_emu.topology.processes import process_groups, process_name
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 
@@ -120,8 +121,9 @@ async def _supervise(
     outcome (None when a node died and the job could not go on).  ``beside``: a task started
     (``nursery.start``) once the nodes are ready, cancelled when the job ends (the map).
     ``coordinator``: an exact run - it is served here and every node synchronises with it;
-    ``workers``: its nodes in that many processes (:func:`~rocev2_emu.fabric.layout.process_groups`)
-    rather than one each; ``blanks``: forked children to run them in (:func:`_supervised`)."""
+    ``workers``: its nodes in that many processes
+    (:func:`~rocev2_emu.topology.processes.process_groups`) rather than one each; ``blanks``:
+    forked children to run them in (:func:`_supervised`)."""
     names = [n for n in topo.nodes if only is None or n in only]
     # a run with a job takes its own 127.B/16 where one is free; a fabric left running keeps
     # the topology's addresses (its users' commands find it there; a second is refused)

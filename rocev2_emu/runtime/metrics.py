@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rocev2_emu.control.channel import DROPPED, REJECTED
 from rocev2_emu.runtime.clock import DilatedClock, Late
@@ -92,6 +92,27 @@ def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> No
     app), with the process's refused control requests and dropped control connections beside
     ``registry``'s own families."""
     serve_nodes({addr: registry}, port)
+
+
+class _Chained:
+    """The metrics of several registries as one collector."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        for registry in self.registries:
+            yield from registry.collect()
+
+
+def merged(registries: list[CollectorRegistry]) -> CollectorRegistry:
+    """One registry serving the metrics of ``registries`` (the nodes of a process that share
+    an address; their series carry ``node``): the one, or a registry collecting them all."""
+    if len(registries) == 1:
+        return registries[0]
+    registry = CollectorRegistry()
+    registry.register(_Chained(registries))
+    return registry
 
 
 def serve_nodes(registries: dict[str, CollectorRegistry], port: int) -> None:

@@ -154,6 +154,7 @@ def resolve_names(topo: Topology, timeout: float = 120.0) -> Topology:
                     ) from exc
                 time.sleep(0.5)
     topo.subnet = "resolved"
+    topo._shared = None  # the addresses changed (Topology.shares_address finds them again)
     return topo
 
 

@@ -99,6 +99,9 @@ class Topology:
     _ports: dict[tuple[str, int], int] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # the addresses more than one node has, found once by shares_address (a set of at most
+    # one entry a process: grows with the processes of a swarm stack's workers, not the nodes)
+    _shared: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def hosts(self) -> list[Node]:
@@ -107,6 +110,18 @@ class Topology:
     @property
     def switches(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind is NodeKind.SWITCH]
+
+    def shares_address(self, name: str) -> bool:
+        """Whether node ``name``'s address is another node's too: the nodes of a swarm stack's
+        worker are all found at its task (their names its aliases), and the process there
+        answers for each by name (``for_nodes``), not at a control port of each node's own."""
+        if self._shared is None:
+            seen: set[str] = set()
+            shared: set[str] = set()
+            for node in self.nodes.values():
+                (shared if node.address in seen else seen).add(node.address)
+            self._shared = frozenset(shared)
+        return self.nodes[name].address in self._shared
 
     def server_of(self, host: str) -> str:
         """The server a host belongs to: its ``server`` key, or its own name (a host alone is

@@ -33,6 +33,7 @@ from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
 from rocev2_emu.testbed.compose import TRAIN_STEPS
 from rocev2_emu.topology.file import load
+from rocev2_emu.topology.processes import process_groups
 from tests.conftest import require_tool
 from tests.integration.test_exact import cpu_burners
 
@@ -505,22 +506,40 @@ def _task_address(stack: str, service: str) -> str:
     return addresses[0].split("/")[0]
 
 
-def test_swarm_stack_runs_the_job_exactly(image: str) -> None:
+@pytest.mark.parametrize("workers", [None, 2])
+def test_swarm_stack_runs_the_job_exactly(image: str, workers: int | None) -> None:
     """A single-node swarm (``docker swarm init --advertise-addr 127.0.0.1``) deploys the
     stack: nodes find each other by name on an attachable overlay network and join the
     coordinator the job serves; the job runs once and prints the table the virtual run prints
     on the addresses the tasks got (their names in a hosts file of a mount namespace of its
-    own); the stack is removed and the swarm left afterwards."""
+    own); the stack is removed and the swarm left afterwards.  ``workers``: the stack
+    ``compose --workers 2`` writes, two worker services whose tasks answer to their nodes'
+    names, not the shipped one of a container per node."""
     require_tool("unshare", "util-linux")
     state = _run("docker", "info", "-f", "{{.Swarm.LocalNodeState}}").stdout.strip()
     joined = state != "active"
     if joined:
         _run("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
     stack = "rocev2swarm"
-    # the shipped stack with a shorter job (sizes up to 64 KiB), beside its topology config
+    # the stack with a shorter job (sizes up to 64 KiB), beside its topology config
     where = Path(tmp_dir := tempfile.mkdtemp(prefix="stack-"))
-    shutil.copy(ROOT / "deploy" / "topology-swarm.toml", where / "topology-swarm.toml")
-    text = (ROOT / "deploy" / "docker-stack.yml").read_text()
+    source = ROOT
+    if workers is not None:
+        topology = str(ROOT / "examples" / "topologies" / "leaf-spine.toml")
+        _run(
+            sys.executable,
+            "-m",
+            "rocev2_emu",
+            "compose",
+            topology,
+            "--out",
+            tmp_dir,
+            "--workers",
+            str(workers),
+        )
+        source = where
+    shutil.copy(source / "deploy" / "topology-swarm.toml", where / "topology-swarm.toml")
+    text = (source / "deploy" / "docker-stack.yml").read_text()
     short = text.replace('"-e", "4M"', '"-e", "64K"')
     assert short != text
     (where / "docker-stack.yml").write_text(short)
@@ -549,9 +568,15 @@ def test_swarm_stack_runs_the_job_exactly(image: str) -> None:
         assert "# Out of bounds values : 0 OK" in logs
         assert "# clock: exact," in job.stderr, job.stderr[-3000:]
         # the virtual run on the addresses swarm gave the tasks prints the same table
-        names = load(where / "topology-swarm.toml").nodes
+        names = list(load(where / "topology-swarm.toml").nodes)
+        services = {n: n for n in names}  # the service whose task answers to each node's name
+        if workers is not None:
+            groups = process_groups(load(where / "topology-swarm.toml"), workers)
+            services = {n: f"worker{i}" for i, group in enumerate(groups) for n in group}
+            assert "# rocev2-emu bench all-reduce: leaf-spine" in logs and "2 workers" in logs
+        at = {s: _task_address(stack, s) for s in set(services.values())}
         hosts = where / "hosts"
-        hosts.write_text("".join(f"{_task_address(stack, n)} {n}\n" for n in names))
+        hosts.write_text("".join(f"{at[services[n]]} {n}\n" for n in names))
         argv = _job_argv(short)
         virtual = _run(
             "unshare",

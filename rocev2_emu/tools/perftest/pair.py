@@ -27,7 +27,6 @@ import trio
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.exact_node import exact_nodes, run_exact_process
-from rocev2_emu.fabric.layout import process_groups
 from rocev2_emu.fabric.options import Clock
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
 from rocev2_emu.fabric.supervisor import first_exception
@@ -39,6 +38,7 @@ from rocev2_emu.tools.perftest.report import waiting_for_client
 from rocev2_emu.tools.perftest.session import converse
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.model import Topology
+from rocev2_emu.topology.processes import process_groups
 
 SERVER, CLIENT = "server", "client"
 CHANNEL = "perftest"

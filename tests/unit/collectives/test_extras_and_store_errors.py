@@ -73,10 +73,6 @@ def test_bench_refuses_what_an_attached_exact_run_cannot_take(
     for flags, said in (
         (["--attach", "--clock", "exact"], "--clock exact --attach needs --sync HOST:PORT"),
         (["--sync", "127.0.0.1:7470"], "--sync serves the coordinator of --clock exact --attach"),
-        (
-            ["--clock", "exact", "--attach", "--sync", "127.0.0.1:7470", "--workers", "2"],
-            "--workers: the attached nodes' processes are started elsewhere",
-        ),
     ):
         assert main([*bench, *flags]) == 1
         assert said in capsys.readouterr().err

@@ -18,12 +18,13 @@ from collectives.comm.cost import hierarchy_ratio
 from collectives.comm.placement import hierarchy, ring_order
 from collectives.jobs.job import places_for, run_virtual, server_ranks
 from collectives.launcher import launch
-from rocev2_emu.fabric.layout import process_groups, process_layout
+from rocev2_emu.fabric.layout import process_layout
 from rocev2_emu.fabric.options import Clock, RunOptions
 from rocev2_emu.testbed import compose
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, ai_zone, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import Topology, TopologyError, refuse_split_servers
+from rocev2_emu.topology.processes import process_groups
 
 WALL = RunOptions(Clock.WALL, 1.0)
 

@@ -15,11 +15,12 @@ import pytest
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.agent_server import MAX_OPEN_FLOWS, OpenFlows, open_flows_on
 from rocev2_emu.fabric.exact_node import run_exact_node
-from rocev2_emu.fabric.layout import by_process, open_batches, process_groups, process_name
+from rocev2_emu.fabric.layout import by_process, open_batches
 from rocev2_emu.fabric.node_procs import READY_PER_NODE, READY_TIMEOUT, ready_deadline
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import NodeKind
+from rocev2_emu.topology.processes import process_groups, process_name
 
 
 def _leaf_spine() -> Any:

@@ -7,6 +7,7 @@ import re
 import stat
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,8 +15,10 @@ from collectives import launcher
 from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
 from rocev2_emu.testbed.compose import BRIDGE_MTU, SYNC_PORT, TRAIN_SYNC_PORT, generate
+from rocev2_emu.topology import generate as topogen
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.model import TopologyError
+from rocev2_emu.topology.processes import process_groups
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "examples/topologies/leaf-spine.toml"
@@ -101,6 +104,44 @@ def test_swarm_stack_runs_on_the_exact_clock_of_its_job() -> None:
         assert f'"--clock", "exact", "--sync", "job:{SYNC_PORT}"' in block.group(1), name
     job = text.split("\n  job:\n")[1]
     assert f'"--attach", "--clock", "exact", "--sync", "0.0.0.0:{SYNC_PORT}"' in job
+
+
+def test_a_swarm_stack_of_workers_groups_the_nodes_as_workers_does(tmp_path: Path) -> None:
+    """``compose --workers 3`` on a k = 4 fat-tree of 2-accelerator servers (which a container
+    per node refuses: a server's hosts share one): only the stack and its topology, a worker
+    service per process of ``--workers 3``, each answering to its nodes' names and running
+    them, the job told the same grouping."""
+    fat_tree = tmp_path / "ft4.toml"
+    fat_tree.write_text(topogen.fat_tree(4, servers=topogen.Servers(ranks=2, nics=True)))
+    written = generate(str(fat_tree), str(tmp_path / "out"), workers=3)
+    assert sorted(p.name for p in written) == [
+        "docker-stack.yml",
+        "fabric.secret",
+        "topology-swarm.toml",
+    ]
+    text = (tmp_path / "out" / "deploy" / "docker-stack.yml").read_text()
+    stack = yaml_services(text)
+    topo = load(fat_tree)
+    groups = process_groups(topo, 3)
+    assert len(groups) == 3 and sorted(stack) == ["job", "worker0", "worker1", "worker2"]
+    for i, group in enumerate(groups):
+        worker = stack[f"worker{i}"]
+        assert worker["aliases"] == group
+        assert f'"{",".join(group)}", "--clock", "exact", "--workers", "3"' in worker["text"]
+    assert '"--sync", "0.0.0.0:7470", "--workers", "3"' in stack["job"]["text"]
+    swarm = tomllib.loads((tmp_path / "out" / "deploy" / "topology-swarm.toml").read_text())
+    assert swarm["fabric"]["subnet"] == "dns"
+
+
+def yaml_services(text: str) -> dict[str, dict[str, Any]]:
+    """Each service of a stack file: its text and its network aliases."""
+    services: dict[str, dict[str, Any]] = {}
+    body = text.split("\nservices:\n")[1].split("\nconfigs:\n")[0]
+    for block in re.split(r"\n(?=  \w)", body):
+        name = block.split(":")[0].strip()
+        aliases = re.findall(r"^          - (\S+)$", block, re.M)
+        services[name] = {"text": block, "aliases": aliases}
+    return services
 
 
 def test_every_container_gets_the_fabric_secret_from_a_private_file_kept_across_runs(
