@@ -41,6 +41,21 @@ class RouteTable(Mapping[K, Ports]):
         default = Counter(full.values()).most_common(1)[0][0]
         return cls(keys, members, default, {k: p for k, p in full.items() if p != default})
 
+    @classmethod
+    def of_runs(
+        cls, runs: list[tuple[list[K], Ports]], keys: tuple[K, ...], members: frozenset[K]
+    ) -> RouteTable[K]:
+        """The table of ``runs`` (keys that take the same ports, each key once): the table
+        :meth:`of` makes of the full mapping they spell, in their order, without making it."""
+        counts: dict[Ports, int] = {}
+        for names, ports in runs:
+            counts[ports] = counts.get(ports, 0) + len(names)
+        if not counts:
+            return cls(keys, members, (), {})
+        default = max(counts, key=counts.__getitem__)  # the first of the commonest, as of's
+        other = {k: ports for names, ports in runs if ports != default for k in names}
+        return cls(keys, members, default, other)
+
     def __getitem__(self, key: K) -> Ports:
         got = self.other.get(key)
         if got is not None:

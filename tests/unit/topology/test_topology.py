@@ -16,6 +16,7 @@ from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import TopologyError, _toward_switches, shortest_path_routes
+from rocev2_emu.topology.routes import RouteTable
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
 
@@ -295,6 +296,29 @@ def test_every_generated_shape_is_a_file_its_parser_takes(text: Any) -> None:
     --atsws 4`` wrote a buffer too small for its CTSWs, which bench refused (issue 55)."""
     topo = parse(tomllib.loads(text()), "generated.toml")
     assert topo.switches
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_table_from_runs_of_hosts_is_the_table_of_the_mapping_they_spell(seed: int) -> None:
+    """shortest_path_routes hands each switch runs of hosts sharing ports (not a dict entry
+    per host); the table must be :meth:`RouteTable.of`'s of the same mapping - the same
+    default on a tie (the first of the commonest), the same exceptions in the same order."""
+    rng = random.Random(seed)
+    keys = tuple(f"h{i}" for i in range(rng.randrange(0, 40)))
+    choices = [(), (1,), (2, 3), (0, 1, 2)]
+    runs: list[tuple[list[str], tuple[int, ...]]] = []
+    at = 0
+    while at < len(keys):
+        n = rng.randrange(1, 6)
+        runs.append((list(keys[at : at + n]), rng.choice(choices)))
+        at += n
+    full = {k: ports for names, ports in runs for k in names}
+    want, got = (
+        RouteTable.of(full, keys, frozenset(keys)),
+        RouteTable.of_runs(runs, keys, frozenset(keys)),
+    )
+    assert (got.default, list(got.other.items())) == (want.default, list(want.other.items()))
+    assert dict(got) == full
 
 
 def test_a_switchs_routes_hold_its_commonest_ports_once_and_read_as_the_full_table() -> None:
