@@ -62,10 +62,10 @@ from rocev2_emu.cli import commands
 from rocev2_emu.cli.args import add_run_options, nonnegative_float, positive_int, run_options
 from rocev2_emu.fabric.exact import Coordinator, SyncError, quiet_stats
 from rocev2_emu.fabric.options import Clock, RunOptions
-from rocev2_emu.fabric.supervisor import coordinator_for, run_exact, run_processes, run_synced
+from rocev2_emu.fabric.supervisor import NodeDied, coordinator_for, run_on_processes, run_synced
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import to_toml
-from rocev2_emu.topology.model import NodeKind, Topology, refuse_split_servers
+from rocev2_emu.topology.model import Topology, refuse_split_servers
 from rocev2_emu.verbs import fabric_secret
 
 STORE_PORT = 29400  # launch --host: the rendezvous store, on the first host (torchrun's port)
@@ -158,7 +158,7 @@ async def run_one_rank_exact(job: RankLauncher, topo: Topology, host: str, job_i
         async with trio.open_nursery() as ranks:
             proc = await job.spawn(rank, env, ranks)
             job.procs[rank] = proc
-            ranks.start_soon(job._watch_exact, rank, proc)
+            ranks.start_soon(job._watch, rank, proc, ranks)
             with trio.move_on_after(RENDEZVOUS_SECONDS):
                 await coordinator.connected.wait()
             if not coordinator.connected.is_set():
@@ -235,50 +235,29 @@ def launch(
         if exact:
             return _launch_one_exact(topo, job, host, job_id)
         return trio.run(run_one_rank, job, topo, host, tdf, job_id)
-    if exact:
-        return _launch_exact(topo, path, job, ui)
-    switches = [n.name for n in topo.nodes.values() if n.kind is NodeKind.SWITCH]
-    print(
-        f"# rocev2-emu launch: {len(job.hosts(topo))} ranks on {topo.name} "
-        f"({len(switches)} switch processes) at TDF {tdf:g}, job {job.job}",
-        flush=True,
-    )
-    code = run_processes(topo, path, tdf, job, only=switches, beside=map_task(topo, ui))
-    if code is None:
-        print("rocev2-emu launch: a switch died", file=sys.stderr)
-        return 1
-    f = job.fabric
-    drops = sum(f.get("drops", {}).values())
-    print(
-        f"# switches: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
-        f"{f.get('ecn_marked', 0)} ECN marks, {drops} drops, "
-        f"{f.get('late_wakeups', 0)} late wake-ups at TDF {tdf:g}",
-        flush=True,
-    )
-    return int(code)
-
-
-def _launch_exact(topo: Topology, path: str, job: RankLauncher, ui: str | None) -> int:
-    """``launch --clock exact``: the ranks and every other node on the exact clock."""
     hosts = job.hosts(topo)
     others = [name for name in topo.nodes if name not in hosts]
+    clock = "clock: exact" if exact else f"clock: wall, TDF {tdf:g}"
     print(
         f"# rocev2-emu launch: {len(hosts)} ranks on {topo.name} ({len(others)} node "
-        f"processes beside them), clock: exact, job {job.job}",
+        f"processes beside them), {clock}, job {job.job}",
         flush=True,
     )
 
-    def make_job(coordinator: Coordinator) -> RankLauncher:
-        job.coordinator = coordinator
+    def make_job(coordinator: Coordinator | None) -> RankLauncher:
+        job.coordinator = coordinator  # None: the wall clock's ranks
         return job
 
     try:
-        code, synced = run_exact(
-            topo, path, make_job, only=others, quiet=True, beside=map_task(topo, ui)
+        code, synced = run_on_processes(
+            topo, path, options, make_job, only=others, beside=map_task(topo, ui)
         )
+    except NodeDied:
+        print("rocev2-emu launch: a switch died", file=sys.stderr)
+        return 1
     except SyncError as exc:
         return _stopped(topo, job, exc)
-    _print_fabric(job.fabric, synced)
+    _print_fabric(job.fabric, f"clock: exact, {synced}" if exact else clock)
     return int(code)
 
 
@@ -299,7 +278,7 @@ def _launch_one_exact(topo: Topology, job: RankLauncher, host: str, job_id: str)
     except SyncError as exc:
         return _stopped(topo, job, exc)
     if job.coordinator is not None:
-        _print_fabric(job.fabric, job.coordinator.summary())
+        _print_fabric(job.fabric, f"clock: exact, {job.coordinator.summary()}")
     return int(code)
 
 
@@ -318,14 +297,18 @@ def _stopped(topo: Topology, job: RankLauncher, exc: SyncError) -> int:
     return exit_code(job.failed[1]) if job.failed is not None else 1
 
 
-def _print_fabric(f: dict[str, Any], synced: str) -> None:
-    """The closing line of an exact launch: the fabric's counters, how it was synchronised."""
+def _print_fabric(f: dict[str, Any], clock: str) -> None:
+    """The closing line of a launch: the fabric's counters (on the wall clock the switches',
+    the ranks' hosts gone with their processes) and its clock (on the exact clock, how it was
+    synchronised)."""
     drops = sum(f.get("drops", {}).values())
+    work = f"{f.get('frame_hops', 0)} frame-hops" if "frame_hops" in f else ""
+    if not work:  # the wall clock: its emulation fell behind this many times
+        work = f"{f.get('late_wakeups', 0)} late wake-ups"
     print(
         f"# fabric: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
         f"{f.get('ecn_marked', 0)} ECN marks, {f.get('cnps_sent', 0)} CNPs, "
-        f"{f.get('retransmitted', 0)} retransmissions, {drops} drops, "
-        f"{f.get('frame_hops', 0)} frame-hops; clock: exact, {synced}",
+        f"{f.get('retransmitted', 0)} retransmissions, {drops} drops, {work}; {clock}",
         flush=True,
     )
 

@@ -111,67 +111,53 @@ class RankLauncher:
         return env
 
     async def run(self, topo: Topology, tdf: float, epoch: float) -> int:
-        if self.coordinator is not None:
-            return await self._run_exact(topo, self.coordinator)
+        """The ranks (see the module), on the exact clock with a :attr:`coordinator` (which
+        keeps the store, starts the clock once every rank has joined and reads the fabric
+        once their applications are done), else on the wall clock dilated by ``tdf`` from
+        ``epoch`` (a store served here; the switches' counters once the ranks are gone): their
+        exit code."""
         self.topo = topo
         hosts = self.hosts(topo)
         master = free_port()
+        coordinator = self.coordinator
+        if coordinator is not None:
+            tdf, epoch = 1.0, 0.0  # emulated time is the engines'
         async with trio.open_nursery() as nursery:
-            store = await nursery.start(self.server.serve)
+            store = 0 if coordinator is not None else await nursery.start(self.server.serve)
             async with trio.open_nursery() as ranks:
                 for rank in range(len(hosts)):
                     env = self.rank_env(topo, tdf, epoch, rank, store, master)
+                    if coordinator is not None:
+                        assert coordinator.address is not None
+                        env.pop("ROCEV2_STORE")  # the coordinator keeps the store
+                        sync = sync_label(coordinator.address)
+                        env.update({"ROCEV2_CLOCK": "exact", "ROCEV2_SYNC": sync})
                     proc = await self.spawn(rank, env, ranks)
                     self.procs[rank] = proc
                     ranks.start_soon(self._watch, rank, proc, ranks)
-            self.fabric = await self._stats(topo, hosts)
+                if coordinator is not None:
+                    await self._synchronised(topo, coordinator, hosts)
+            if coordinator is None:
+                self.fabric = await self._stats(topo, hosts)
             nursery.cancel_scope.cancel()
         return 0 if self.failed is None else exit_code(self.failed[1])
 
-    async def _run_exact(self, topo: Topology, coordinator: Coordinator) -> int:
-        """The ranks as processes of the exact run (see the module); their exit code."""
-        self.topo = topo
-        hosts = self.hosts(topo)
-        master = free_port()
-        assert coordinator.address is not None
-        sync = sync_label(coordinator.address)
-        async with trio.open_nursery() as ranks:
-            for rank in range(len(hosts)):
-                env = self.rank_env(topo, 1.0, 0.0, rank, 0, master)
-                env.update({"ROCEV2_CLOCK": "exact", "ROCEV2_SYNC": sync})
-                env.pop("ROCEV2_STORE")  # the coordinator keeps the store
-                proc = await self.spawn(rank, env, ranks)
-                self.procs[rank] = proc
-                ranks.start_soon(self._watch_exact, rank, proc)
-            with trio.move_on_after(RENDEZVOUS_SECONDS) as joining:
-                await coordinator.connected.wait()
-            if joining.cancelled_caught:
-                raise SyncError(
-                    f"the ranks did not all join the exact run within {RENDEZVOUS_SECONDS:g} s "
-                    '(does the program call dist.init_process_group("rocev2")?)'
-                )
-            coordinator.release()  # every rank is in: the clock starts
-            await coordinator.apps_done(hosts)
-            self.fabric = await quiet_stats(topo, coordinator)
-            self._over = True
-        return 0 if self.failed is None else exit_code(self.failed[1])
-
-    async def _watch_exact(self, rank: int, proc: trio.Process) -> None:
-        """A rank that exits before the exact run has ended stops the job, named (the others
-        could only wait for it)."""
-        try:
-            code = await proc.wait()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.kill(proc)
-        if code != 0 and self.failed is None:
-            self.failed = (rank, code)
-        if not self._over:
-            assert self.topo is not None
+    async def _synchronised(
+        self, topo: Topology, coordinator: Coordinator, hosts: list[str]
+    ) -> None:
+        """The exact run of the started ranks: the clock released once all have joined, the
+        fabric's counters read once their applications are done, the run ended."""
+        with trio.move_on_after(RENDEZVOUS_SECONDS) as joining:
+            await coordinator.connected.wait()
+        if joining.cancelled_caught:
             raise SyncError(
-                f"rank {rank} ({self.topo.hosts[rank].name}) exited with code {code} before "
-                "the exact run ended"
+                f"the ranks did not all join the exact run within {RENDEZVOUS_SECONDS:g} s "
+                '(does the program call dist.init_process_group("rocev2")?)'
             )
+        coordinator.release()  # every rank is in: the clock starts
+        await coordinator.apps_done(hosts)
+        self.fabric = await quiet_stats(topo, coordinator)
+        self._over = True
 
     async def spawn(self, rank: int, env: dict[str, str], nursery: trio.Nursery) -> trio.Process:
         """Rank ``rank``'s process running the command, its output streamed with the rank's
@@ -194,18 +180,28 @@ class RankLauncher:
             print(prefix, buf.decode(errors="replace"), file=to, flush=True)
 
     async def _watch(self, rank: int, proc: trio.Process, ranks: trio.Nursery) -> None:
+        """Rank ``rank`` until its process exits.  On the exact clock one that exits before
+        the run has ended stops the job, named (the others could only wait for it); on the
+        wall clock a failing one posts the job's abort, and the others are killed if they
+        have not exited after a grace period."""
         try:
             code = await proc.wait()
         finally:
             with trio.CancelScope(shield=True):
                 await self.kill(proc)
+        assert self.topo is not None
+        who = f"rank {rank} ({self.topo.hosts[rank].name}) exited with code {code}"
+        if self.coordinator is not None:
+            if code != 0 and self.failed is None:
+                self.failed = (rank, code)
+            if not self._over:
+                raise SyncError(f"{who} before the exact run ended")
+            return
         if code == 0 or self.failed is not None:
             return
         self.failed = (rank, code)
-        assert self.topo is not None
-        why = f"rank {rank} ({self.topo.hosts[rank].name}) exited with code {code}"
-        print(f"rocev2-emu launch: {why}; stopping the job", file=self.err, flush=True)
-        await self.server.store.set(f"{self.job}/abort", why)
+        print(f"rocev2-emu launch: {who}; stopping the job", file=self.err, flush=True)
+        await self.server.store.set(f"{self.job}/abort", who)
         ranks.start_soon(self._kill_after_grace)
 
     async def _kill_after_grace(self) -> None:

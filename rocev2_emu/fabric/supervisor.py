@@ -336,10 +336,12 @@ def run_on_processes(
     *,
     quiet: bool = True,
     beside: Callable[..., Awaitable[None]] | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[Any, str]:
     """The job ``make_job(coordinator)`` on node processes on the options' clock: exact (a
     coordinator, :func:`run_exact`) or wall (None, :func:`run_processes` at the options'
-    dilation).  Its outcome and how an exact run was synchronised ("" on the wall clock);
+    dilation); ``only``: the processes of these nodes, the job starts the others (a torch
+    rank's).  Its outcome and how an exact run was synchronised ("" on the wall clock);
     NodeDied when a node died and the job could not go on."""
     if options.clock is Clock.EXACT:
         return run_exact(
@@ -350,9 +352,11 @@ def run_on_processes(
             beside=beside,
             pace=options.pace,
             workers=options.workers,
+            only=only,
         )
     tdf = options.dilation(topo.tdf)
-    outcome = run_processes(topo, topo_path, tdf, make_job(None), quiet=quiet, beside=beside)
+    job = make_job(None)
+    outcome = run_processes(topo, topo_path, tdf, job, quiet=quiet, only=only, beside=beside)
     if outcome is None:
         raise NodeDied("a node died during the job")
     return outcome, ""

@@ -66,7 +66,8 @@ def test_each_rank_gets_torchruns_environment_and_the_first_failure_is_the_exit_
     ]
     assert all(line.split()[6:] == ["127.0.0.1", "True", "True", "64", "1"] for line in lines)
     assert "rank 1 (h1) exited with code 3" in run.stderr
-    assert "# switches: 0 pause frames" in run.stdout  # the switches' summary at the end
+    assert "# fabric: 0 pause frames" in run.stdout  # the switches' summary at the end
+    assert "late wake-ups; clock: wall, TDF" in run.stdout
 
 
 def test_refused_command_lines(topology: Path, capsys: pytest.CaptureFixture[str]) -> None:
