@@ -139,20 +139,23 @@ FILES_BESIDE: Final = 64  # the link socket, the coordinator, trio's own, import
 
 def enough_files(nodes: int, metrics: bool) -> None:
     """A process hosting many nodes (``--workers``) holds a few sockets per node: raise the
-    soft limit on open files to the hard one when it is short (as servers do), or say in one
+    soft limit on open files when it is short (as servers do), and the hard one too where the
+    process may (root, or CAP_SYS_RESOURCE: up to the kernel's ``fs.nr_open``), or say in one
     line why the process cannot start."""
     need = nodes * (FILES_PER_NODE if metrics else FILES_PER_NODE - 1) + FILES_BESIDE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
-    if hard != resource.RLIM_INFINITY and hard < need:
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+    except (OSError, ValueError):
         raise ValueError(
             f"this process would host {nodes} nodes and needs about {need} open files; the "
             f"limit is {hard} (ulimit -Hn): raise it, or give --workers more processes"
-        )
-    resource.setrlimit(
-        resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard)
-    )
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

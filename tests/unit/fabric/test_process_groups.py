@@ -98,19 +98,30 @@ def test_a_process_of_many_nodes_raises_its_open_file_limit_or_says_why_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """672 nodes in one process (the k = 16 fat-tree on 2 workers) hold about 2 080 sockets:
-    a soft limit of 1 024 is raised to the hard one; a hard limit below that is one line."""
+    a soft limit of 1 024 is raised to what they need; a hard limit below that is raised
+    where the process may (root), else one line says why the process cannot start."""
     import resource
 
     from rocev2_emu.fabric import exact_node
 
     limits = {"now": (1024, 4096)}
+    privileged = {"yes": True}
+
+    def setrlimit(_: int, lim: tuple[int, int]) -> None:
+        if lim[1] > limits["now"][1] and not privileged["yes"]:
+            raise ValueError("not allowed to raise maximum limit")
+        limits.update(now=lim)
+
     monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
-    monkeypatch.setattr(resource, "setrlimit", lambda _, lim: limits.update(now=lim))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
     exact_node.enough_files(672, metrics=True)
-    assert limits["now"] == (4096, 4096)
+    assert limits["now"] == (2080, 4096)
     exact_node.enough_files(8, metrics=True)  # enough already: unchanged
-    assert limits["now"] == (4096, 4096)
+    assert limits["now"] == (2080, 4096)
     limits["now"] = (1024, 1024)
+    exact_node.enough_files(672, metrics=True)
+    assert limits["now"] == (2080, 2080)
+    limits["now"], privileged["yes"] = (1024, 1024), False
     with pytest.raises(ValueError, match=r"host 672 nodes and needs about 2080 open files"):
         exact_node.enough_files(672, metrics=True)
 
