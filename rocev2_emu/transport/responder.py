@@ -16,8 +16,6 @@ Follows IBTA vol. 1 §9.7.4-9.7.5 (responder side):
 
 from __future__ import annotations
 
-from collections import deque
-
 from rocev2_emu.transport.endpoint import OutPacket, QPEndpoint
 from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.responses import (
@@ -57,7 +55,8 @@ class Responder:
         self.qp = qp
         self.epsn = 0
         self.msn = 0
-        self.recvs: deque[tuple[RecvWR, SgeList]] = deque()
+        # FIFOs as lists (56 bytes empty where a deque is 760; each a few entries long)
+        self.recvs: list[tuple[RecvWR, SgeList]] = []
         self.in_send: tuple[RecvWR, SgeList] | None = None
         self.in_write = False
         self.offset = 0  # bytes of the current SEND / WRITE received so far
@@ -65,8 +64,8 @@ class Responder:
         self.write_mr: MemoryRegion | None = None  # checked per packet: deregistration revokes
         self.write_len = 0
         self.in_nak_episode = False
-        self.resources: deque[Resource] = deque()
-        self.out: deque[ResponseItem] = deque()
+        self.resources: list[Resource] = []
+        self.out: list[ResponseItem] = []
         self.rx_bytes = 0  # payload bytes taken in order: goodput, for measurements
 
     def start(self, rq_psn: int) -> None:
@@ -141,7 +140,7 @@ class Responder:
             if not self.recvs:
                 self._rnr(f.psn)
                 return False
-            self.in_send = self.recvs.popleft()
+            self.in_send = self.recvs.pop(0)
             self.offset = 0
         assert self.in_send is not None
         wr, sges = self.in_send
@@ -203,7 +202,7 @@ class Responder:
             if not self.recvs:
                 self._rnr(f.psn)
                 return False
-            recv = self.recvs.popleft()
+            recv = self.recvs.pop(0)
         if n:
             assert self.write_view is not None and self.write_mr is not None
             if not self.write_mr.valid:  # deregistered while the WRITE was arriving: revoked
@@ -349,7 +348,7 @@ class Responder:
         self.qp.fail(None)
 
     def _truncate_from(self, psn: int) -> None:
-        kept: deque[ResponseItem] = deque()
+        kept: list[ResponseItem] = []
         for item in self.out:
             if psn_diff(item.first_psn, psn) >= 0:
                 break
@@ -359,7 +358,7 @@ class Responder:
     def _remember(self, res: Resource) -> None:
         self.resources.append(res)
         while len(self.resources) > max(1, self.qp.max_dest_rd_atomic):
-            self.resources.popleft()
+            self.resources.pop(0)
 
     def _resource_of(self, psn: int) -> Resource | None:
         for res in self.resources:
@@ -374,7 +373,7 @@ class Responder:
         item = self.out[0]
         if isinstance(item, ReadResponse):
             return self._read_packet(item)
-        self.out.popleft()
+        self.out.pop(0)
         if isinstance(item, Ack):
             ext = pack_aeth(item.syndrome, item.msn)
             return OutPacket(Op.RC_ACKNOWLEDGE, item.first_psn, False, False, ext, b"")
@@ -385,7 +384,7 @@ class Responder:
         k = r.next_pkt
         r.next_pkt += 1
         if r.next_pkt == r.npkts:
-            self.out.popleft()
+            self.out.pop(0)
         first, last = k == 0, k == r.npkts - 1
         if first and last:
             op = Op.RC_RDMA_READ_RESPONSE_ONLY
