@@ -62,6 +62,15 @@ from typing import Any
 
 from rocev2_emu.control import auth
 from rocev2_emu.testbed import dashboards
+from rocev2_emu.testbed.images import (
+    BASE_IMAGE,
+    GRAFANA_IMAGE,
+    IMAGE,
+    PROMETHEUS_DOCKERFILE,
+    PROMETHEUS_IMAGE,
+    TORCH_DOCKERFILE,
+    TORCH_IMAGE,
+)
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import Node, NodeKind, Topology, refuse_split_servers
@@ -72,39 +81,6 @@ DEFAULT_SUBNET = "172.30.0.0/24"
 # VXLAN datagram; over the default 1 500 the kernel fragments each and refuses the wall-clock
 # ports' GSO sends (runtime/ports.py falls back to one datagram per call there).
 BRIDGE_MTU = 9000
-IMAGE = "rocev2-emu:latest"
-PROMETHEUS_IMAGE = "rocev2-emu-prometheus:latest"  # built by compose, from deploy/prometheus
-BASE_IMAGE = "${ROCEV2_BASE_IMAGE:-debian:bookworm-slim}"  # where a registry is reachable
-PROMETHEUS_DOCKERFILE = """\
-# Prometheus from Debian's package, on the same kind of base as the node image, so that the
-# testbed builds where no image registry is reachable (BASE_IMAGE: a local Debian base).
-ARG BASE_IMAGE=debian:bookworm-slim
-FROM ${BASE_IMAGE}
-# policy-rc.d: the package must not start its daemon inside the build
-RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \\
-    && apt-get update \\
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus \\
-    && rm -rf /var/lib/apt/lists/* \\
-    && mkdir -p /prometheus && chown prometheus /prometheus
-USER prometheus
-EXPOSE 9090
-ENTRYPOINT ["/usr/bin/prometheus", "--storage.tsdb.path=/prometheus"]
-"""
-TORCH_IMAGE = "rocev2-emu-torch:latest"  # built by compose, from deploy/torch
-TORCH_DOCKERFILE = """\
-# The training image: the node image (its /opt/rocev2-emu/examples included) with PyTorch.
-# wheels/: a torch wheel put here (a CPU build, say) is what is installed (its dependencies
-# from PyPI); without one, pip takes torch from PyPI (for Linux, a CUDA build of several GB).
-ARG IMAGE=rocev2-emu:latest
-FROM ${IMAGE}
-USER root
-COPY wheels/ /wheels/
-RUN set -e; pip="/opt/rocev2-emu/bin/pip install --no-cache-dir -q"; \\
-    if ls /wheels/torch-*.whl >/dev/null 2>&1; then $pip /wheels/torch-*.whl; \\
-    else $pip "torch>=2.4"; fi; \\
-    rm -rf /wheels
-USER rocev2
-"""
 TRAIN_SCRIPT = "/opt/rocev2-emu/examples/ddp_train.py"
 TRAIN_STEPS = 5
 # wall seconds a rank keeps /metrics served after training (the rank's ROCEV2_METRICS_LINGER):
@@ -112,7 +88,6 @@ TRAIN_STEPS = 5
 TRAIN_METRICS_LINGER = 6.0
 TRAIN_COMPUTE_MS = 0.2  # the modelled accelerator compute per step (docs/pytorch.md)
 TRAIN_SYNC_PORT = 29600  # the training run's coordinator on the first host (launch --host)
-GRAFANA_IMAGE = "grafana/grafana:11.1.0"
 TOPOLOGY_IN_CONTAINER = "/etc/rocev2-emu/topology.toml"
 SECRET_DIR = "/run/rocev2-emu"  # the named volume ``secret``: the containers' copy
 SECRET_IN_CONTAINER = f"{SECRET_DIR}/{auth.BESIDE_TOPOLOGY}"
