@@ -302,9 +302,11 @@ def _print_fabric(f: dict[str, Any], clock: str) -> None:
     the ranks' hosts gone with their processes) and its clock (on the exact clock, how it was
     synchronised)."""
     drops = sum(f.get("drops", {}).values())
-    work = f"{f.get('frame_hops', 0)} frame-hops" if "frame_hops" in f else ""
-    if not work:  # the wall clock: its emulation fell behind this many times
-        work = f"{f.get('late_wakeups', 0)} late wake-ups"
+    work = (  # the exact clock's frame-hops; how often the wall clock's emulation fell behind
+        f"{f['frame_hops']} frame-hops"
+        if "frame_hops" in f
+        else f"{f.get('late_wakeups', 0)} late wake-ups"
+    )
     print(
         f"# fabric: {f.get('pfc_tx', 0)} pause frames sent by {len(f.get('pfc_senders', []))}, "
         f"{f.get('ecn_marked', 0)} ECN marks, {f.get('cnps_sent', 0)} CNPs, "

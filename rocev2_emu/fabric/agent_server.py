@@ -32,6 +32,19 @@ from rocev2_emu.transport.errors import RemoteVerbsError
 from rocev2_emu.verbs.oob import OobChannel, OobError, QPInfo, connection_limit, serve_requests
 
 
+def for_node(name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` for node ``name`` as its process's ``for_nodes`` (a node at an address its
+    process's other nodes share: a swarm stack's worker)."""
+    return {"cmd": "for_nodes", "names": [name], "request": request}
+
+
+def node_reply(reply: Any) -> Any:
+    """The node's own reply inside the reply to :func:`for_node` (an error reply as it is)."""
+    if isinstance(reply, dict) and isinstance(reply.get("replies"), list):
+        return reply["replies"][0]
+    return reply
+
+
 class RemotePeer:
     """A FlowPeer in another process, reached through its AgentServer: one connection per
     request, closed after its answer, so an incast of a thousand senders holds no thousand
@@ -44,7 +57,7 @@ class RemotePeer:
 
     async def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.node is not None:
-            request = {"cmd": "for_nodes", "names": [self.node], "request": request}
+            request = for_node(self.node, request)
         with holding_clock():
             chan = await OobChannel.connect(self.host, self.port, timeout=30, secret=auth.current())
             try:
@@ -52,9 +65,7 @@ class RemotePeer:
                 reply: dict[str, Any] = await chan.recv()
             finally:
                 await chan.aclose()
-        if self.node is not None and isinstance(reply.get("replies"), list):
-            reply = reply["replies"][0]
-        return reply
+        return node_reply(reply) if self.node is not None else reply
 
     async def accept_flow(self, spec: FlowSpec, sender: QPInfo) -> QPInfo:
         reply = await self._ask({"cmd": "accept_flow", "spec": asdict(spec), "qp": asdict(sender)})

@@ -23,6 +23,7 @@ from typing import Any, Final
 import trio
 import trio.testing
 
+from rocev2_emu.fabric.agent_server import for_node, node_reply
 from rocev2_emu.fabric.control import control
 from rocev2_emu.fabric.layout import PROCESS_COMMANDS, by_process
 from rocev2_emu.fabric.report import merge_stats
@@ -131,11 +132,11 @@ async def ask_node(
     (a swarm stack's worker) through its process's ``for_nodes``."""
     wrapped = topo.shares_address(name) and msg.get("cmd") not in PROCESS_COMMANDS
     if wrapped:
-        msg = {"cmd": "for_nodes", "names": [name], "request": msg}
+        msg = for_node(name, msg)
     with trio.fail_after(timeout):
         reply = await control(topo.nodes[name].address, msg, timeout=min(timeout, 1e6))
-    if wrapped and isinstance(reply, dict) and isinstance(reply.get("replies"), list):
-        reply = reply["replies"][0]
+    if wrapped:
+        reply = node_reply(reply)
     if not isinstance(reply, dict) or "error" in reply:
         raise RuntimeError(
             f"host {name}: {reply.get('error') if isinstance(reply, dict) else reply}"

@@ -418,15 +418,14 @@ async def exact_nodes(
             topo, set(names), engine, stack, remote=remote, on_switch=on_switch, on_host=on_host
         )
         locals_ = built.nodes
+        # each address's nodes: one, or several sharing their process's port (a swarm stack's
+        # worker; they answer by name through for_nodes, a command every node's table has)
+        at = at_addresses(topo, [n.name for n in mine]).items()
         if metrics:
-            at = at_addresses(topo, [n.name for n in mine]).items()
             served = {a: merged([registries[n] for n in names]) for a, names in at}
             if join.metrics_addr is not None:  # one node (run_exact_node checked)
                 served = {join.metrics_addr: next(iter(registries.values()))}
             serve_nodes(served, METRICS_PORT)
-        # a control port at each address: a node's own, or the first's of nodes sharing one
-        # (they answer by name through for_nodes, a process command every node's table has)
-        at = at_addresses(topo, [n.name for n in mine]).items()
         ports = {(a, CONTROL_PORT): handlers[names[0]] for a, names in at}
         await WallServer(ports, secret, engine.interrupt).start()
         await nursery.start(engine.run)
