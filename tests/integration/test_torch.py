@@ -22,9 +22,11 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,13 @@ import pytest
 from rocev2_emu.control import auth
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import leaf_spine
+from tests.integration.hangs import run_or_dump
 from tests.integration.test_exact import cpu_burners
 
-pytestmark = pytest.mark.integration
+# a launch that hangs fails at LAUNCH_SECONDS with every process's stacks (tests/integration/
+# hangs.py), within the test's own deadline even for the tests that launch several times
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+LAUNCH_SECONDS = 100
 ROOT = Path(__file__).resolve().parents[2]
 
 if os.environ.get("CI") == "true":
@@ -62,14 +68,26 @@ def launch(
     cmd += (
         options if "--clock" in options else ("--clock", "wall", *options)
     )  # (the default: exact)
-    return subprocess.run(
+    return run_or_dump(
         [*cmd, "--", sys.executable, "-W", "ignore", *program],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        LAUNCH_SECONDS,
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
+
+
+def launch_gloo(
+    topology: Path, program: list[str], ranks: int = 3, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """The Gloo reference run of ``program``, again once if torch's Gloo aborted a rank as
+    it exited: the reference, not what is tested.  DDP keeps a Gloo group (and its C++
+    worker threads) alive past ``destroy_process_group`` into interpreter teardown, where a
+    thread still joinable can std::terminate the rank (pytorch/pytorch #190489, #179291; seen
+    in CI with FSDP2 and DDP, after every step had run)."""
+    run = launch(topology, program, ranks=ranks, options=options)
+    if _gloo_aborted(run):
+        run = launch(topology, program, ranks=ranks, options=options)
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +151,7 @@ def test_training_is_the_same_as_over_gloo(topology: Path, tmp_path: Path, how: 
             str(save),
             *(["--fsdp"] if how == "fsdp" else []),
         ]
-        run = launch(topology, argv)
-        if backend == "gloo" and _gloo_aborted(run):
-            # the reference, not what is tested: torch's Gloo can abort a rank as it exits (a
-            # C++ worker thread still joinable when the group is torn down, pytorch/pytorch
-            # #190489, #179291; seen once in CI with FSDP2): it runs again, once
-            run = launch(topology, argv)
+        run = launch_gloo(topology, argv) if backend == "gloo" else launch(topology, argv)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         steps = [
             line.split() for line in run.stdout.splitlines() if re.match(r"\[rank0\]: +\d+ ", line)
@@ -166,10 +179,8 @@ def test_the_recommendation_example_trains_as_over_gloo(topology: Path, tmp_path
     params, losses = {}, {}
     for backend in ("rocev2", "gloo"):
         save = tmp_path / f"dlrm-{backend}.pt"
-        run = launch(
-            topology,
-            ["examples/dlrm_train.py", "--steps", "3", "--backend", backend, "--save", str(save)],
-        )
+        argv = ["examples/dlrm_train.py", "--steps", "3", "--backend", backend, "--save", str(save)]
+        run = launch_gloo(topology, argv) if backend == "gloo" else launch(topology, argv)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         steps = [
             line.split() for line in run.stdout.splitlines() if re.match(r"\[rank0\]: +\d+ ", line)
@@ -220,7 +231,8 @@ def _ddp(topology: Path, out: Path, backend: str, clock: str) -> subprocess.Comp
     program += ["--backend", backend, "--save", str(out / "params.pt")]
     program += ["--report", str(out)] if backend == "rocev2" else []
     options = ("--clock", clock, "--compute-ms", "5")
-    return launch(topology, program, ranks=4, options=options)
+    run = launch_gloo if backend == "gloo" else launch
+    return run(topology, program, ranks=4, options=options)
 
 
 def _ddp_per_host(topology: Path, out: Path) -> list[str]:
@@ -231,7 +243,7 @@ def _ddp_per_host(topology: Path, out: Path) -> list[str]:
     out.mkdir()
     topo = load(topology)
     sync = f"{topo.nodes['h0'].address}:29600"
-    env = {**os.environ, auth.ENV: secrets.token_hex(auth.SECRET_BYTES)}
+    env = {**os.environ, auth.ENV: secrets.token_hex(auth.SECRET_BYTES), "PYTHONFAULTHANDLER": "1"}
     program = ["examples/ddp_train.py", "--steps", "3", "--width", "64", "--bucket-mb", "0.01"]
     program += ["--backend", "rocev2", "--report", str(out)]
     exe = [sys.executable, "-m", "rocev2_emu"]
@@ -251,7 +263,13 @@ def _ddp_per_host(topology: Path, out: Path) -> list[str]:
                 procs.append(
                     subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
                 )
-        codes = [proc.wait(timeout=600) for proc in procs]
+        deadline = time.monotonic() + LAUNCH_SECONDS
+        try:
+            codes = [proc.wait(timeout=max(0.1, deadline - time.monotonic())) for proc in procs]
+        except subprocess.TimeoutExpired:  # hung: each process's stacks into its log, shown
+            for proc in procs:
+                proc.send_signal(signal.SIGABRT)
+            codes = [proc.wait(timeout=15) for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
