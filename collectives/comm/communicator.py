@@ -375,28 +375,23 @@ class Communicator(RankSession):
         work[recv_at[me] : recv_at[me + 1]] = flat[send_at[me] : send_at[me + 1]]
         peers = [r for r in range(self.size) if r != me]
         await self._pairs(peers)
-        pending: dict[int, list[str]] = {}  # peer -> what its exchange waits for
+        exchanges: list[ring.Operation] = []  # one a peer
 
-        async def exchange(peer: int) -> None:
-            send = (send_at[peer], send_at[peer + 1]) if sends[peer] else None
-            recv = (recv_at[peer], recv_at[peer + 1]) if recvs[peer] else None
-            pending[peer] = ["the start"]
-            steps = [ring.Step(send, recv, False, None)]
-            await self._ring(self.pair_name(me, peer), steps, work, "sum", pending[peer])
-            del pending[peer]
-
-        async def body(progress: list[str]) -> None:
-            try:
-                async with trio.open_nursery() as nursery:
-                    for peer in peers:
-                        nursery.start_soon(exchange, peer)
-            except BaseExceptionGroup as group:  # the first peer's failure: the others cancel
-                raise ring.first_error(group) from None
+        async def body(progress: list[str]) -> None:  # (under the operation's number)
+            for peer in peers:
+                send = (send_at[peer], send_at[peer + 1]) if sends[peer] else None
+                recv = (recv_at[peer], recv_at[peer + 1]) if recvs[peer] else None
+                steps = [ring.Step(send, recv, False, None)]
+                name = self.pair_name(me, peer)
+                operation = self._operation(name, steps, work, "sum", ["the start"])
+                if operation is not None:
+                    exchanges.append(operation)
+            await ring.run_all(exchanges)  # one waiting task for them all
 
         def waiting() -> str:
-            first = sorted(pending)[:3]
+            pending = [o.progress[0] for o in exchanges if not o.over]
             more = f" and {len(pending) - 3} more peers" if len(pending) > 3 else ""
-            return "; ".join(pending[p][0] for p in first) + more
+            return "; ".join(pending[:3]) + more
 
         await self._guard("all_to_all", flat.nbytes, body, waiting=waiting)
         return self._deliver(work[base:], None, out)

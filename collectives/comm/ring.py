@@ -164,7 +164,8 @@ class Operation:
         self.sent = 0  # sends posted
         self.received = 0  # receipts reduced or copied
         self.error: BaseException | None = None
-        self.finished = trio.Event()
+        self.over = False  # ended: done, or failed (``error``)
+        self.ended: Ending | None = None  # told when it ends (its run's, or :func:`run_all`'s)
         self._busy = False  # in pump: a change made by pump itself (a free fabric) loops
         self._again = False
         self._woke = False  # a link said trio must run (a server fabric's new deadline)
@@ -172,19 +173,27 @@ class Operation:
     async def run(self) -> None:
         """Until every chunk is sent, received and its write complete, driven by the links'
         changes; raises what failed the operation."""
-        links = [link for link in (self.tx, self.rx) if link is not None]
-        for link in links:
-            if link.listener is not None:
-                raise RuntimeError(f"a link to {self.pred}/{self.succ} already runs an operation")
-            link.listener = self.pump
-        try:
-            self.pump()
-            await self.finished.wait()
-        finally:
-            for link in links:
+        await run_all([self])
+
+    def _listen(self, ended: Ending) -> None:
+        self.ended = ended
+        for link in (self.tx, self.rx):
+            if link is not None:
+                if link.listener is not None:
+                    raise RuntimeError(
+                        f"a link to {self.pred}/{self.succ} already runs an operation"
+                    )
+                link.listener = self.pump
+
+    def _unlisten(self) -> None:
+        for link in (self.tx, self.rx):
+            if link is not None and link.listener == self.pump:
                 link.listener = None
-        if self.error is not None:
-            raise self.error
+
+    def _end(self, error: BaseException | None = None) -> None:
+        self.over, self.error = True, error
+        if self.ended is not None:
+            self.ended.one(error)
 
     def pump(self) -> bool:
         """Do what the links allow now; True if trio must run before time moves on: the
@@ -192,7 +201,7 @@ class Operation:
         if self._busy:
             self._again = True
             return False
-        if self.finished.is_set():
+        if self.over:
             return False
         self._busy = True
         self._woke = False
@@ -207,15 +216,14 @@ class Operation:
                 self._send()
             if self.received == len(self.recvs) and self.sent == len(self.sends):
                 if self.tx is None or not self.tx.outstanding:
-                    self.finished.set()
+                    self._end()
                     return True
                 self.progress[0] = f"the NIC to finish sending to {self.succ}"
             for link in (self.tx, self.rx):
                 if link is not None and link.error:
                     raise LinkError(link.error)
         except Exception as exc:  # raised by the waiting task, not in the driver
-            self.error = exc
-            self.finished.set()
+            self._end(exc)
             return True
         finally:
             self._busy = False
@@ -270,6 +278,44 @@ class Operation:
             self.sent += 1
             if tx.write(slot, self.raw[b0:b1], self.mr, b0, imm):
                 self._woke = True
+
+
+class Ending:
+    """What the one task running a set of operations waits for: all of them ended, or the
+    first failure.  One per :func:`run_all`, whatever the number of operations."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.error: BaseException | None = None
+        self.event = trio.Event()
+        if not count:
+            self.event.set()
+
+    def one(self, error: BaseException | None) -> None:
+        self.left -= 1
+        if error is not None and self.error is None:
+            self.error = error
+        if self.left == 0 or error is not None:
+            self.event.set()
+
+
+async def run_all(operations: list[Operation]) -> None:
+    """``operations``, each on links of its own, until every one has ended - one waiting task
+    for them all, however many (an all-to-all's pairs); each starts with a pump, in list
+    order.  The first failure ends the wait and is raised; the others stop listening to
+    their links, as cancelled tasks would."""
+    ended = Ending(len(operations))
+    try:
+        for operation in operations:
+            operation._listen(ended)
+        for operation in operations:
+            operation.pump()
+        await ended.event.wait()  # (a checkpoint even when all ended in their first pump)
+    finally:
+        for operation in operations:
+            operation._unlisten()
+    if ended.error is not None:
+        raise ended.error
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

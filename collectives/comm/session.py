@@ -372,12 +372,26 @@ class RankSession(abc.ABC):
         progress: list[str],
         seq: int | None = None,
     ) -> None:
+        operation = self._operation(name, steps, work, op, progress, seq)
+        if operation is not None:
+            await operation.run()
+
+    def _operation(
+        self,
+        name: str,
+        steps: list[ring.Step],
+        work: np.ndarray,
+        op: str,
+        progress: list[str],
+        seq: int | None = None,
+    ) -> ring.Operation | None:
+        """``steps`` on ring ``name``'s links as an operation to run (None: nothing to do)."""
         r = self.rings[name]
         if not any(s.send or s.recv for s in steps):
-            return
+            return None
         mr = self._register(work) if isinstance(r.tx, RdmaTx) else None
         n, pos = len(r.members), r.pos
-        await ring.Operation(
+        return ring.Operation(
             steps,
             work,
             mr,
@@ -389,7 +403,7 @@ class RankSession(abc.ABC):
             pred=f"rank {r.members[(pos - 1) % n]}",
             succ=f"rank {r.members[(pos + 1) % n]}",
             compute=not self.options.timing_only,
-        ).run()
+        )
 
     @abc.abstractmethod
     async def barrier(self) -> None:
