@@ -34,7 +34,6 @@ why :class:`_Rdma` is a trait: a compiled class has one base class and any numbe
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Final
@@ -74,7 +73,7 @@ class _Waitable:
     so, which then lets trio run at that instant."""
 
     def __init__(self) -> None:
-        self.changed = trio.lowlevel.ParkingLot()
+        self.changed: trio.lowlevel.ParkingLot | None = None  # made when a task first parks
         self.error: str | None = None
         self.listener: Callable[[], bool] | None = None
         self.batch: Completions | None = None  # the CQ's dispatcher, for RDMA ends
@@ -89,7 +88,7 @@ class _Waitable:
             else:
                 woke = self.listener()
         lot = self.changed
-        return (len(lot) > 0 and bool(lot.unpark_all())) or woke
+        return (lot is not None and len(lot) > 0 and bool(lot.unpark_all())) or woke
 
     def fail(self, why: str) -> bool:
         """The link broke; the first reason is the one reported (a retry-exhausted send is
@@ -101,6 +100,8 @@ class _Waitable:
     async def _park(self) -> None:
         if self.error:
             raise LinkError(self.error)
+        if self.changed is None:
+            self.changed = trio.lowlevel.ParkingLot()
         await self.changed.park()
         if self.error:
             raise LinkError(self.error)
@@ -114,8 +115,9 @@ class _Receiver(_Waitable):
         self.slots = slots
         self.slot_bytes = slot_bytes
         self.memory = arena.zeros(slots * slot_bytes)  # (committed as the slots are written)
-        # (immediate, bytes) per lane (QP) in arrival order; item k is on lane k mod lanes
-        self.arrivals: list[deque[tuple[int, int]]] = [deque() for _ in range(lanes)]
+        # (immediate, bytes) per lane (QP) in arrival order; item k is on lane k mod lanes; at
+        # most ``slots`` in all (each holds a slot), so lists, not deques (760 bytes empty)
+        self.arrivals: list[list[tuple[int, int]]] = [[] for _ in range(lanes)]
         self.taken = 0  # arrivals handed out: slots are used in a ring, across operations
         self.received_bytes = 0  # data delivered into the slots, ever (the map's progress)
 
@@ -133,7 +135,7 @@ class _Receiver(_Waitable):
         lane = self.arrivals[self.taken % len(self.arrivals)]
         if not lane:
             return None
-        imm, nbytes = lane.popleft()
+        imm, nbytes = lane.pop(0)
         self.taken += 1
         return imm, nbytes, (self.taken - 1) % self.slots
 

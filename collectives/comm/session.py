@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from functools import partial
 from typing import Any, TypeVar
 
@@ -129,7 +128,7 @@ class RankSession(abc.ABC):
                 ring_.rx = rx
                 await self.store.set(
                     f"{self.options.job}/{name}/rx/{self.rank}",
-                    [asdict(QPInfo.of(qp, rx.mr)) for qp in rx.all_qps],
+                    [QPInfo.of(qp, rx.mr).row() for qp in rx.all_qps],
                 )
                 pending.append((ring_, "rx"))
             if self.places[nxt].server == me.server:
@@ -147,7 +146,7 @@ class RankSession(abc.ABC):
                 ring_.tx = tx
                 await self.store.set(
                     f"{self.options.job}/{name}/tx/{self.rank}",
-                    [asdict(QPInfo.of(qp)) for qp in tx.all_qps],
+                    [QPInfo.of(qp).row() for qp in tx.all_qps],
                 )
                 pending.append((ring_, "tx"))
         wait = self._store_wait()
@@ -157,12 +156,12 @@ class RankSession(abc.ABC):
                 prv = ring_.members[(ring_.pos - 1) % n]
                 peers = await self._get(f"{self.options.job}/{ring_.name}/tx/{prv}", wait)
                 assert isinstance(ring_.rx, RdmaRx)
-                self._connect_qps(ring_.rx, [QPInfo(**p) for p in peers])
+                self._connect_qps(ring_.rx, [QPInfo(*p) for p in peers])
             else:
                 nxt = ring_.members[(ring_.pos + 1) % n]
                 peers = await self._get(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait)
                 assert isinstance(ring_.tx, RdmaTx)
-                infos = [QPInfo(**p) for p in peers]
+                infos = [QPInfo(*p) for p in peers]
                 self._connect_qps(ring_.tx, infos)
                 ring_.tx.remote_addr, ring_.tx.rkey = infos[0].vaddr, infos[0].rkey
         if barrier:

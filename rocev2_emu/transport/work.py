@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -116,10 +116,11 @@ class SendWR:
 
 @dataclass(slots=True)
 class RecvWR:
-    """ibv_recv_wr."""
+    """ibv_recv_wr.  Without ``sg_list`` (a WRITE with immediate's receive, which lands no
+    bytes) it shares one empty list: an all-to-all posts thousands a rank."""
 
     wr_id: int
-    sg_list: list[Sge] = field(default_factory=list)
+    sg_list: Sequence[Sge] = ()
 
 
 class WorkCompletion(NamedTuple):
@@ -181,9 +182,12 @@ class SgeList:
 
     @classmethod
     def resolve(
-        cls, sges: list[Sge], mrs: MemoryTable, pd: ProtectionDomain, need: Access
+        cls, sges: Sequence[Sge], mrs: MemoryTable, pd: ProtectionDomain, need: Access
     ) -> SgeList:
-        """Check every SGE against its MR (lkey, PD, bounds, access) and map it."""
+        """Check every SGE against its MR (lkey, PD, bounds, access) and map it; no SGE is
+        the one shared empty list (it is never changed)."""
+        if not sges:
+            return EMPTY_SGES
         pieces = []
         for i, sge in enumerate(sges):
             mr: MemoryRegion | None = mrs.by_lkey(sge.lkey)
@@ -225,3 +229,6 @@ class SgeList:
                 piece[offset : offset + take] = data[pos : pos + take]
                 pos += take
             offset = max(0, offset - n)
+
+
+EMPTY_SGES: Final = SgeList([])  # every SGE list without entries resolves to this one
