@@ -178,12 +178,11 @@ class Operation:
     def _listen(self, ended: Ending) -> None:
         self.ended = ended
         for link in (self.tx, self.rx):
-            if link is not None:
-                if link.listener is not None:
-                    raise RuntimeError(
-                        f"a link to {self.pred}/{self.succ} already runs an operation"
-                    )
-                link.listener = self.pump
+            if link is None:
+                continue
+            if link.listener is not None:
+                raise RuntimeError(f"a link to {self.pred}/{self.succ} already runs an operation")
+            link.listener = self.pump
 
     def _unlisten(self) -> None:
         for link in (self.tx, self.rx):

@@ -70,8 +70,8 @@ class QPInfo:
         return cls(qp.qp_num, qp.psn, ctx.gid, host, port, mr.rkey, mr.addr, mr.length)
 
     def row(self) -> list[Any]:
-        """The fields in order, ``QPInfo(*row)`` makes it again: a store value a fifth the size
-        of a dict of them (a job keeps one per QP it connects)."""
+        """The fields in order; ``QPInfo(*row)`` makes it again.  A compact store value: a job
+        keeps one per QP it connects."""
         return [
             self.qpn,
             self.psn,
