@@ -348,7 +348,7 @@ def _run_bench(which: str, args: argparse.Namespace) -> int:
     return main(which, BenchOptions.from_args(args))
 
 
-def _virtual_arguments(p: argparse.ArgumentParser) -> None:
+def _cases_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cases",
         type=lambda s: [c for c in s.split(",") if c],
@@ -358,7 +358,7 @@ def _virtual_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_virtual_bench(which: str, args: argparse.Namespace) -> int:
+def _run_cases(which: str, args: argparse.Namespace) -> int:
     unknown = sorted(set(args.cases) - set(virtual_bench.CASES))
     if unknown:
         raise ValueError(
@@ -371,5 +371,5 @@ def register() -> None:
     """Add the collective benchmarks and ``bench virtual`` to ``rocev2-emu bench`` and make the
     all-reduce the demo."""
     register_bench(COLLECTIVE_BENCHES, BenchKind(_run_bench, add_arguments))
-    register_bench(["virtual"], BenchKind(_run_virtual_bench, _virtual_arguments))
+    register_bench(["virtual"], BenchKind(_run_cases, _cases_arguments))
     set_demo(demo)

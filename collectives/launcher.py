@@ -27,7 +27,7 @@ its address, port :data:`SYNC_PORT`, which the other nodes (``rocev2-emu node ..
 and prints the fabric's counters - the same emulated figures as ``launch --clock exact``.
 
 ``--clock exact``: the switches (and any host without a rank) are node processes of an exact
-run (:func:`rocev2_emu.fabric.supervisor.run_exact`) and each rank's process is one too (its
+run (:func:`rocev2_emu.fabric.supervisor.run_on_processes`) and each rank's process is one too (its
 fabric thread: :mod:`collectives.pytorch.worker`), synchronised by a coordinator served here;
 the rendezvous store is the coordinator's, in emulated time.  The clock starts once every rank
 has joined; a rank's operations start at the emulated instant its previous one ended, whatever

@@ -17,7 +17,7 @@ On the exact clock (``launch --clock exact``: ``ROCEV2_CLOCK=exact`` and ``ROCEV
 coordinator's host:port; ``ROCEV2_JOIN_TIMEOUT``: wall seconds to wait for that coordinator to
 listen, ``launch --host``'s ranks starting before the first host's) the thread is a process of
 the exact run instead
-(:func:`rocev2_emu.fabric.exact.exact_nodes`: the host on its own event engine, windows from
+(:func:`rocev2_emu.fabric.exact_node.joined_nodes`: the host on its own event engine, windows from
 the launcher's coordinator, the rendezvous store the coordinator's) and the training script is
 its application: while the script has no operation queued the engine is *paused*
 (:meth:`~rocev2_emu.runtime.exact.ExactEngine.pause`): nothing runs there and the fabric waits,
@@ -48,7 +48,7 @@ from collectives.jobs.job import comm_options, places_for
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control
-from rocev2_emu.fabric.exact_node import JoinOptions, exact_nodes, run_exact_process
+from rocev2_emu.fabric.exact_node import JoinOptions, joined_nodes, run_process
 from rocev2_emu.fabric.nodes import NodeOptions, host_node
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.fabric.supervisor import first_exception
@@ -272,7 +272,7 @@ class FabricWorker:
             if self.env.sync is None:
                 trio.run(self._main)
             else:
-                run_exact_process(self._main_exact)
+                run_process(self._main_exact)
         except BaseException as exc:
             self._error = first_exception(exc)  # the cause, not trio's group around it
         finally:
@@ -299,7 +299,7 @@ class FabricWorker:
         assert env.sync is not None
         groups = process_groups(env.topo)
         join = JoinOptions(join_timeout=env.join_timeout)
-        async with exact_nodes(env.topo, groups, [env.host], env.sync, True, join) as process:
+        async with joined_nodes(env.topo, groups, [env.host], env.sync, True, join) as process:
             ctx = process.contexts[env.host]
             registry = process.registries[env.host]
             store = exact_store(env.topo.nodes[env.host].index, ctx.clock)

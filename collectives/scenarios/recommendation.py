@@ -107,4 +107,10 @@ def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
 def register() -> None:
     """Add ``recommendation`` to ``rocev2-emu scenario`` (virtual time; ``--iterations``)."""
     takes = frozenset({"iterations"})
-    harness.register(harness.virtual_scenario("recommendation", recommendation, plot, takes=takes))
+
+    def job(seed: int, _tdf: float | None, mode: harness.Mode) -> harness.Rows:
+        return recommendation(seed, mode)  # virtual time only: no TDF
+
+    harness.register(
+        harness.job_scenario("recommendation", job, plot, takes=takes, virtual_only=True)
+    )

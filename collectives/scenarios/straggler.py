@@ -231,4 +231,8 @@ def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
 def register() -> None:
     """Add ``straggler`` to ``rocev2-emu scenario`` (virtual time only)."""
     scale = frozenset({"topology", "iterations", "size"})
-    harness.register(harness.virtual_scenario("straggler", straggler, plot, takes=scale))
+
+    def job(seed: int, _tdf: float | None, mode: harness.Mode) -> harness.Rows:
+        return straggler(seed, mode)  # virtual time only: no TDF
+
+    harness.register(harness.job_scenario("straggler", job, plot, takes=scale, virtual_only=True))

@@ -23,7 +23,7 @@ from rocev2_emu.cli.args import (
 from rocev2_emu.cli.commands import Command, register
 from rocev2_emu.control import auth
 from rocev2_emu.fabric import blocks, control, flow_run, nodes
-from rocev2_emu.fabric.exact_node import run_exact_node
+from rocev2_emu.fabric.exact_node import run_node_group
 from rocev2_emu.fabric.options import Clock
 from rocev2_emu.server.crossbar import DEFAULT_PRESET, PRESETS
 from rocev2_emu.testbed.compose import generate
@@ -164,7 +164,7 @@ def _node(args: argparse.Namespace) -> int:
             raise ValueError("--clock exact needs --sync HOST:PORT (rocev2-emu up starts it)")
         names = args.name.split(",")
         metrics = not args.no_metrics
-        run_exact_node(
+        run_node_group(
             topo,
             names,
             args.sync,

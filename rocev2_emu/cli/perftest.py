@@ -26,7 +26,7 @@ from rocev2_emu.fabric.options import Clock
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.tools.perftest import PerftestOptions
 from rocev2_emu.tools.perftest import run as run_perftest
-from rocev2_emu.tools.perftest.pair import run_exact_side, run_virtual_pair
+from rocev2_emu.tools.perftest.pair import run_pair
 from rocev2_emu.verbs.oob import DEFAULT_OOB_PORT
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
@@ -259,11 +259,9 @@ def _options(args: argparse.Namespace) -> PerftestOptions:
 def _run(args: argparse.Namespace) -> int:
     _note_ignored(args)
     opts = _options(args)
-    if opts.clock is Clock.VIRTUAL:
-        return run_virtual_pair(opts)
-    if opts.clock is Clock.EXACT:
-        return run_exact_side(opts)
-    return trio.run(run_perftest, opts)
+    if opts.clock is Clock.WALL:
+        return trio.run(run_perftest, opts)
+    return run_pair(opts)
 
 
 for _name in PERFTESTS:

@@ -250,6 +250,7 @@ def steady_shares(run: Run) -> list[float]:
 
 
 Check = tuple[str, bool]
+Rows = tuple[list[dict[str, Any]], list[str], bool]  # a job scenario's rows, report, verdict
 
 
 def check_lines(checks: list[Check]) -> tuple[list[str], bool]:
@@ -313,39 +314,27 @@ def fabric_scenario(
     return Scenario(name, run, takes=takes, exact=exact, not_exact=not_exact)
 
 
-def virtual_scenario(
-    name: str,
-    experiment: Callable[[int, Mode], tuple[list[dict[str, Any]], list[str], bool]],
-    plot: Callable[[list[dict[str, Any]], Path], bool],
-    takes: frozenset[str] = frozenset(),
-) -> Scenario:
-    """A scenario that runs in virtual time only and plots its own rows (a job's, not flows');
-    ``experiment(seed, mode)`` (the mode's recorder for the map's replay, its scale)."""
-
-    def run(seed: int, mode: Mode) -> Outcome:
-        rows, lines, ok = experiment(seed, mode)
-        return Outcome(rows, lines, ok, partial(plot, rows))
-
-    return Scenario(name, run, virtual_only=True, units="", takes=takes)
-
-
 def job_scenario(
     name: str,
-    experiment: Callable[[int, float | None, Mode], tuple[list[dict[str, Any]], list[str], bool]],
+    experiment: Callable[[int, float | None, Mode], Rows],
     plot: Callable[[list[dict[str, Any]], Path], bool],
     *,
     takes: frozenset[str] = frozenset(),
+    virtual_only: bool = False,
 ) -> Scenario:
     """A scenario of collective jobs, in virtual time or with processes at the mode's TDF or on
     the exact clock (``experiment(seed, tdf, mode)``, ``tdf`` None in virtual time; the mode's
     recorder or live map beside each job); it plots its own rows.  ``takes``: the Mode fields
-    of scale it accepts."""
+    of scale it accepts; ``virtual_only``: its jobs run in virtual time only (the mode's clock
+    is refused otherwise)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
         rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
-    return Scenario(name, run, units="", takes=takes, exact=True)
+    return Scenario(
+        name, run, virtual_only=virtual_only, units="", takes=takes, exact=not virtual_only
+    )
 
 
 SCALE = ("senders", "size", "topology", "settings", "iterations", "flows", "loads", "cdf")

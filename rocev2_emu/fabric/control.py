@@ -90,7 +90,7 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
     links = [topo.link_between(a, b) for a, b in pairs]
     state = "up" if up else "down"
     named = ", ".join(f"{lk.a} <-> {lk.b} (VNI {lk.vni})" for lk in links)
-    at = await change_links_exact(topo, pairs, up)
+    at = await change_links_at_once(topo, pairs, up)
     if at is not None:
         us = at * 1e6
         return f"link {named} is {state} from t={us:.3f} us emulated (exact run: every switch then)"
@@ -110,7 +110,7 @@ async def set_links(topo: Topology, pairs: list[tuple[str, str]], up: bool) -> s
     return f"link {named} is {state}; {len(down)} link(s) down in the fabric"
 
 
-async def change_links_exact(
+async def change_links_at_once(
     topo: Topology,
     pairs: list[tuple[str, str]],
     up: bool,
@@ -145,7 +145,7 @@ async def set_link_faults(topo: Topology, a: str, b: str, faults: dict[str, floa
     settings = fault_settings(topo, link, faults)
     faults_from_request(settings)  # validate before touching the fabric
     shown = ", ".join(f"{k} {v:g}" for k, v in sorted(faults.items()))
-    at = await change_links_exact(topo, [(a, b)], True, faults)
+    at = await change_links_at_once(topo, [(a, b)], True, faults)
     if at is not None:
         return (
             f"link {a} <-> {b} (VNI {link.vni}): {shown}, both directions, from t={at * 1e6:.3f} "

@@ -3,7 +3,7 @@
 :func:`build_nodes` makes the cores of the named nodes on ``engine`` and wires their links:
 every switch in the topology's order, then every host, then every link.  The order is the
 contract: it fixes the seeded QPNs and PSNs and the order tasks are created in, so a process of
-an exact run (:func:`~rocev2_emu.fabric.exact_node.exact_nodes`) builds its share exactly as
+an exact run (:func:`~rocev2_emu.fabric.exact_node.joined_nodes`) builds its share exactly as
 the virtual fabric (:func:`~rocev2_emu.fabric.virtual.virtual_fabric`) builds the whole.
 A link with both ends here is wired on the engine's heap; one with an end in another process
 is handed to ``remote``.  Grows with the nodes named: nothing here walks the whole fabric

@@ -73,7 +73,7 @@ from switch.node import control_replies, control_table
 from switch.pipeline import SwitchCore
 
 
-def run_exact_node(
+def run_node_group(
     topo: Topology,
     names: list[str],
     sync: SyncAddress,
@@ -102,10 +102,10 @@ def run_exact_node(
         raise ValueError("--metrics-addr: a process of several nodes serves each at its address")
     enough_files(len(names), metrics)
     where = JoinOptions(metrics_addr, join_timeout)
-    run_exact_process(partial(_exact_process, topo, groups, names, sync, metrics, where))
+    run_process(partial(_node_process, topo, groups, names, sync, metrics, where))
 
 
-def run_exact_process(main: Callable[[], Awaitable[None]]) -> None:
+def run_process(main: Callable[[], Awaitable[None]]) -> None:
     """``main`` as (the trio run of) one process of an exact run: trio under MockClock with
     the canonical scheduler, until the coordinator ends the run (its RunOver is the normal end;
     anything else is raised)."""
@@ -267,7 +267,7 @@ class JoinOptions:
     join_timeout: float = 0.0  # wall seconds to wait for the coordinator to listen
 
 
-async def _exact_process(
+async def _node_process(
     topo: Topology,
     groups: list[list[str]],
     names: list[str],
@@ -275,8 +275,8 @@ async def _exact_process(
     metrics: bool,
     join: JoinOptions,
 ) -> None:
-    """One node process of an exact run (:func:`exact_nodes`), until the run ends."""
-    async with exact_nodes(topo, groups, names, sync, metrics, join) as process:
+    """One node process of an exact run (:func:`joined_nodes`), until the run ends."""
+    async with joined_nodes(topo, groups, names, sync, metrics, join) as process:
         for node in process.nodes:
             print(
                 f"READY {node.name} metrics={metrics_url(node.address, metrics)} "
@@ -287,8 +287,8 @@ async def _exact_process(
 
 
 @dataclass(slots=True)
-class ExactProcess:
-    """What :func:`exact_nodes` runs: the engine, its nodes, their hosts' contexts and
+class JoinedProcess:
+    """What :func:`joined_nodes` runs: the engine, its nodes, their hosts' contexts and
     registries by name."""
 
     engine: ExactEngine
@@ -298,14 +298,14 @@ class ExactProcess:
 
 
 @asynccontextmanager
-async def exact_nodes(
+async def joined_nodes(
     topo: Topology,
     groups: list[list[str]],
     names: list[str],
     sync: SyncAddress,
     metrics: bool,
     join: JoinOptions = JoinOptions(),
-) -> AsyncIterator[ExactProcess]:
+) -> AsyncIterator[JoinedProcess]:
     """The nodes ``names`` of an exact run on one engine of this process, wired to each other
     on its heap and to the other processes' nodes by UDP, from the socket of its first node's
     address (where the others send), their control ports (and ``metrics``: /metrics) served;
@@ -423,13 +423,13 @@ async def exact_nodes(
         at = at_addresses(topo, [n.name for n in mine]).items()
         if metrics:
             served = {a: merged([registries[n] for n in names]) for a, names in at}
-            if join.metrics_addr is not None:  # one node (run_exact_node checked)
+            if join.metrics_addr is not None:  # one node (run_node checked)
                 served = {join.metrics_addr: next(iter(registries.values()))}
             serve_nodes(served, METRICS_PORT)
         ports = {(a, CONTROL_PORT): handlers[names[0]] for a, names in at}
         await WallServer(ports, secret, engine.interrupt).start()
         await nursery.start(engine.run)
-        yield ExactProcess(engine, mine, contexts, registries)
+        yield JoinedProcess(engine, mine, contexts, registries)
         nursery.cancel_scope.cancel()
 
 

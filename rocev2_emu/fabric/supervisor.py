@@ -299,35 +299,6 @@ def run_processes(
     return _supervised(trio.run, topo, topo_path, tdf, job, quiet, only, beside)
 
 
-def run_exact(
-    topo: Topology,
-    topo_path: str,
-    make_job: Callable[[Coordinator], FabricJob],
-    *,
-    quiet: bool = True,
-    beside: Callable[..., Awaitable[None]] | None = None,
-    pace: float | None = None,
-    workers: int | None = None,
-    only: Collection[str] | None = None,
-) -> tuple[Any, str]:
-    """One process per node (``workers``: that many processes, each hosting a group of nodes;
-    ``only``: these processes, the job starts the others - a torch rank's) on
-    the exact clock, synchronised by a coordinator served here, and
-    the job ``make_job(coordinator)`` on them: its outcome and how the run was synchronised
-    (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`); a
-    SyncError (one line) when the run could not go on (a node died or went silent).
-    ``pace``: at least that many wall seconds per emulated second; a terminal on stderr gets
-    the progress line."""
-    coordinator = coordinator_for(topo, b"", pace=pace, workers=workers)
-    job = make_job(coordinator)
-    outcome = _supervised(
-        run_synced, topo, topo_path, 1.0, job, quiet, only, beside, coordinator, workers
-    )
-    if outcome is None:
-        raise SyncError("a node died during the job")
-    return outcome, coordinator.summary()
-
-
 def run_on_processes(
     topo: Topology,
     topo_path: str,
@@ -338,22 +309,23 @@ def run_on_processes(
     beside: Callable[..., Awaitable[None]] | None = None,
     only: Collection[str] | None = None,
 ) -> tuple[Any, str]:
-    """The job ``make_job(coordinator)`` on node processes on the options' clock: exact (a
-    coordinator, :func:`run_exact`) or wall (None, :func:`run_processes` at the options'
-    dilation); ``only``: the processes of these nodes, the job starts the others (a torch
-    rank's).  Its outcome and how an exact run was synchronised ("" on the wall clock);
-    NodeDied when a node died and the job could not go on."""
+    """The job ``make_job(coordinator)`` on node processes on the options' clock, and its
+    outcome.  Exact: one process per node (or the options' ``workers`` processes, each a group
+    of nodes), synchronised by a coordinator served here and paced by the options; the outcome
+    comes with how the run was synchronised
+    (:meth:`~rocev2_emu.runtime.sync.Coordinator.summary`), and a SyncError (one line) says why
+    a run could not go on (a node died or went silent).  Wall: None for the coordinator,
+    :func:`run_processes` at the options' dilation, "" for the summary, NodeDied when a node
+    died.  ``only``: the processes of these nodes; the job starts the others (a torch rank's).
+    A terminal on stderr gets the progress line."""
     if options.clock is Clock.EXACT:
-        return run_exact(
-            topo,
-            topo_path,
-            make_job,
-            quiet=quiet,
-            beside=beside,
-            pace=options.pace,
-            workers=options.workers,
-            only=only,
-        )
+        coordinator = coordinator_for(topo, b"", pace=options.pace, workers=options.workers)
+        job = make_job(coordinator)
+        args = (topo, topo_path, 1.0, job, quiet, only, beside, coordinator, options.workers)
+        outcome = _supervised(run_synced, *args)
+        if outcome is None:
+            raise SyncError("a node died during the job")
+        return outcome, coordinator.summary()
     tdf = options.dilation(topo.tdf)
     job = make_job(None)
     outcome = run_processes(topo, topo_path, tdf, job, quiet=quiet, only=only, beside=beside)

@@ -207,11 +207,11 @@ def _up_until_ready(args: list[str], node: str) -> Iterator[subprocess.Popen[str
 ASK_CHANGE = """
 import json, sys, trio
 from rocev2_emu.fabric.blocks import running
-from rocev2_emu.fabric.control import attach, change_links_exact, control
+from rocev2_emu.fabric.control import attach, change_links_at_once, control
 from rocev2_emu.topology.file import load
 topo = running(load(sys.argv[1]), sys.argv[1])  # on the block its run took
 attach(topo)
-print(repr(trio.run(change_links_exact, topo, [(sys.argv[2], sys.argv[3])], False)))
+print(repr(trio.run(change_links_at_once, topo, [(sys.argv[2], sys.argv[3])], False)))
 asks = [  # then what an exact run refuses
     ("leaf0", {"cmd": "set_link", "port": 0, "up": False}),
     ("h0", {"cmd": "set_faults", "faults": {"loss": 0.5}}),

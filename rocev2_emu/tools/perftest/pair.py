@@ -26,7 +26,7 @@ import trio
 
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError
-from rocev2_emu.fabric.exact_node import exact_nodes, run_exact_process
+from rocev2_emu.fabric.exact_node import joined_nodes, run_process
 from rocev2_emu.fabric.options import Clock
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
 from rocev2_emu.fabric.supervisor import first_exception
@@ -72,7 +72,18 @@ def _check(opts: PerftestOptions) -> None:
         raise PerftestError(f"unknown test {opts.test!r}; choose from {sorted(TITLES)}")
 
 
-# -- the virtual pair ------------------------------------------------------------------------
+def run_pair(opts: PerftestOptions) -> int:
+    """The pair on the event engine at the options' clock: both sides in this process in
+    virtual time, or this side of an exact run (the server's process serves its coordinator)."""
+    _check(opts)
+    if opts.clock is Clock.VIRTUAL:
+        return _both_sides(opts)
+    if opts.clock is Clock.EXACT:
+        return _one_side(opts)
+    raise PerftestError(f"a pair on the event engine runs virtual or exact, not {opts.clock.value}")
+
+
+# -- both sides in one process (virtual time) ------------------------------------------------------
 _OUT: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("perftest_out", default=None)
 
 
@@ -89,9 +100,8 @@ class _TaskOutput(io.TextIOBase):
         (_OUT.get() or self.default).flush()
 
 
-def run_virtual_pair(opts: PerftestOptions) -> int:
+def _both_sides(opts: PerftestOptions) -> int:
     """Both sides in this process, in virtual time; the server's output, then the client's."""
-    _check(opts)
     topo = pair_topology(opts)
     server, client = copy(opts), copy(opts)
     server.server, client.server = None, "virtual"
@@ -100,7 +110,7 @@ def run_virtual_pair(opts: PerftestOptions) -> int:
     stdout = sys.stdout
     sys.stdout = _TaskOutput(stdout)
     try:
-        run_virtual_time(topo.seed, _virtual_pair, topo, server, client, outputs)
+        run_virtual_time(topo.seed, _both_sides_main, topo, server, client, outputs)
     finally:
         sys.stdout = stdout
     print(f"# perftest pair in virtual time ({TITLES[opts.test]}): the server")
@@ -110,7 +120,7 @@ def run_virtual_pair(opts: PerftestOptions) -> int:
     return 0
 
 
-async def _virtual_pair(
+async def _both_sides_main(
     topo: Topology,
     server: PerftestOptions,
     client: PerftestOptions,
@@ -132,10 +142,9 @@ async def _virtual_pair(
         nursery.cancel_scope.cancel()
 
 
-# -- the exact pair ----------------------------------------------------------------------------
-def run_exact_side(opts: PerftestOptions) -> int:
+# -- one side in each process (the exact clock) ----------------------------------------------------
+def _one_side(opts: PerftestOptions) -> int:
     """One side of the exact pair in this process (the server also runs the coordinator)."""
-    _check(opts)
     topo = pair_topology(opts)
     sync = (opts.server or opts.oob_addr, opts.oob_port)
     coordinator: _CoordinatorThread | None = None
@@ -148,7 +157,7 @@ def run_exact_side(opts: PerftestOptions) -> int:
     else:
         auth.use_fabric(topo.path)
     try:
-        run_exact_process(partial(_exact_side, topo, opts, sync))
+        run_process(partial(_one_side_main, topo, opts, sync))
     except BaseException as exc:
         if coordinator is not None:
             coordinator.join()  # its own error says more than a closed connection
@@ -170,10 +179,10 @@ def run_exact_side(opts: PerftestOptions) -> int:
     return 0
 
 
-async def _exact_side(topo: Topology, opts: PerftestOptions, sync: tuple[str, int]) -> None:
+async def _one_side_main(topo: Topology, opts: PerftestOptions, sync: tuple[str, int]) -> None:
     me, peer = (SERVER, CLIENT) if opts.is_server else (CLIENT, SERVER)
     groups = process_groups(topo)
-    async with exact_nodes(topo, groups, [me], sync, False) as process:
+    async with joined_nodes(topo, groups, [me], sync, False) as process:
         ctx = process.contexts[me]
         chan = StoreChannel(exact_store(topo.nodes[me].index, ctx.clock), CHANNEL, me, peer)
         try:

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 PROCESS = """
 import os
-from rocev2_emu.fabric.exact_node import run_exact_process
+from rocev2_emu.fabric.exact_node import run_process
 from rocev2_emu.runtime.sync_messages import RunOver
 
 async def main():
@@ -19,7 +19,7 @@ async def main():
     raise RunOver("the test's")
 
 print(os.sched_getscheduler(0) == os.SCHED_OTHER, flush=True)
-run_exact_process(main)
+run_process(main)
 """
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.agent_server import MAX_OPEN_FLOWS, OpenFlows, open_flows_on
-from rocev2_emu.fabric.exact_node import run_exact_node
+from rocev2_emu.fabric.exact_node import run_node_group
 from rocev2_emu.fabric.layout import by_process, open_batches
 from rocev2_emu.fabric.node_procs import READY_PER_NODE, READY_TIMEOUT, ready_deadline
 from rocev2_emu.topology.file import parse
@@ -82,14 +82,14 @@ def test_one_switch_and_its_hosts_stay_one_process_however_many_workers() -> Non
 def test_a_node_process_refuses_what_is_not_one_of_the_runs_processes() -> None:
     topo = _leaf_spine()
     with pytest.raises(ValueError, match="no node named 'h99'"):
-        run_exact_node(topo, ["h99"], ("127.0.0.1", 1), workers=2)
+        run_node_group(topo, ["h99"], ("127.0.0.1", 1), workers=2)
     with pytest.raises(ValueError, match=r"h0,h1: a process of this run hosts one of \["):
-        run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1), workers=2)
+        run_node_group(topo, ["h0", "h1"], ("127.0.0.1", 1), workers=2)
     with pytest.raises(ValueError, match=r"h0,h1: a process of this run hosts h0$"):
-        run_exact_node(topo, ["h0", "h1"], ("127.0.0.1", 1))
+        run_node_group(topo, ["h0", "h1"], ("127.0.0.1", 1))
     servers = parse(tomllib.loads(single_switch(2, servers=Servers(2, "nvlink", True))), "s.toml")
     with pytest.raises(ValueError, match=r"h1: a process of this run hosts h0,h1$"):
-        run_exact_node(servers, ["h1"], ("127.0.0.1", 1))  # a server's hosts: one process
+        run_node_group(servers, ["h1"], ("127.0.0.1", 1))  # a server's hosts: one process
     with pytest.raises(ValueError, match="at least one process"):
         process_groups(topo, 0)
 
