@@ -24,7 +24,7 @@ from collectives.bench import virtual as virtual_bench
 from collectives.comm import ops
 from collectives.comm.communicator import ALGORITHMS
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_attached, run_attached_exact, run_job
+from collectives.jobs.launch import run_attached, run_job
 from rocev2_emu.cli.args import (
     add_run_options,
     host_port,
@@ -279,20 +279,14 @@ def main(which: str, args: BenchOptions) -> int:
     )
     if args.ui and (options.clock is Clock.VIRTUAL or args.attach):
         raise ValueError("--ui runs beside the benchmark's own processes (not --virtual, --attach)")
-    synced = ""
-    if args.attach and exact:
-        assert args.sync is not None
-        results, fabric, synced = run_attached_exact(
-            topo, "bench", params, args.sync, pace=options.pace, workers=options.workers
-        )
-    elif args.attach:
-        results, fabric = run_attached(topo, "bench", params)
+    if args.attach:
+        run = run_attached(topo, "bench", params, options, args.sync)
     else:
         beside = map_task(topo, args.ui)
         run = run_job(
             topo, path, "bench", params, options, quiet=not args.show_nodes, beside=beside
         )
-        results, fabric, synced = run.results, run.fabric, run.synced
+    results, fabric, synced = run.results, run.fabric, run.synced
     failed = {r: v["error"] for r, v in results.items() if isinstance(v, dict) and "error" in v}
     if failed or len(results) != ranks:
         for line in failures(failed):

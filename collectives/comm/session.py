@@ -90,13 +90,14 @@ class RankSession(abc.ABC):
         if metrics is not None:
             metrics.progress(self._op_received, self._op_expected)
 
-    def _wall(self, emulated: float) -> float:
+    def _trio_seconds(self, emulated: float) -> float:
+        """``emulated`` seconds on trio's clock (wall seconds on the dilated clock)."""
         return self.ctx.clock.wall_duration(emulated)
 
     def _store_wait(self) -> float:
         """How long a rendezvous or barrier waits for the other ranks: the operation deadline,
         but at least 60 s of wall time (processes start at their own pace)."""
-        return max(self._wall(self.options.timeout), 60.0)
+        return max(self._trio_seconds(self.options.timeout), 60.0)
 
     async def _connect(
         self, rings: dict[str, tuple[list[int], int]], *, barrier: bool = True
@@ -270,7 +271,9 @@ class RankSession(abc.ABC):
     async def _watch_abort(self) -> None:
         while True:
             try:
-                why = await self.abort_store.get(f"{self.options.job}/abort", self._wall(3600.0))
+                why = await self.abort_store.get(
+                    f"{self.options.job}/abort", self._trio_seconds(3600.0)
+                )
             except StoreTimeout:
                 continue
             self.aborted = str(why)
@@ -306,7 +309,7 @@ class RankSession(abc.ABC):
         wall0 = time.monotonic()
         self._op = (BUS_FACTOR[name](self.size) * nbytes, self._received())
         try:
-            with trio.fail_after(self._wall(deadline)):
+            with trio.fail_after(self._trio_seconds(deadline)):
                 result = await body(progress)
         except (trio.TooSlowError, LinkError, ring.ProtocolError) as exc:
             what = (
@@ -347,7 +350,7 @@ class RankSession(abc.ABC):
 
     async def _post_abort(self, message: str) -> None:
         self.aborted = message
-        with trio.move_on_after(self._wall(1.0)):
+        with trio.move_on_after(self._trio_seconds(1.0)):
             await self.store.set(f"{self.options.job}/abort", message)
 
     # -- helpers --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ store naming the host and its ranks, so the surviving ranks raise at once instea
 out their deadlines.
 
 A scenario's job runs either way: :func:`run_topology_data` with processes (the live map beside
-it on ``--ui``), :func:`run_virtual_recorded` in virtual time (recorded for the map's replay).
+it on ``--ui``), :func:`run_recorded` in virtual time (recorded for the map's replay).
 """
 
 from __future__ import annotations
@@ -215,38 +215,6 @@ def run_job(
 ATTACHED_JOIN_TIMEOUT = 300.0  # wall seconds: containers starting on a busy machine
 
 
-def run_attached_exact(
-    topo: Topology,
-    name: str,
-    params: dict[str, Any],
-    listen: tuple[str, int],
-    *,
-    pace: float | None = None,
-    workers: int | None = None,
-) -> tuple[dict[int, Any], dict[str, Any], str]:
-    """Job ``name`` on node processes started elsewhere on the exact clock (the compose
-    testbed's containers: ``rocev2-emu node ... --clock exact --sync HOST:PORT``; ``workers``:
-    grouped as ``--workers`` groups them, a swarm stack's worker services): the
-    coordinator is served here on ``listen``, every node process joins it (proving the
-    fabric's secret) within :data:`ATTACHED_JOIN_TIMEOUT`, and the job runs as
-    :func:`run_job` runs it - the virtual run's results; once it is done the coordinator
-    ends the run and the node processes exit.  (results by rank, fabric counters, how the run
-    was synchronised); a SyncError (one line) when it could not go on."""
-    attach(topo)
-    coordinator = coordinator_for(topo, fabric_secret(), pace=pace, workers=workers)
-    job = ExactCollectiveJob(name, params, coordinator, ATTACHED_JOIN_TIMEOUT)
-
-    async def main() -> tuple[dict[int, Any], dict[str, Any]]:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(partial(coordinator.serve, *listen))
-            outcome = await job.run(topo, 1.0, 0.0)
-            nursery.cancel_scope.cancel()
-        return outcome
-
-    results, fabric = run_synced(main)
-    return results, fabric, coordinator.summary()
-
-
 def own_address(towards: str) -> str:
     """This machine's address on the route to ``towards`` (a container's, on its network)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -255,16 +223,41 @@ def own_address(towards: str) -> str:
 
 
 def run_attached(
-    topo: Topology, name: str, params: dict[str, Any]
-) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Job ``name`` on a fabric that is already running (the compose testbed's job service):
-    the store listens on this machine's address on the route to the hosts (a loopback address
-    for local fabrics, the container's for the testbed), never on every interface."""
+    topo: Topology,
+    name: str,
+    params: dict[str, Any],
+    options: RunOptions,
+    sync: tuple[str, int] | None = None,
+) -> JobRun:
+    """Job ``name`` on node processes started elsewhere (the compose testbed's containers), on
+    the options' clock.  Wall: a fabric already running; the store listens on this machine's
+    address on the route to the hosts (a loopback address for local fabrics, the container's
+    for the testbed), never on every interface.  Exact: the nodes were started with
+    ``rocev2-emu node ... --clock exact --sync HOST:PORT`` (grouped as the options' ``workers``
+    group them, a swarm stack's worker services); the coordinator is served here on ``sync``,
+    every node process joins it (proving the fabric's secret) within
+    :data:`ATTACHED_JOIN_TIMEOUT`, and the job runs as :func:`run_job` runs it - the virtual
+    run's results; once it is done the coordinator ends the run and the node processes exit.
+    A SyncError (one line) when an exact run could not go on."""
     attach(topo)
-    host = own_address(topo.hosts[0].address)
-    job = CollectiveJob(name, params, store_host=host, bind_host=host)
-    results, fabric = trio.run(job.run, topo, topo.tdf, 0.0)
-    return results, fabric
+    if options.clock is not Clock.EXACT:
+        host = own_address(topo.hosts[0].address)
+        job = CollectiveJob(name, params, store_host=host, bind_host=host)
+        return JobRun(*trio.run(job.run, topo, topo.tdf, 0.0))
+    if sync is None:
+        raise ValueError("an attached exact job needs the address to serve its coordinator on")
+    coordinator = coordinator_for(topo, fabric_secret(), pace=options.pace, workers=options.workers)
+    exact = ExactCollectiveJob(name, params, coordinator, ATTACHED_JOIN_TIMEOUT)
+
+    async def main() -> tuple[dict[int, Any], dict[str, Any]]:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(coordinator.serve, *sync))
+            outcome = await exact.run(topo, 1.0, 0.0)
+            nursery.cancel_scope.cancel()
+        return outcome
+
+    results, fabric = run_synced(main)
+    return JobRun(results, fabric, coordinator.summary())
 
 
 def run_topology_data(
@@ -290,12 +283,12 @@ def run_topology_data(
         if prepare is not None:
             prepare(topo, str(path))
         ui = mode.ui(topo) if mode is not None and mode.ui is not None else None
-        options = mode.run if mode is not None and not mode.virtual else RunOptions(Clock.WALL, tdf)
+        options = mode.run if mode is not None and mode.processes else RunOptions(Clock.WALL, tdf)
         run = run_job(topo, str(path), job, params, options, beside=ui)
         return run.results, run.fabric
 
 
-def run_virtual_recorded(
+def run_recorded(
     topo: Topology,
     job: str,
     params: dict[str, Any],

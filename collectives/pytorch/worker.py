@@ -272,7 +272,7 @@ class FabricWorker:
             if self.env.sync is None:
                 trio.run(self._main)
             else:
-                run_process(self._main_exact)
+                run_process(self._main_joined)
         except BaseException as exc:
             self._error = first_exception(exc)  # the cause, not trio's group around it
         finally:
@@ -293,7 +293,7 @@ class FabricWorker:
             abort_store = await TcpStore.connect(*env.store)
             await self._serve(ctx, registry, store, abort_store, None)
 
-    async def _main_exact(self) -> None:
+    async def _main_joined(self) -> None:
         """The host as a process of the exact run (see the module), until the run ends."""
         env = self.env
         assert env.sync is not None

@@ -41,7 +41,7 @@ import numpy as np
 from collectives.comm.communicator import Communicator, tally
 from collectives.comm.links import RdmaRx, RdmaTx
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_topology_data, run_virtual_recorded
+from collectives.jobs.launch import run_recorded, run_topology_data
 from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields, value_check
 from rocev2_emu.experiments import harness
@@ -141,7 +141,7 @@ def one(
     data = admission_data(seed, dcqcn, scale, tdf or 1.0)
     if tdf is None:
         topo = parse(data, "admission.toml")
-        results, fab = run_virtual_recorded(topo, "admission_op", p, label, mode)
+        results, fab = run_recorded(topo, "admission_op", p, label, mode)
     else:
         results, fab = run_topology_data(data, "admission", tdf, "admission_op", p, mode=mode)
     bad = {r: v for r, v in results.items() if not (isinstance(v, dict) and "times" in v)}

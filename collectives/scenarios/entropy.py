@@ -33,7 +33,7 @@ import numpy as np
 from collectives.comm.communicator import Communicator
 from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_topology_data, run_virtual_recorded
+from collectives.jobs.launch import run_recorded, run_topology_data
 from collectives.jobs.registry import job
 from collectives.scenarios.common import grouped_bars, job_fields, shown, value_check
 from rocev2_emu.experiments import harness
@@ -136,7 +136,7 @@ def one(
     if tdf is None:
         topo = entropy_topology(seed, ecmp)
         label = f"{coll}-{ecmp}-x{qps}"
-        results, fab = run_virtual_recorded(topo, "entropy_op", p, label, mode)
+        results, fab = run_recorded(topo, "entropy_op", p, label, mode)
     else:
         data = entropy_data(seed, ecmp, small=True, tdf=tdf)
         topo = parse(data, "ecmp-entropy.toml")

@@ -25,7 +25,7 @@ from typing import Any
 
 from collectives.bench import dlrm
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_virtual_recorded
+from collectives.jobs.launch import run_recorded
 from collectives.scenarios.common import shown, value_check
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
@@ -52,7 +52,7 @@ def recommendation(
         data["fabric"]["seed"] = seed
         topo = parse(data, "recommendation.toml")
         params = {"steps": steps, "algo": algo, "slot_bytes": 64 << 10, "timeout": 1.0}
-        results, fab = run_virtual_recorded(topo, "dlrm", params, setting, mode)
+        results, fab = run_recorded(topo, "dlrm", params, setting, mode)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
         if bad:
             raise RuntimeError(f"recommendation {setting}: " + "; ".join(failures(bad)))

@@ -40,7 +40,7 @@ import trio
 from collectives.comm.communicator import Communicator, tally
 from collectives.comm.session import BUS_FACTOR
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_topology_data, run_virtual_recorded
+from collectives.jobs.launch import run_recorded, run_topology_data
 from collectives.jobs.registry import job
 from collectives.scenarios.common import job_fields, shown, value_check
 from rocev2_emu.experiments import harness
@@ -154,7 +154,7 @@ def run(
         topo = spine_topology(seed, spines)
         label = f"{spines}-spines" + ("-failing" if at is not None else "")
         fail = None if at is None else change_links_at(topo, at, failed_pairs(topo), up=False)
-        results, fab = run_virtual_recorded(topo, "spine_failure_op", p, label, mode, beside=fail)
+        results, fab = run_recorded(topo, "spine_failure_op", p, label, mode, beside=fail)
     else:
         data = spine_data(seed, spines, small=True, tdf=tdf)
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from collectives.comm.communicator import Communicator
 from collectives.jobs.failures import failures
-from collectives.jobs.launch import run_virtual_recorded
+from collectives.jobs.launch import run_recorded
 from collectives.jobs.registry import job
 from rocev2_emu.experiments import harness
 from rocev2_emu.experiments.harness import check_lines
@@ -158,7 +158,7 @@ def straggler(
         algo = schedule(sum(h.ranks for h in topo.hosts))
         params = {"iters": iters, "bytes": size, "timeout": 0.5, "algo": algo}
         flows = bursts(PERIOD, BURST, BURSTS, 50e-6) if with_bursts else []
-        results, fab = run_virtual_recorded(topo, "iterations", params, setting, mode, flows=flows)
+        results, fab = run_recorded(topo, "iterations", params, setting, mode, flows=flows)
         bad = {r: v for r, v in results.items() if not isinstance(v, list)}
         if bad:
             raise RuntimeError(f"straggler {setting}: " + "; ".join(failures(bad)))

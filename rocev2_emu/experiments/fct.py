@@ -74,7 +74,7 @@ def run_one(
     data = topology_data(base, seed, **setting_sections(setting))
     topo = parse(data, "<fct>")
     flows = list(workload.poisson_flows(topo, workload.load_cdf(cdf), load, count=count, seed=seed))
-    label = f"{setting}@{load:g}" if mode.virtual else setting
+    label = setting if mode.processes else f"{setting}@{load:g}"
     run = fabric_run(data, flows, topo.hosts[0].name, 0.0, label, mode)
     sizes = {f.id: f.size for f in flows}
     per_flow = [{**f, "size": sizes[f["id"]]} for f in slowdown.slowdowns(topo, run.results)]

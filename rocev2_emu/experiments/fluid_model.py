@@ -40,7 +40,7 @@ def fluid_model(
     with the specified NP and with the paper's.  The checks: the mean queue within
     :data:`TOLERANCE` of the model with the specified NP, integrated; and the marking rates,
     over every N, nearer that model's fixed points than the paper's."""
-    if not mode.virtual:
+    if mode.processes:
         duration = min(duration, 10e-3)
     runs, lines, ok = [], [], True
     errors: dict[str, list[float]] = {"specified": [], "paper": []}  # marking rates, relative

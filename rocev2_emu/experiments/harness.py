@@ -149,7 +149,7 @@ def fabric_run(
     process per node on the mode's clock (flow results and counters only).  ``watch``: the
     (switch, port) to sample, or a host: the switch port facing it."""
     data = with_payload_data(data, mode.run.payload)
-    if mode.virtual:
+    if not mode.processes:
         topo = parse(data, "<scenario>")
         recorder = mode.record(topo, setting) if mode.record else None
         return run_sampled(topo, flows, watch, dt, setting, recorder)
@@ -195,8 +195,9 @@ class Mode:
     ui: Callable[[Topology], Callable[..., Awaitable[None]]] | None = None
 
     @property
-    def virtual(self) -> bool:
-        return self.run.clock is Clock.VIRTUAL
+    def processes(self) -> bool:
+        """Its runs have node processes (exact or wall clock), not one event engine."""
+        return self.run.clock is not Clock.VIRTUAL
 
     @property
     def tdf(self) -> float:
@@ -329,7 +330,7 @@ def job_scenario(
     is refused otherwise)."""
 
     def run(seed: int, mode: Mode) -> Outcome:
-        rows, lines, ok = experiment(seed, None if mode.virtual else mode.tdf, mode)
+        rows, lines, ok = experiment(seed, mode.tdf if mode.processes else None, mode)
         return Outcome(rows, lines, ok, partial(plot, rows))
 
     return Scenario(

@@ -73,8 +73,8 @@ def qp_timeout(senders: int, size: int) -> int:
 
 
 def incast(seed: int, mode: Mode = Mode()) -> tuple[list[Run], list[str], bool]:
-    n = mode.senders or (8 if mode.virtual else 4)
-    size = mode.size or (4 << 20 if mode.virtual else 1 << 20)
+    n = mode.senders or (4 if mode.processes else 8)
+    size = mode.size or (1 << 20 if mode.processes else 4 << 20)
     if n < 1 or size < 1:
         raise ValueError(f"an incast needs --senders >= 1 and --size >= 1 (got {n}, {size})")
     chosen = mode.settings or tuple(SETTINGS)
@@ -185,7 +185,7 @@ def _checks(
     if "pfc+pacing" in fab:
         paced = fab["pfc+pacing"]
         ideal = n * size * 8 / (100 * G)  # the receiver's link, full, for everything
-        slack = 0.1 if mode.virtual else 0.2  # headers take 2 %; processes add their jitter
+        slack = 0.2 if mode.processes else 0.1  # headers take 2 %; processes add their jitter
         checks.append(
             (
                 f"NIC pacing at C/N: no pause, no drop, the last flow within {slack:.0%} of "

@@ -65,7 +65,7 @@ b = "sw1"
 def pfc_unfairness(
     seed: int, size: int = 24 << 20, mode: Mode = Mode()
 ) -> tuple[list[Run], list[str], bool]:
-    if not mode.virtual:
+    if mode.processes:
         size = min(size, 2 << 20)
     flows = [FlowSpec(i, f"h{i}", "r", size) for i in range(4)]
     runs, lines, ok = [], [], True

@@ -42,7 +42,7 @@ def victim_flow(
     the spine pauses leaf1), so the victim, stuck behind paused incast frames on leaf1's
     uplink, falls to about the incast senders' per-flow rate.  DCQCN slows the incast at its
     source instead, and the victim keeps the uplink's spare capacity."""
-    if not mode.virtual:
+    if mode.processes:
         size = min(size, 2 << 20)
     senders = ["a1", "a2", "a3", "b1", "b2", "b3"]
     flows = [FlowSpec(i, h, "r", size) for i, h in enumerate(senders)]

@@ -398,7 +398,7 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     emulated instant (a LinkChange through the coordinator, applied by every switch process);
     the same job in virtual time with the spines failed at that instant gives the same
     all-reduce spans, losses and retransmissions."""
-    from collectives.jobs.launch import run_virtual_recorded
+    from collectives.jobs.launch import run_recorded
     from collectives.scenarios import spine_failure as sf
     from rocev2_emu.experiments.harness import Mode
     from rocev2_emu.fabric.changes import change_links_at
@@ -412,7 +412,7 @@ def test_spines_failing_at_an_emulated_instant_over_processes_is_the_virtual_run
     assert exact["link_down_drops"] > 0 and exact["retransmitted"] > 0
     topo = parse(sf.spine_data(1, 9, small=True), "spine-failure.toml")
     fail = change_links_at(topo, exact["failed_at"], sf.failed_pairs(topo), up=False)
-    results, fab = run_virtual_recorded(
+    results, fab = run_recorded(
         topo, "spine_failure_op", sf.job_params(size), "", None, beside=fail
     )
     spans = [

@@ -243,7 +243,7 @@ def test_the_replay_draws_each_server_coloured_by_its_fabric(browser: Any, tmp_p
     import tomllib
 
     import collectives.scenarios.straggler  # noqa: F401  (registers the iterations job)
-    from collectives.jobs.launch import run_virtual_recorded
+    from collectives.jobs.launch import run_recorded
     from rocev2_emu.experiments.harness import Mode
     from rocev2_emu.topology.file import parse
     from rocev2_emu.topology.generate import Servers
@@ -253,7 +253,7 @@ def test_the_replay_draws_each_server_coloured_by_its_fabric(browser: Any, tmp_p
     path = tmp_path / "servers.jsonl"
     mode = Mode(record=lambda t, s, registry=None: recorder(t, str(path), registry=registry))
     params = {"iters": 2, "bytes": 4 << 20, "timeout": 0.5}
-    results, _ = run_virtual_recorded(topo, "iterations", params, "servers", mode)
+    results, _ = run_recorded(topo, "iterations", params, "servers", mode)
     assert all(isinstance(v, list) for v in results.values()), results
     samples = [json.loads(line) for line in path.read_text().splitlines()][1:]
     busiest = max(range(len(samples)), key=lambda i: samples[i]["servers"]["s0"]["util"])

@@ -10,7 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from collectives.jobs.launch import run_virtual_recorded
+from collectives.jobs.launch import run_recorded
 from collectives.scenarios.straggler import bursts, straggler_topology
 from rocev2_emu.experiments.harness import Mode
 from rocev2_emu.topology.file import parse
@@ -29,8 +29,8 @@ def test_a_recorded_job_shows_each_ranks_progress_within_its_operations(tmp_path
         paths[setting] = tmp_path / f"{setting}.jsonl"
         return recorder(topo, str(paths[setting]), registry=registry)
 
-    plain, _ = run_virtual_recorded(topo, "iterations", PARAMS, "plain")
-    got, fabric = run_virtual_recorded(topo, "iterations", PARAMS, "ring", Mode(record=record))
+    plain, _ = run_recorded(topo, "iterations", PARAMS, "plain")
+    got, fabric = run_recorded(topo, "iterations", PARAMS, "ring", Mode(record=record))
     assert got == plain  # the recorder watches; the job ends at the same emulated times
 
     rows = [json.loads(line) for line in paths["ring"].read_text().splitlines()]
@@ -63,10 +63,8 @@ def test_recording_a_congested_run_changes_nothing_it_computes(tmp_path: Path) -
     def record(topo: Any, setting: str, registry: Any = None) -> Any:
         return recorder(topo, str(path), registry=registry)
 
-    plain = run_virtual_recorded(topo, "iterations", params, "pfc", flows=flows)
-    recorded = run_virtual_recorded(
-        topo, "iterations", params, "pfc", Mode(record=record), flows=flows
-    )
+    plain = run_recorded(topo, "iterations", params, "pfc", flows=flows)
+    recorded = run_recorded(topo, "iterations", params, "pfc", Mode(record=record), flows=flows)
     assert plain[1]["pfc_tx"] > 0  # it was congested
     assert recorded == plain  # every rank's times and every counter of the fabric
     samples = [json.loads(line) for line in path.read_text().splitlines()[1:]]
@@ -87,7 +85,7 @@ def test_a_large_fabrics_recording_samples_less_often(tmp_path: Path) -> None:
 
     path = tmp_path / "big.jsonl"
     mode = Mode(record=lambda topo, setting, registry=None: recorder(topo, str(path)))
-    run_virtual_recorded(big, "iterations", PARAMS, "big", mode)
+    run_recorded(big, "iterations", PARAMS, "big", mode)
     times = [json.loads(line)["t"] for line in path.read_text().splitlines()[1:]]
     steps = {round(b - a, 9) for a, b in pairwise(times[:-1])}
     assert len(times) > 4 and steps == {round(2 * PERIOD, 9)}  # the last: when the job ended
@@ -102,7 +100,7 @@ def test_a_recorded_job_shows_each_servers_fabric_busy_while_it_reduces(tmp_path
     path = tmp_path / "servers.jsonl"
     mode = Mode(record=lambda t, s, registry=None: recorder(t, str(path), registry=registry))
     params = PARAMS | {"bytes": 4 << 20}
-    results, _ = run_virtual_recorded(topo, "iterations", params, "servers", mode)
+    results, _ = run_recorded(topo, "iterations", params, "servers", mode)
     assert sorted(results) == list(range(8))
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     servers = rows[0]["layout"]["servers"]
