@@ -155,12 +155,12 @@ class RankSession(abc.ABC):
             n = len(ring_.members)
             if end == "rx":
                 prv = ring_.members[(ring_.pos - 1) % n]
-                peers = await self._get(f"{self.options.job}/{ring_.name}/tx/{prv}", wait)
+                peers = await self._take(f"{self.options.job}/{ring_.name}/tx/{prv}", wait)
                 assert isinstance(ring_.rx, RdmaRx)
                 self._connect_qps(ring_.rx, [QPInfo(*p) for p in peers])
             else:
                 nxt = ring_.members[(ring_.pos + 1) % n]
-                peers = await self._get(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait)
+                peers = await self._take(f"{self.options.job}/{ring_.name}/rx/{nxt}", wait)
                 assert isinstance(ring_.tx, RdmaTx)
                 infos = [QPInfo(*p) for p in peers]
                 self._connect_qps(ring_.tx, infos)
@@ -173,7 +173,7 @@ class RankSession(abc.ABC):
             await self.store.set(f"{self.options.job}/{name}/ready/{self.rank}", 1)
         for name, (members, _) in rings.items():
             for peer_rank in set(members) - {self.rank}:
-                await self._get(f"{self.options.job}/{name}/ready/{peer_rank}", wait)
+                await self._take(f"{self.options.job}/{name}/ready/{peer_rank}", wait)
 
     @staticmethod
     def pair_name(a: int, b: int) -> str:
@@ -243,9 +243,12 @@ class RankSession(abc.ABC):
             retry_cnt=self.options.retry_cnt,
         )
 
-    async def _get(self, key: str, wall_timeout: float) -> Any:
-        """A store wait that an abort cuts short."""
-        return await self._store_wait_for(self.store.get, key, wall_timeout)
+    async def _take(self, key: str, wall_timeout: float) -> Any:
+        """A store wait that an abort cuts short, for a key this rank alone reads, once (a
+        peer's QPs for its link with this rank, its readiness): the store lets it go, so it
+        holds the connections being made, not every one the job made (an all-to-all's grow
+        as the square of the ranks)."""
+        return await self._store_wait_for(self.store.take, key, wall_timeout)
 
     async def _arrive(self, key: str, count: int, wall_timeout: float) -> None:
         """A barrier's wait at the store (every rank leaves it at once) that an abort cuts

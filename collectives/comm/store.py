@@ -8,9 +8,10 @@ the verbs API's :class:`~rocev2_emu.verbs.oob.OobChannel`), run by the launcher;
 :class:`MemoryStore` is the same store inside one process (virtual time, where real sockets
 would let the mock clock jump while a request is in flight).
 
-Operations: ``set(key, value)``; ``get(key, timeout)`` waits until the key exists; ``add(key,
-n)`` adds to a counter and returns it.  Every wait has a deadline; a passed deadline raises
-:class:`StoreTimeout` naming the key.
+Operations: ``set(key, value)``; ``get(key, timeout)`` waits until the key exists; ``take(key,
+timeout)`` is a ``get`` that removes the key (what one peer reads once, so the store does not
+keep every connection a job made); ``add(key, n)`` adds to a counter and returns it.  Every
+wait has a deadline; a passed deadline raises :class:`StoreTimeout` naming the key.
 
 In emulated time the store is a node of the emulation (:mod:`rocev2_emu.control.kvstore`): each
 operation takes :data:`~rocev2_emu.control.kvstore.STORE_LATENCY` to reach it and as long back,
@@ -50,6 +51,10 @@ class Store(Protocol):
 
     async def get(self, key: str, timeout: float) -> Any: ...
 
+    async def take(self, key: str, timeout: float) -> Any:
+        """``get``, and the key is gone: a value that one reader reads once."""
+        ...
+
     async def add(self, key: str, amount: int) -> int: ...
 
     async def arrive(self, key: str, count: int, timeout: float) -> None:
@@ -84,6 +89,13 @@ class MemoryStore:
             while key not in self.data:
                 await self._changed.park()
             return self.data[key]
+        raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
+
+    async def take(self, key: str, timeout: float) -> Any:
+        with trio.move_on_after(timeout):
+            while key not in self.data:
+                await self._changed.park()
+            return self.data.pop(key)
         raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
 
     async def arrive(self, key: str, count: int, timeout: float) -> None:
@@ -138,7 +150,7 @@ class StoreServer:
                 if not isinstance(current, int) or not INT64[0] <= current + amount <= INT64[1]:
                     return {"error": f"counter {key!r}: {current!r:.40} + {amount} is no int64"}
                 return {"value": await self.store.add(key, amount)}
-            if op == "get":
+            if op in ("get", "take"):
                 timeout = msg.get("timeout", 0)
                 if (
                     not isinstance(timeout, int | float)
@@ -146,10 +158,11 @@ class StoreServer:
                     or not 0 <= timeout <= MAX_WAIT
                 ):
                     return {"error": f"timeout {timeout!r:.80}: seconds from 0 to {MAX_WAIT:g}"}
-                return {"value": await self.store.get(key, float(timeout))}
+                wait = self.store.take if op == "take" else self.store.get
+                return {"value": await wait(key, float(timeout))}
         except StoreTimeout as exc:
             return {"timeout": str(exc)}
-        return {"error": f"unknown store operation {op!r:.80} (set, add, get)"}
+        return {"error": f"unknown store operation {op!r:.80} (set, add, get, take)"}
 
 
 class TcpStore:
@@ -191,6 +204,9 @@ class TcpStore:
 
     async def get(self, key: str, timeout: float) -> Any:
         return await self._call({"op": "get", "key": key, "timeout": timeout}, timeout)
+
+    async def take(self, key: str, timeout: float) -> Any:
+        return await self._call({"op": "take", "key": key, "timeout": timeout}, timeout)
 
     async def arrive(self, key: str, count: int, timeout: float) -> None:
         """The last to arrive says so under ``key/done``, which the others wait for."""

@@ -6,7 +6,11 @@ A host's operation leaves at ``t`` and reaches the store at ``t + latency``; the
 the operations that reached it in the order (arrival time, host index, the host's own sequence
 number) - never the order in which they were handed over - and each reply reaches its host
 ``latency`` after the operation was applied.  A ``get`` of a missing key waits at the store
-until a ``set`` (or an ``add``) of it is applied; its reply leaves then.  A client gives up at
+until a ``set`` (or an ``add``) of it is applied; its reply leaves then.  ``take`` is a ``get``
+that removes the key it answers with (a key that one peer reads once: a connection's QP
+description), so the store holds what is on its way, not every connection a job ever made; a
+``set`` answers the gets waiting for its key and the first waiting take, and leaves the takes
+after that waiting for the next ``set``.  A client gives up at
 its own deadline (an emulated trio deadline); the store does not know.  ``arrive`` (a
 barrier's) adds one to a counter and is answered, with every earlier arrival at it, when the
 counter reaches the operation's count: every member leaves the barrier at the same instant.
@@ -29,7 +33,7 @@ STORE_LATENCY: Final = 2e-6  # emulated seconds, one way, between any host and t
 MAX_KEY: Final = 1024  # characters in a key
 MAX_KEYS: Final = 1 << 20  # keys in one store
 INT64: Final = (-(1 << 63), (1 << 63) - 1)  # what a counter holds (and msgpack carries)
-OPS: Final = ("set", "add", "get", "arrive")
+OPS: Final = ("set", "add", "get", "take", "arrive")
 
 
 @dataclass(slots=True, order=True)
@@ -113,9 +117,10 @@ class StoreCore:
         self.applied += 1
         back = op.at + self.latency
         data = self.data
-        if op.op == "get":
+        if op.op in ("get", "take"):
             if op.key in data:
-                replies.append(StoreReply(back, op.origin, op.seq, data[op.key]))
+                got = data.pop(op.key) if op.op == "take" else data[op.key]
+                replies.append(StoreReply(back, op.origin, op.seq, got))
             else:
                 self._waiting.setdefault(op.key, []).append(op)
             return
@@ -150,5 +155,11 @@ class StoreCore:
         else:
             data[op.key] = value = op.value
             replies.append(StoreReply(back, op.origin, op.seq, True))
-        for waiter in self._waiting.pop(op.key, ()):
+        waiting = self._waiting.pop(op.key, [])
+        for k, waiter in enumerate(waiting):
             replies.append(StoreReply(back, waiter.origin, waiter.seq, value))
+            if waiter.op == "take":  # it took the key: the others wait for the next set
+                del data[op.key]
+                if k + 1 < len(waiting):
+                    self._waiting[op.key] = waiting[k + 1 :]
+                break

@@ -74,6 +74,9 @@ class EmulatedStore:
     async def get(self, key: str, timeout: float) -> Any:
         return await self._op("get", key, None, timeout)
 
+    async def take(self, key: str, timeout: float) -> Any:
+        return await self._op("take", key, None, timeout)
+
     async def arrive(self, key: str, count: int, timeout: float) -> None:
         await self._op("arrive", key, count, timeout)
 

@@ -388,6 +388,9 @@ async def test_tcp_store_set_get_add_and_deadlines(fabric_secret: bytes) -> None
 
         nursery.start_soon(late_set)
         assert await b.get("k", 5.0) == {"qpn": 7}  # waits for the key
+        assert await b.take("k", 5.0) == {"qpn": 7}  # and takes it away
+        with pytest.raises(StoreTimeout, match="'k'"):
+            await b.get("k", 0.05)
         assert await a.add("n", 2) == 2 and await b.add("n", 3) == 5
         with pytest.raises(StoreTimeout, match="'missing'"):
             await b.get("missing", 0.05)
@@ -405,6 +408,10 @@ async def test_memory_store_waits_with_a_deadline() -> None:
         await store.get("x", 0.01)
     await store.set("x", 1)
     assert await store.get("x", 0.01) == 1
+    assert await store.take("x", 0.01) == 1
+    assert "x" not in store.data
+    with pytest.raises(StoreTimeout):
+        await store.take("x", 0.01)
 
 
 def test_rank_metrics_count_operations_bytes_and_bandwidth() -> None:

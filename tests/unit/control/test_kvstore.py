@@ -54,6 +54,31 @@ def test_a_barrier_answers_every_arrival_when_the_last_comes() -> None:
     assert {r.at for r in replies} == {3.0 + D}
 
 
+def test_a_take_answers_as_a_get_and_the_key_is_gone() -> None:
+    core = StoreCore()
+    core.submit(StoreOp(1.0, 0, 1, "set", "qp", [7]))
+    core.submit(StoreOp(2.0, 1, 1, "take", "qp"))
+    core.submit(StoreOp(3.0, 2, 1, "get", "qp"))  # after the take: waits for the next set
+    replies = core.run_until(math.inf)
+    assert [(r.origin, r.at, r.value) for r in replies] == [(0, 1.0 + D, True), (1, 2.0 + D, [7])]
+    assert "qp" not in core.data
+
+
+def test_a_set_answers_the_waiting_gets_and_the_first_take_the_rest_wait() -> None:
+    core = StoreCore()
+    core.submit(StoreOp(1.0, 0, 1, "get", "k"))
+    core.submit(StoreOp(1.0, 1, 1, "take", "k"))
+    core.submit(StoreOp(1.0, 2, 1, "take", "k"))
+    core.submit(StoreOp(2.0, 3, 1, "set", "k", "a"))
+    first = core.run_until(3.0)
+    assert sorted((r.origin, r.value) for r in first if r.origin != 3) == [(0, "a"), (1, "a")]
+    assert "k" not in core.data  # host 1 took it; host 2 still waits
+    core.submit(StoreOp(4.0, 3, 2, "set", "k", "b"))
+    second = core.run_until(math.inf)
+    assert [(r.origin, r.value) for r in second if r.origin != 3] == [(2, "b")]
+    assert "k" not in core.data
+
+
 @pytest.mark.parametrize(
     ("item", "match"),
     [
