@@ -61,6 +61,17 @@ from rocev2_emu.verbs import (
 
 IMM_BITS: Final = 32
 
+# The receives a link posts carry no SGEs (a WRITE with immediate lands no bytes in them) and
+# are never changed once posted, so every link posts the same ones: receive k of a QP's first
+# posts is _RECEIVES[k] (grown to the most slots asked), a repost is _RECEIVES[0].
+_RECEIVES: list[RecvWR] = [RecvWR(0)]
+
+
+def _receives(n: int) -> list[RecvWR]:
+    while len(_RECEIVES) < n:
+        _RECEIVES.append(RecvWR(len(_RECEIVES)))
+    return _RECEIVES[:n]
+
 
 class LinkError(Exception):
     """A link broke: the peer's QP failed or completions reported an error."""
@@ -298,7 +309,8 @@ class _Rdma:
     qps: list[QP]  # the data QPs
     grant_qp: QP | None  # the credits' own QP (grant_dscp), or None: credits go on qps
     grant_dscp: int | None
-    lane_of: dict[int, int]  # QPN -> its index in all_qps
+    all_qps: list[QP]  # the data QPs, then the grant QP if any (the data QPs' list without)
+    lane_of: dict[int, int]  # QPN -> its index in all_qps; empty for one QP (lane 0)
     peer: str
 
     def _open_qps(self, pd: PD, cq: CQ, peer: str, qps: int, grant_dscp: int | None = None) -> None:
@@ -313,11 +325,10 @@ class _Rdma:
             if grant_dscp is None
             else QP(pd, cq, max_send_wr=2 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
         )
-        self.lane_of = {qp.qp_num: k for k, qp in enumerate(self.all_qps)}
-
-    @property
-    def all_qps(self) -> list[QP]:
-        return self.qps + ([self.grant_qp] if self.grant_qp is not None else [])
+        self.all_qps = self.qps if self.grant_qp is None else [*self.qps, self.grant_qp]
+        self.lane_of = (
+            {qp.qp_num: k for k, qp in enumerate(self.all_qps)} if len(self.all_qps) > 1 else {}
+        )
 
     def connect(self, peers: list[QPInfo], *, path_mtu: int, timeout: int, retry_cnt: int) -> None:
         """Bring each QP to RTS towards the peer's QP of the same index (the grant QP at its
@@ -336,7 +347,7 @@ class _Rdma:
                 retry_cnt=retry_cnt,
                 traffic_class=self.grant_dscp if k == len(self.qps) else None,
             )
-            qp.post_recv([RecvWR(i) for i in range(2 * self.slots)])
+            qp.post_recv(_receives(2 * self.slots))
 
     def on_completion(
         self, status: WcStatus, opcode: WcOpcode, nbytes: int, imm: int | None, qpn: int
@@ -345,8 +356,8 @@ class _Rdma:
         if status is not WcStatus.SUCCESS:
             return self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
         if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
-            lane = self.lane_of[qpn]
-            self.all_qps[lane].post_recv(RecvWR(0))
+            lane = self.lane_of.get(qpn, 0)
+            self.all_qps[lane].post_recv(_RECEIVES[0])
             return self.on_receive(nbytes, imm, lane)
         if opcode is WcOpcode.RDMA_WRITE:
             return self.on_written()

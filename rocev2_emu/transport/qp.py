@@ -209,7 +209,7 @@ class QueuePair(QPEndpoint):
                 WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qpn)
             )
             return
-        self.responder.recvs.append((wr, sges))
+        self.responder.post(wr, sges)
 
     # -- packets ---------------------------------------------------------------------------
     def receive(self, f: RoceFrame, now: float) -> bool:

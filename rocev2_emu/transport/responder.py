@@ -56,7 +56,11 @@ class Responder:
         self.epsn = 0
         self.msn = 0
         # FIFOs as lists (56 bytes empty where a deque is 760; each a few entries long)
-        self.recvs: list[tuple[RecvWR, SgeList]] = []
+        # posted receives, oldest first, and their SGEs beside them (two lists, not a tuple a
+        # post: a link of a collective keeps a receive posted per slot, an all-to-all a link
+        # per peer)
+        self.recvs: list[RecvWR] = []
+        self.recv_sges: list[SgeList] = []
         self.in_send: tuple[RecvWR, SgeList] | None = None
         self.in_write = False
         self.offset = 0  # bytes of the current SEND / WRITE received so far
@@ -140,7 +144,7 @@ class Responder:
             if not self.recvs:
                 self._rnr(f.psn)
                 return False
-            self.in_send = self.recvs.pop(0)
+            self.in_send = self._next_recv()
             self.offset = 0
         assert self.in_send is not None
         wr, sges = self.in_send
@@ -202,7 +206,7 @@ class Responder:
             if not self.recvs:
                 self._rnr(f.psn)
                 return False
-            recv = self.recvs.pop(0)
+            recv = self._next_recv()
         if n:
             assert self.write_view is not None and self.write_mr is not None
             if not self.write_mr.valid:  # deregistered while the WRITE was arriving: revoked
@@ -416,12 +420,21 @@ class Responder:
             payload = r.mr.view(r.va + off, n)
         return OutPacket(op, psn_add(r.first_psn, k), False, False, ext, payload)
 
+    def post(self, wr: RecvWR, sges: SgeList) -> None:
+        """A receive posted (its SGEs resolved): taken in post order."""
+        self.recvs.append(wr)
+        self.recv_sges.append(sges)
+
+    def _next_recv(self) -> tuple[RecvWR, SgeList]:
+        return self.recvs.pop(0), self.recv_sges.pop(0)
+
     def flush(self) -> None:
         """Complete every posted receive with WR_FLUSH_ERR."""
-        pending = ([self.in_send] if self.in_send is not None else []) + list(self.recvs)
+        pending = ([self.in_send[0]] if self.in_send is not None else []) + self.recvs
         self.in_send = None
-        self.recvs.clear()
-        for wr, _ in pending:
+        self.recvs = []
+        self.recv_sges.clear()
+        for wr in pending:
             self.qp.recv_cq.push(
                 WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qp.qpn)
             )
