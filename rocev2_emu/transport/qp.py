@@ -9,6 +9,7 @@ long message.  Errors move the QP to ERR and flush every outstanding work reques
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Final
 
 from rocev2_emu.transport.counters import NicCounters
@@ -120,8 +121,8 @@ class QueuePair(QPEndpoint):
                 self.mtu = value
             elif name == "dest_qp_num":
                 self.dest_qpn = value
-            elif name == "ah_attr":
-                self.dest_ip = value
+            elif name == "ah_attr":  # one string a destination, however many QPs reach it
+                self.dest_ip = sys.intern(value) if isinstance(value, str) else value
             elif name == "traffic_class":
                 self.traffic_class = value
             elif name in (

@@ -221,7 +221,8 @@ class FrameTemplate:
             + (dst_ip >> 16)
             + (dst_ip & 0xFFFF)
         )
-        self._cache: dict[tuple[int, int], tuple[bytes, int]] = {}
+        # (total length << 16 | IPv4 ID) -> (headers, CRC): an int key, no tuple a frame
+        self._cache: dict[int, tuple[bytes, int]] = {}
 
     def _headers(self, total: int, ip_id: int) -> tuple[bytes, int]:
         """(VXLAN+Ethernet+IPv4+UDP bytes, CRC of 8 x 0xFF + masked IPv4 + masked UDP)."""
@@ -245,7 +246,7 @@ class FrameTemplate:
         entry = (self._prefix + ip_udp, crc32(memoryview(masked)[: 8 + IPV4_LEN + UDP_LEN]))
         if len(self._cache) >= 64:
             self._cache.clear()
-        self._cache[total, ip_id] = entry
+        self._cache[total << 16 | ip_id] = entry
         return entry
 
     def build(
@@ -270,7 +271,7 @@ class FrameTemplate:
         plen = len(payload)
         pad = -plen & 3
         total = _FIXED_LEN + len(ext) + plen + pad
-        entry = self._cache.get((total, ip_id))
+        entry = self._cache.get(total << 16 | ip_id)
         headers, crc = entry if entry is not None else self._headers(total, ip_id)
         flags = solicited << 7 | pad << 4
         word2 = ackreq << 31 | psn
