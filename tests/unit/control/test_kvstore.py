@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from rocev2_emu.control import kvstore
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.fabric.rendezvous import StoreTimeout, VirtualStore
 from rocev2_emu.runtime.clock import DilatedClock
@@ -92,6 +93,20 @@ def test_a_set_answers_the_waiting_gets_and_the_first_take_the_rest_wait() -> No
 def test_a_malformed_operation_from_a_process_is_an_error(item: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StoreOp.from_wire(item)
+
+
+def test_a_full_store_refuses_a_new_key_until_a_take_frees_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kvstore, "MAX_KEYS", 2)
+    core = StoreCore()
+    for seq, key in enumerate(["a", "b", "c"], 1):
+        core.submit(StoreOp(float(seq), 0, seq, "set", key, seq))
+    core.submit(StoreOp(4.0, 1, 1, "take", "a"))
+    core.submit(StoreOp(5.0, 0, 4, "set", "c", 3))
+    errors = [r.error for r in core.run_until(math.inf) if r.origin == 0]
+    assert errors[:2] == [None, None] and "holds 2 keys" in str(errors[2])
+    assert errors[3] is None and sorted(core.data) == ["b", "c"]
 
 
 def test_a_counter_that_would_overflow_is_refused() -> None:
