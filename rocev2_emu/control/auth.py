@@ -24,6 +24,7 @@ crosses the wire, and a recorded answer is worth nothing on the next connection.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -96,14 +97,28 @@ def read(path: Path) -> bytes:
     return parse(path.read_text(), str(path))
 
 
-def write(path: Path, secret: bytes, *, exclusive: bool = False) -> None:
-    """Write ``secret`` to ``path``, mode 0600 from its creation on (``exclusive``: fail if
-    the file exists)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(f"{ENV}={secret.hex()}\n")
+def write(
+    path: Path, secret: bytes, *, exclusive: bool = False, owner: tuple[int, int] | None = None
+) -> None:
+    """Write ``secret`` to ``path``, mode 0600 from its creation on, whole or not at all: it is
+    written beside ``path`` and then renamed over it (``exclusive``: linked, which fails if
+    the file exists), so a reader sees the old file or the new one, never a part of one (a
+    container's node reading the copy its secret service writes again).  ``owner``: (uid,
+    gid) the file belongs to from the start (root only)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(f"{ENV}={secret.hex()}\n")
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def ensure(path: Path) -> tuple[bytes, bool]:
@@ -115,22 +130,19 @@ def ensure(path: Path) -> tuple[bytes, bool]:
     except FileNotFoundError:
         pass
     secret = new()
+    dir_owner = path.parent.stat()
+    owner = (dir_owner.st_uid, dir_owner.st_gid)
     try:
-        write(path, secret, exclusive=True)
+        write(path, secret, exclusive=True, owner=owner if os.geteuid() == 0 else None)
     except FileExistsError:  # made a moment ago by someone else
         return read(path), False
-    owner = path.parent.stat()
-    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
-        os.chown(path, owner.st_uid, owner.st_gid)
     return secret, True
 
 
 def share(secret: bytes, path: Path, uid: int, gid: int) -> None:
     """Write ``secret`` to ``path`` (mode 0600) for the user ``uid``: the copy a container's
     unprivileged user reads through ``ROCEV2_EMU_SECRET_FILE``."""
-    write(path, secret)
-    if os.geteuid() == 0:
-        os.chown(path, uid, gid)
+    write(path, secret, owner=(uid, gid) if os.geteuid() == 0 else None)
 
 
 def from_env() -> bytes | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,37 @@ def test_ensure_makes_a_secret_file_once_and_share_copies_it(tmp_path: Path) -> 
     path.chmod(0o644)
     with pytest.raises(auth.AuthError, match="must be private"):
         auth.ensure(path)  # a file others can read is refused, not trusted
+
+
+def test_a_reader_never_sees_a_secret_file_half_written(tmp_path: Path) -> None:
+    """A container's node reads the shared copy while the secret service may write it again
+    (a compose ``up`` of more services reruns it): every read is a whole secret."""
+    path = tmp_path / "volume" / "fabric.secret"
+    path.parent.mkdir()
+    auth.write(path, auth.new())
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                auth.read(path)
+            except auth.AuthError as exc:
+                bad.append(str(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(300):
+            auth.share(auth.new(), path, os.getuid(), os.getgid())
+    finally:
+        stop.set()
+        thread.join()
+    assert bad == []
+    assert [p.name for p in path.parent.iterdir()] == ["fabric.secret"]  # nothing beside it
+    with pytest.raises(FileExistsError):
+        auth.write(path, auth.new(), exclusive=True)
+    assert [p.name for p in path.parent.iterdir()] == ["fabric.secret"]
 
 
 def test_the_secret_command_makes_shares_and_refuses_in_one_line(
