@@ -232,22 +232,7 @@ def launch(
     if host is not None:
         if ui is not None:
             raise ValueError("launch --host runs one rank: serve the map where the fabric runs")
-        if not exact:
-            return trio.run(run_one_rank, job, topo, host, tdf, job_id)
-        if host == job.hosts(topo)[0]:  # the first host's launcher serves the coordinator
-            job.coordinator = coordinator_for(topo, fabric_secret())
-            print(
-                f"# rocev2-emu launch: rank 0 of {len(job.hosts(topo))} on {topo.name}, clock: "
-                f"exact, coordinator on {topo.nodes[host].address}:{SYNC_PORT}, job {job_id}",
-                flush=True,
-            )
-        try:
-            code = run_synced(run_one_rank_exact, job, topo, host, job_id)
-        except SyncError as exc:
-            return _stopped(topo, job, exc)
-        if job.coordinator is not None:  # the first host's: the fabric's counters
-            _print_fabric(job.fabric, f"clock: exact, {job.coordinator.summary()}")
-        return int(code)
+        return _one_rank(topo, job, host, options, job_id)
     hosts = job.hosts(topo)
     others = [name for name in topo.nodes if name not in hosts]
     clock = "clock: exact" if exact else f"clock: wall, TDF {tdf:g}"
@@ -271,6 +256,29 @@ def launch(
     except SyncError as exc:
         return _stopped(topo, job, exc)
     _print_fabric(job.fabric, f"clock: exact, {synced}" if exact else clock)
+    return int(code)
+
+
+def _one_rank(
+    topo: Topology, job: RankLauncher, host: str, options: RunOptions, job_id: str
+) -> int:
+    """``launch --host``: that host's rank over running switches, on the options' clock (the
+    exact clock's first host also serves the coordinator and prints the fabric's counters)."""
+    if options.clock is not Clock.EXACT:
+        return trio.run(run_one_rank, job, topo, host, options.dilation(topo.tdf), job_id)
+    if host == job.hosts(topo)[0]:  # the first host's launcher serves the coordinator
+        job.coordinator = coordinator_for(topo, fabric_secret())
+        print(
+            f"# rocev2-emu launch: rank 0 of {len(job.hosts(topo))} on {topo.name}, clock: "
+            f"exact, coordinator on {topo.nodes[host].address}:{SYNC_PORT}, job {job_id}",
+            flush=True,
+        )
+    try:
+        code = run_synced(run_one_rank_exact, job, topo, host, job_id)
+    except SyncError as exc:
+        return _stopped(topo, job, exc)
+    if job.coordinator is not None:  # the first host's: the fabric's counters
+        _print_fabric(job.fabric, f"clock: exact, {job.coordinator.summary()}")
     return int(code)
 
 

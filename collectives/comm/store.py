@@ -85,17 +85,19 @@ class MemoryStore:
         return value
 
     async def get(self, key: str, timeout: float) -> Any:
-        with trio.move_on_after(timeout):
-            while key not in self.data:
-                await self._changed.park()
-            return self.data[key]
-        raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
+        await self._appeared(key, timeout)
+        return self.data[key]
 
     async def take(self, key: str, timeout: float) -> Any:
+        await self._appeared(key, timeout)
+        return self.data.pop(key)
+
+    async def _appeared(self, key: str, timeout: float) -> None:
+        """Wait until ``key`` is held (no await after it: the caller reads it at once)."""
         with trio.move_on_after(timeout):
             while key not in self.data:
                 await self._changed.park()
-            return self.data.pop(key)
+            return
         raise StoreTimeout(f"rendezvous key {key!r} did not appear within {timeout:g} s")
 
     async def arrive(self, key: str, count: int, timeout: float) -> None:
