@@ -214,9 +214,7 @@ class SwitchCore(Core):
         self._valid_ip[header] = entry
         return entry
 
-    def _ecmp(
-        self, header: bytes, data: bytes | bytearray | memoryview, ports: tuple[int, ...]
-    ) -> int | None:
+    def _ecmp(self, header: bytes, data: bytes, ports: tuple[int, ...]) -> int | None:
         """One of several equal-cost ports, sticky per flow: by a seeded hash of the 5-tuple
         (and of the BTH destination QP in E-ECMP), or pinned by the destination address."""
         if not ports:
@@ -225,11 +223,11 @@ class SwitchCore(Core):
             return None  # its one port is down
         mode = self._ecmp_mode
         if mode == ECMP_DESTINATION:  # path pinning: the destination alone
-            key = bytes(header[16:20])
+            key = header[16:20]
         else:  # src, dst, sport, dport (and the destination QP: BTH bytes 5-7 after UDP)
-            key = header[12:20] + bytes(data[_IP + 20 : _IP + 24])
+            key = data[_IP + 12 : _IP + 24]
             if mode == ECMP_FIVE_TUPLE_QPN:
-                key += bytes(data[_IP + 33 : _IP + 36])
+                key += data[_IP + 33 : _IP + 36]
         out = self._flows.get(key)
         if out is None or not self.ports[out].up:
             live = [p for p in ports if self.ports[p].up]
@@ -414,6 +412,8 @@ class SwitchCore(Core):
                     continue
             if t is None or at < t:
                 t = at
+        if not self._refreshing:  # (most looks: an empty set's iterator is not free)
+            return t
         for index in self._refreshing:
             for r in self.ports[index].xoff_refresh_at:
                 if r and (t is None or r < t):

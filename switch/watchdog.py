@@ -79,6 +79,8 @@ class Watchdog:
 
     def get_timer(self) -> float | None:
         t: float | None = None
+        if not self._watched:  # (most looks: an empty set's iterator is not free)
+            return t
         for key in self._watched:
             port, prio = key // PRIORITIES, key % PRIORITIES
             if self.stormed[port][prio]:

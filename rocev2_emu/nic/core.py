@@ -48,6 +48,8 @@ from rocev2_emu.wire.roce import (
 )
 
 CNP_PAD: Final = bytes(CNP_PAD_LEN)
+_CNP: Final = 0x81  # Opcode.CNP as a literal: the compiled core compares C ints, no enum look-up
+assert int(Opcode.CNP) == _CNP
 
 
 class NicCore(Core):
@@ -234,7 +236,7 @@ class NicCore(Core):
         if frame.dst_ip != self.ip:
             c.rx_drops["wrong_dst_ip"] += 1
             return
-        if frame.opcode == Opcode.CNP:
+        if frame.opcode == _CNP:
             c.cnp_received += 1
             target = self.qps.get(frame.dqpn)
             if target is not None and self._peer_ip.get(target.qpn, frame.src_ip) != frame.src_ip:
@@ -420,6 +422,8 @@ class NicCore(Core):
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
+        if not self._touched:  # most looks: nothing touched since the last
+            return
         deadlines, qps = self._deadlines, self.qps
         for qpn, qp in self._touched.items():
             if qps.get(qpn) is qp:

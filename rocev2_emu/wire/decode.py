@@ -20,7 +20,6 @@ from rocev2_emu.wire.bth import (
     ICRC_LEN,
     OPCODE_EXT_LEN,
     OPCODE_LAYOUT,
-    RETH,
     Aeth,
     AtomicEth,
     Deth,
@@ -112,7 +111,7 @@ def _u32(data: bytes, i: int) -> int:
     return data[i] << 24 | data[i + 1] << 16 | data[i + 2] << 8 | data[i + 3]
 
 
-_ZEROS: Final = bytes(1 << 16)  # what an elided payload reads as (a view, never a copy)
+_ZEROS: Final = memoryview(bytes(1 << 16))  # what an elided payload reads as (never a copy)
 
 
 def decode_frame_at(
@@ -172,7 +171,7 @@ def decode_frame_at(
         icrc = 0
     else:
         icrc = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
-    view = memoryview(data)
+    view = _ZEROS if cut else memoryview(data)  # (an elided frame's: no view of its bytes)
     if verify_icrc and not cut:
         # ``crc`` went through BTH byte 4 (FECN, BECN, resv6, masked): the rest up to the ICRC
         computed = crc32(view[b + 5 : end], crc)
@@ -191,7 +190,8 @@ def decode_frame_at(
             deth = Deth(qkey, sqp & 0xFFFFFF)
             e += 8
         if layout & _X_RETH:
-            reth = Reth._make(RETH.unpack_from(data, e))
+            va = _u32(data, e) << 32 | _u32(data, e + 4)  # (no struct call, no tuple)
+            reth = Reth(va, _u32(data, e + 8), _u32(data, e + 12))
             e += 16
         if layout & _X_ATOMIC_ETH:
             atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(data, e))
@@ -237,7 +237,7 @@ def decode_frame_at(
         atomic_eth,
         atomic_ack,
         deth,
-        memoryview(_ZEROS)[: end - pad - e] if cut else view[e : end - pad],
+        view[: end - pad - e] if cut else view[e : end - pad],
         icrc,
     )
 
