@@ -211,6 +211,9 @@ class EventHeap:
         self.now = 0.0  # emulated seconds
         self.nodes: list[Node] = []
         self._heap: list[Event] = []
+        # events run and kept for the next push (no allocation a hop): at most as many as the
+        # heap once held at a time, each holding no frame
+        self._spare: list[Event] = []
         self._touched: list[Node] = []
         self.hops = 0  # frames that crossed a link
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
@@ -281,7 +284,24 @@ class EventHeap:
                 f"{node.name} port {port}: a frame for t={at:.9f} s came at t={self.now:.9f} s "
                 "(the lookahead was broken)"
             )
-        heap_push(self._heap, Event(at, seq, node, port, data))
+        heap_push(self._heap, self._event(at, seq, node, port, data))
+
+    def _event(self, at: float, seq: int, node: Node, port: int, data: bytes) -> Event:
+        """A spare event refilled, or a new one."""
+        spare = self._spare
+        if not spare:
+            return Event(at, seq, node, port, data)
+        event = spare.pop()
+        event.at = at
+        event.seq = seq
+        event.node = node
+        event.port = port
+        event.data = data
+        return event
+
+    def _done(self, event: Event) -> None:
+        event.data = b""  # the frame goes with its receiver, not with the spare
+        self._spare.append(event)
 
     @property
     def pending(self) -> bool:
@@ -294,7 +314,7 @@ class EventHeap:
             head = heap[0]
             if head.port >= 0 or head.at == head.node.wake_at:
                 return head.at
-            heap_pop(heap)  # a deadline the node has since moved
+            self._done(heap_pop(heap))  # a deadline the node has since moved
         return None
 
     def advance_to(self, t: float) -> None:
@@ -339,11 +359,15 @@ class EventHeap:
                 event = heap_pop(heap)
                 node = event.node
                 if event.port < 0:
-                    if event.at != node.wake_at:
-                        continue  # stale: the node moved its deadline
+                    stale = event.at != node.wake_at
+                    self._done(event)
+                    if stale:
+                        continue  # the node moved its deadline
                     node.wake_at = NO_TIMER
                 else:
-                    node.core.receive(event.port, event.data, now)
+                    port, data = event.port, event.data
+                    self._done(event)
+                    node.core.receive(port, data, now)
                     node.received += 1
                 if not node.touched:
                     node.touched = True
@@ -383,7 +407,8 @@ class EventHeap:
                     outbox.append((now + wire.delay, wire.seq, data))
                 else:
                     heap_push(
-                        heap, Event(now + wire.delay, wire.seq, wire.peer, wire.peer_port, data)
+                        heap,
+                        self._event(now + wire.delay, wire.seq, wire.peer, wire.peer_port, data),
                     )
             else:
                 for at, copy in faulty.fates(data, now):
@@ -391,7 +416,7 @@ class EventHeap:
                     if outbox is not None:
                         outbox.append((at, wire.seq, copy))
                     else:
-                        heap_push(heap, Event(at, wire.seq, wire.peer, wire.peer_port, copy))
+                        heap_push(heap, self._event(at, wire.seq, wire.peer, wire.peer_port, copy))
         after = node.after
         if after is not None and core.has_news(node.received) and after(node.received):
             self.woke = True
@@ -404,4 +429,4 @@ class EventHeap:
                 t = now
             node.wake_at = t
             node.deadline_seq += 1
-            heap_push(heap, Event(t, node.deadline_seq, node, -1, b""))
+            heap_push(heap, self._event(t, node.deadline_seq, node, -1, b""))
