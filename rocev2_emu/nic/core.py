@@ -79,7 +79,9 @@ class NicCore(Core):
             else None
         )
         # QPs with something to send, per priority, in round-robin order
-        self._active: list[dict[int, QueuePair]] = [{} for _ in range(PRIORITIES)]
+        # per priority, the QPs with something to send, keyed by themselves (an identity hash:
+        # no QPN boxed a look-up), in their turn order
+        self._active: list[dict[QueuePair, QueuePair]] = [{} for _ in range(PRIORITIES)]
         self._prio_order: list[int] = []  # the priorities QPs have used, highest first
         self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
@@ -88,7 +90,7 @@ class NicCore(Core):
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
         self._deadlines = Deadlines()
-        self._touched: dict[int, QueuePair] = {}  # QPs whose deadline may have moved
+        self._touched: dict[QueuePair, None] = {}  # QPs whose deadline may have moved
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -143,13 +145,13 @@ class NicCore(Core):
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
         qp.deadline = NO_DEADLINE  # its entries on the heap are stale
-        self._touched.pop(qp.qpn, None)
+        self._touched.pop(qp, None)
         self._peer_ip.pop(qp.qpn, None)
-        self._active[qp.priority].pop(qp.qpn, None)
+        self._active[qp.priority].pop(qp, None)
         self._templates.pop(qp.qpn, None)
 
     def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
-        self._active[qp.priority].pop(qp.qpn, None)
+        self._active[qp.priority].pop(qp, None)
         qp.modify(attr)
         self._templates.pop(qp.qpn, None)
         if qp.dest_ip is not None:
@@ -161,8 +163,8 @@ class NicCore(Core):
             qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
-            self._active[qp.priority][qp.qpn] = qp
-        self._touched[qp.qpn] = qp
+            self._active[qp.priority][qp] = qp
+        self._touched[qp] = None
 
     def dscp_of(self, qp: QueuePair) -> int:
         return self.config.dscp if qp.traffic_class is None else qp.traffic_class
@@ -173,8 +175,8 @@ class NicCore(Core):
 
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
-        self._active[qp.priority][qp.qpn] = qp
-        self._touched[qp.qpn] = qp
+        self._active[qp.priority][qp] = qp
+        self._touched[qp] = None
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
         qp.post_recv(wr)
@@ -245,7 +247,7 @@ class NicCore(Core):
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
-                self._touched[target.qpn] = target
+                self._touched[target] = None
             else:
                 c.rp_cnp_ignored += 1
             return
@@ -272,11 +274,11 @@ class NicCore(Core):
             c.rx_drops["bad_pkey"] += 1
             return
         accepted = qp.receive(frame, now)
-        self._touched[qp.qpn] = qp
+        self._touched[qp] = None
         if not accepted:
             c.rx_drops["qp_state"] += 1
             return
-        self._active[qp.priority][qp.qpn] = qp
+        self._active[qp.priority][qp] = qp
 
     def _notify(self, qpn: int, src_ip: int, now: float) -> None:
         """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
@@ -334,24 +336,23 @@ class NicCore(Core):
             if not active or paused_until[prio] > now:
                 continue
             for _ in range(len(active)):
-                for qpn in active:  # noqa: B007 - the first in line (compiled: no iterator, no call)
+                for qp in active:  # noqa: B007 - the first in line (compiled: no iterator, no call)
                     break
-                qp = active[qpn]
                 rc = qp.rc
                 if rc is not None and rc.next_send_time > now and not qp.responder.out:
                     if len(active) > 1:  # paced by its rate: let the others go first
-                        del active[qpn]
-                        active[qpn] = qp
+                        del active[qp]
+                        active[qp] = qp
                     continue
                 pkt = qp.next_packet(now)
-                self._touched[qpn] = qp
+                self._touched[qp] = None
                 if pkt is None:
-                    del active[qpn]
+                    del active[qp]
                     continue
                 if len(active) > 1:  # to the back of the line
-                    del active[qpn]
-                    active[qpn] = qp
-                tpl = self._templates.get(qpn) or self._template_for(qp)
+                    del active[qp]
+                    active[qp] = qp
+                tpl = self._templates.get(qp.qpn) or self._template_for(qp)
                 datagram = tpl.build(
                     pkt.opcode,
                     qp.dest_qpn,
@@ -425,8 +426,8 @@ class NicCore(Core):
         if not self._touched:  # most looks: nothing touched since the last
             return
         deadlines, qps = self._deadlines, self.qps
-        for qpn, qp in self._touched.items():
-            if qps.get(qpn) is qp:
+        for qp in self._touched:
+            if qps.get(qp.qpn) is qp:
                 deadlines.refresh(qp)
         self._touched.clear()
 
@@ -456,7 +457,6 @@ class NicCore(Core):
         self._refresh_timers()
         deadlines = self._deadlines
         while (qp := deadlines.due(now)) is not None:
-            qpn = qp.qpn
             qp.handle_timer(now)
-            self._touched[qpn] = qp
-            self._active[qp.priority][qpn] = qp
+            self._touched[qp] = None
+            self._active[qp.priority][qp] = qp
