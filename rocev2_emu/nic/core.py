@@ -83,10 +83,8 @@ class NicCore(Core):
         # no QPN boxed a look-up), in their turn order
         self._active: list[dict[QueuePair, QueuePair]] = [{} for _ in range(PRIORITIES)]
         self._prio_order: list[int] = []  # the priorities QPs have used, highest first
-        self._templates: dict[int, FrameTemplate] = {}
         self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes] = deque()
-        self._peer_ip: dict[int, int] = {}  # QPN -> its peer's address (the path's source IP)
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
         self._deadlines = Deadlines()
@@ -146,16 +144,14 @@ class NicCore(Core):
         del self.qps[qp.qpn]
         qp.deadline = NO_DEADLINE  # its entries on the heap are stale
         self._touched.pop(qp, None)
-        self._peer_ip.pop(qp.qpn, None)
         self._active[qp.priority].pop(qp, None)
-        self._templates.pop(qp.qpn, None)
 
     def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
         self._active[qp.priority].pop(qp, None)
         qp.modify(attr)
-        self._templates.pop(qp.qpn, None)
+        qp.template = None
         if qp.dest_ip is not None:
-            self._peer_ip[qp.qpn] = ip_to_int(qp.dest_ip)
+            qp.peer_ip = ip_to_int(qp.dest_ip)  # (the path's source IP of what it receives)
         qp.priority = self.priority_of(self.dscp_of(qp))
         if qp.priority not in self._prio_order:  # one no QP uses now stays, its queue empty
             self._prio_order = sorted([*self._prio_order, qp.priority], reverse=True)
@@ -241,7 +237,7 @@ class NicCore(Core):
         if frame.opcode == _CNP:
             c.cnp_received += 1
             target = self.qps.get(frame.dqpn)
-            if target is not None and self._peer_ip.get(target.qpn, frame.src_ip) != frame.src_ip:
+            if target is not None and target.peer_ip not in (-1, frame.src_ip):
                 c.rx_drops["wrong_src_ip"] += 1  # a CNP not from the QP's peer
                 return
             if target is not None and target.rc is not None:
@@ -266,8 +262,8 @@ class NicCore(Core):
         # from the QP's peer, and its P_Key matches the default partition's (0x7FFF, either
         # membership); for requests and responses alike, so no host can write into, or
         # acknowledge for, another host's connection
-        peer = self._peer_ip.get(qp.qpn)  # None before RTR: the state check below refuses it
-        if peer is not None and peer != frame.src_ip:
+        peer = qp.peer_ip  # -1 before RTR: the state check below refuses it
+        if peer >= 0 and peer != frame.src_ip:
             c.rx_drops["wrong_src_ip"] += 1
             return
         if frame.pkey & 0x7FFF != 0x7FFF:
@@ -286,7 +282,7 @@ class NicCore(Core):
         qp = self.qps.get(qpn)
         if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.cnp_interval:
             return
-        if self._peer_ip.get(qpn, src_ip) != src_ip:
+        if qp.peer_ip not in (-1, src_ip):
             return  # marked, but not by the QP's peer's packet: no CNP on its behalf
         qp.last_cnp = now
         tpl = self._cnp_templates.get(qpn)
@@ -352,7 +348,7 @@ class NicCore(Core):
                 if len(active) > 1:  # to the back of the line
                     del active[qp]
                     active[qp] = qp
-                tpl = self._templates.get(qp.qpn) or self._template_for(qp)
+                tpl = qp.template or self._template_for(qp)
                 datagram = tpl.build(
                     pkt.opcode,
                     qp.dest_qpn,
@@ -371,7 +367,7 @@ class NicCore(Core):
 
     def _template_for(self, qp: QueuePair) -> FrameTemplate:
         tpl = self._new_template(qp, self.dscp_of(qp), self.config.ecn)
-        self._templates[qp.qpn] = tpl
+        qp.template = tpl
         return tpl
 
     def _new_template(self, qp: QueuePair, dscp: int, ecn: int) -> FrameTemplate:

@@ -37,6 +37,7 @@ from rocev2_emu.transport.work import (
     WrOpcode,
 )
 from rocev2_emu.wire.bth import Opcode as Op
+from rocev2_emu.wire.roce import FrameTemplate
 
 if TYPE_CHECKING:
     from rocev2_emu.cc import RateControl
@@ -104,6 +105,8 @@ class QueuePair(QPEndpoint):
         self.rc: RateControl | None = None  # rate control, set by the NIC at RTS
         self.last_cnp = -1.0  # notification point: when this QP last sent a CNP
         self.deadline = NO_DEADLINE  # its live entry on the NIC's deadline heap
+        self.peer_ip = -1  # the NIC's: its peer's address, set at RTR (-1: none yet)
+        self.template: FrameTemplate | None = None  # the NIC's: its frames' headers, memoized
         self.requester = Requester(self)
         self.responder = Responder(self)
 
