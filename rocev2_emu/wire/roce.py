@@ -13,7 +13,6 @@ the hot path only packs lengths, BTH and checksums.  The decoder is
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
 from rocev2_emu.wire.bth import (
@@ -49,7 +48,6 @@ from rocev2_emu.wire.ethernet import (
 
 DSCP_ROCE: Final = 26  # priority 3 by the default DSCP map
 DSCP_CNP: Final = 48  # priority 6
-ICRC_LE: Final = struct.Struct("<I")
 _FIXED_LEN: Final = IPV4_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
 _PADS: Final = (b"", b"\0", b"\0\0", b"\0\0\0")
 
@@ -275,18 +273,19 @@ class FrameTemplate:
         headers, crc = entry if entry is not None else self._headers(total, ip_id)
         flags = solicited << 7 | pad << 4
         word2 = ackreq << 31 | psn
+        bth = BTH.pack(opcode, flags, pkey, fecn << 31 | becn << 30 | dqpn, word2)
         if elide:
-            bth = BTH.pack(opcode, flags, pkey, fecn << 31 | becn << 30 | dqpn, word2)
             return b"".join((headers, bth, ext))
-        crc = crc32(BTH.pack(opcode, flags, pkey, 0xFF000000 | dqpn, word2), crc)
+        masked = bytearray(bth)  # the ICRC's view of the BTH: FECN, BECN and resv6 as ones
+        masked[4] = 0xFF
+        crc = crc32(masked, crc)
         if ext:
             crc = crc32(ext, crc)
         if plen:
             crc = crc32(payload, crc)
         if pad:
             crc = crc32(_PADS[pad], crc)
-        bth = BTH.pack(opcode, flags, pkey, fecn << 31 | becn << 30 | dqpn, word2)
-        return b"".join((headers, bth, ext, payload, _PADS[pad], ICRC_LE.pack(crc)))
+        return b"".join((headers, bth, ext, payload, _PADS[pad], crc.to_bytes(4, "little")))
 
 
 def pack_reth(va: int, rkey: int, dma_len: int) -> bytes:
