@@ -29,8 +29,9 @@ from rocev2_emu.fabric.layout import PROCESS_COMMANDS, by_process
 from rocev2_emu.fabric.report import merge_stats
 from rocev2_emu.runtime.coordinator import Coordinator
 from rocev2_emu.runtime.sync import sync_label
-from rocev2_emu.runtime.sync_messages import SyncError
+from rocev2_emu.runtime.sync_messages import SyncError, process_label
 from rocev2_emu.topology.model import Topology
+from rocev2_emu.verbs.oob import OobError
 
 __all__ = [
     "Coordinator",
@@ -52,7 +53,8 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
     # 0.9 s of the 1 023 -> 1 incast's 1 344 nodes over two processes)
     asks = by_process(coordinator.names, set(topo.nodes))
     replies = await _ask_each(
-        [topo.nodes[names[0]].address for names in asks],
+        topo,
+        [names[0] for names in asks],
         [{"cmd": "node_stats", "names": names} for names in asks],
     )
     got: dict[str, Any] = {}
@@ -62,8 +64,8 @@ async def quiet_stats(topo: Topology, coordinator: Coordinator) -> dict[str, Any
         got.update(reply["nodes"])
     fabric = merge_stats({name: got[name] for name in topo.nodes})  # the topology's order
     # the frame-hops by process: the nodes of one share its engine, asked once (its first)
-    firsts = [topo.nodes[name.split(",")[0]].address for name in coordinator.names]
-    states = await _ask_each(firsts, [{"cmd": "engine"}] * len(firsts))
+    firsts = [name.split(",")[0] for name in coordinator.names]
+    states = await _ask_each(topo, firsts, [{"cmd": "engine"}] * len(firsts))
     fabric["frame_hops"] = sum(int(state["frame_hops"]) for state in states)
     await coordinator.finish()
     return fabric
@@ -102,8 +104,14 @@ async def ask_nodes(
     asks = by_process(coordinator.names, set(names))
     replies = await gather(
         len(asks),
-        lambda i: ask_node(
-            topo, asks[i][0], {"cmd": "for_nodes", "names": asks[i], "request": request}, timeout
+        lambda i: _joined(
+            asks[i][0],
+            ask_node(
+                topo,
+                asks[i][0],
+                {"cmd": "for_nodes", "names": asks[i], "request": request},
+                timeout,
+            ),
         ),
     )
     got: dict[str, dict[str, Any]] = {}
@@ -119,10 +127,21 @@ async def ask_nodes(
     return got
 
 
-async def _ask_each(addresses: list[str], msgs: list[dict[str, Any]]) -> list[Any]:
-    """``msgs[i]`` to the node at ``addresses[i]``, for each (the clock is held): their replies,
-    in order."""
-    return await gather(len(addresses), lambda i: control(addresses[i], msgs[i]))
+async def _ask_each(topo: Topology, names: list[str], msgs: list[dict[str, Any]]) -> list[Any]:
+    """``msgs[i]`` to node ``names[i]``, for each (the clock is held): their replies, in
+    order."""
+    return await gather(
+        len(names), lambda i: _joined(names[i], control(topo.nodes[names[i]].address, msgs[i]))
+    )
+
+
+async def _joined(name: str, request: Awaitable[Any]) -> Any:
+    """A request to a node that joined the run: a connection it breaks or refuses means its
+    process went away, named as the coordinator names it (whichever of the two sees it first)."""
+    try:
+        return await request
+    except OobError as exc:
+        raise SyncError(f"node {process_label(name)} went away ({exc})", name) from exc
 
 
 async def ask_node(
