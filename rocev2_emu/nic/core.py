@@ -78,12 +78,10 @@ class NicCore(Core):
             if config.ingress is not None and config.ingress.rx_bps
             else None
         )
-        # QPs with something to send, per priority, in round-robin order
-        # per priority, the QPs with something to send, keyed by themselves (an identity hash:
-        # no QPN boxed a look-up), in their turn order
-        self._active: list[dict[QueuePair, QueuePair]] = [{} for _ in range(PRIORITIES)]
+        # per priority, the QPs with something to send in their turn order (a dict as an
+        # ordered set; QPs hash by identity, so no QPN is boxed a look-up)
+        self._active: list[dict[QueuePair, None]] = [{} for _ in range(PRIORITIES)]
         self._prio_order: list[int] = []  # the priorities QPs have used, highest first
-        self._cnp_templates: dict[int, FrameTemplate] = {}
         self._control: deque[bytes] = deque()
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
@@ -149,7 +147,7 @@ class NicCore(Core):
     def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
         self._active[qp.priority].pop(qp, None)
         qp.modify(attr)
-        qp.template = None
+        qp.template = qp.cnp_template = None
         if qp.dest_ip is not None:
             qp.peer_ip = ip_to_int(qp.dest_ip)  # (the path's source IP of what it receives)
         qp.priority = self.priority_of(self.dscp_of(qp))
@@ -159,7 +157,7 @@ class NicCore(Core):
             qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
-            self._active[qp.priority][qp] = qp
+            self._active[qp.priority][qp] = None
         self._touched[qp] = None
 
     def dscp_of(self, qp: QueuePair) -> int:
@@ -171,7 +169,7 @@ class NicCore(Core):
 
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
-        self._active[qp.priority][qp] = qp
+        self._active[qp.priority][qp] = None
         self._touched[qp] = None
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
@@ -237,7 +235,7 @@ class NicCore(Core):
         if frame.opcode == _CNP:
             c.cnp_received += 1
             target = self.qps.get(frame.dqpn)
-            if target is not None and target.peer_ip not in (-1, frame.src_ip):
+            if target is not None and not target.from_peer(frame.src_ip):
                 c.rx_drops["wrong_src_ip"] += 1  # a CNP not from the QP's peer
                 return
             if target is not None and target.rc is not None:
@@ -262,8 +260,7 @@ class NicCore(Core):
         # from the QP's peer, and its P_Key matches the default partition's (0x7FFF, either
         # membership); for requests and responses alike, so no host can write into, or
         # acknowledge for, another host's connection
-        peer = qp.peer_ip  # -1 before RTR: the state check below refuses it
-        if peer >= 0 and peer != frame.src_ip:
+        if not qp.from_peer(frame.src_ip):  # (any before RTR: the state check refuses it)
             c.rx_drops["wrong_src_ip"] += 1
             return
         if frame.pkey & 0x7FFF != 0x7FFF:
@@ -274,7 +271,7 @@ class NicCore(Core):
         if not accepted:
             c.rx_drops["qp_state"] += 1
             return
-        self._active[qp.priority][qp] = qp
+        self._active[qp.priority][qp] = None
 
     def _notify(self, qpn: int, src_ip: int, now: float) -> None:
         """DCQCN notification point: a CNP to the sender of a CE-marked packet, at most one
@@ -282,12 +279,12 @@ class NicCore(Core):
         qp = self.qps.get(qpn)
         if qp is None or qp.dest_ip is None or now - qp.last_cnp < self.config.cnp_interval:
             return
-        if qp.peer_ip not in (-1, src_ip):
+        if not qp.from_peer(src_ip):
             return  # marked, but not by the QP's peer's packet: no CNP on its behalf
         qp.last_cnp = now
-        tpl = self._cnp_templates.get(qpn)
+        tpl = qp.cnp_template
         if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests
-            tpl = self._cnp_templates[qpn] = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
+            tpl = qp.cnp_template = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
         self.queue_control(
             tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True, elide=self.elide)
         )
@@ -338,7 +335,7 @@ class NicCore(Core):
                 if rc is not None and rc.next_send_time > now and not qp.responder.out:
                     if len(active) > 1:  # paced by its rate: let the others go first
                         del active[qp]
-                        active[qp] = qp
+                        active[qp] = None
                     continue
                 pkt = qp.next_packet(now)
                 self._touched[qp] = None
@@ -347,7 +344,7 @@ class NicCore(Core):
                     continue
                 if len(active) > 1:  # to the back of the line
                     del active[qp]
-                    active[qp] = qp
+                    active[qp] = None
                 tpl = qp.template or self._template_for(qp)
                 datagram = tpl.build(
                     pkt.opcode,
@@ -419,8 +416,6 @@ class NicCore(Core):
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
-        if not self._touched:  # most looks: nothing touched since the last
-            return
         deadlines, qps = self._deadlines, self.qps
         for qp in self._touched:
             if qps.get(qp.qpn) is qp:
@@ -435,7 +430,7 @@ class NicCore(Core):
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
         first = 0.0
-        for i, qp in enumerate(self._active[prio].values()):
+        for i, qp in enumerate(self._active[prio]):
             rc = qp.rc
             if rc is None:  # an unpaced QP may send at once
                 first = 0.0
@@ -455,4 +450,4 @@ class NicCore(Core):
         while (qp := deadlines.due(now)) is not None:
             qp.handle_timer(now)
             self._touched[qp] = None
-            self._active[qp.priority][qp] = qp
+            self._active[qp.priority][qp] = None

@@ -107,8 +107,14 @@ class QueuePair(QPEndpoint):
         self.deadline = NO_DEADLINE  # its live entry on the NIC's deadline heap
         self.peer_ip = -1  # the NIC's: its peer's address, set at RTR (-1: none yet)
         self.template: FrameTemplate | None = None  # the NIC's: its frames' headers, memoized
+        self.cnp_template: FrameTemplate | None = None  # the NIC's: its CNPs' headers
         self.requester = Requester(self)
         self.responder = Responder(self)
+
+    def from_peer(self, ip: int) -> bool:
+        """Whether a packet from ``ip`` may be this QP's: its peer's address, or any before
+        RTR, when it has none (rxe's check_addr)."""
+        return self.peer_ip < 0 or self.peer_ip == ip
 
     def __repr__(self) -> str:
         return f"QueuePair(qpn=0x{self.qpn:06x}, state={self.state.name})"
