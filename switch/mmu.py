@@ -84,6 +84,9 @@ class Mmu:
             raise ValueError(f"buffer mode {config.mode!r}: one of {BUFFER_MODES}")
         self.config = config
         self.lossless = lossless
+        self.lossless_mask = 0  # the same priorities as bits (a frozenset's look-up boxes)
+        for prio in lossless:
+            self.lossless_mask |= 1 << prio
         self.ingress = [[0] * PRIORITIES for _ in range(ports)]
         self.headroom_used = [[0] * PRIORITIES for _ in range(ports)]
         self.shared_total = 0
@@ -124,12 +127,12 @@ class Mmu:
         used = ing - reserve if ing > reserve else 0
         grow = after - reserve - used
         full = self.static and self.port_shared[port] + grow > self.partition
-        if prio in self.lossless:
+        if self.lossless_mask >> prio & 1:
             if self.paused[port][prio] or used + grow > self.pfc_threshold() or full:
                 headroom = self.headroom_used[port]
                 if headroom[prio] + size > self.port_headroom[port]:
                     return ADMIT_DROP
-                headroom[prio] += size
+                headroom[prio] = headroom[prio] + size  # (not +=: mypyc adds it as an object)
                 self.total += size
                 return ADMIT_HEADROOM
             if self.shared_total + grow > self.shared_size:
@@ -143,27 +146,31 @@ class Mmu:
                 return ADMIT_DROP
         row[prio] = after
         self.shared_total += grow
-        self.port_shared[port] += grow
+        port_shared = self.port_shared
+        port_shared[port] = port_shared[port] + grow
         self.total += size
         return ADMIT_SHARED
 
     def dequeue(self, port: int, prio: int, size: int, from_headroom: bool) -> None:
         self.total -= size
-        if from_headroom:
-            self.headroom_used[port][prio] -= size
+        if from_headroom:  # (no -= on list items: mypyc subtracts them as objects)
+            headroom = self.headroom_used[port]
+            headroom[prio] = headroom[prio] - size
             return
         reserve = self.config.reserve_bytes
         row = self.ingress[port]
-        before = row[prio] - reserve
-        row[prio] -= size
-        after = row[prio] - reserve
+        ing = row[prio]
+        row[prio] = ing - size
+        before = ing - reserve
+        after = before - size
         freed = (before if before > 0 else 0) - (after if after > 0 else 0)
         self.shared_total -= freed
-        self.port_shared[port] -= freed
+        port_shared = self.port_shared
+        port_shared[port] = port_shared[port] - freed
 
     def should_pause(self, port: int, prio: int) -> bool:
         return (
-            prio in self.lossless
+            self.lossless_mask >> prio & 1 == 1
             and not self.paused[port][prio]
             and (
                 self.headroom_used[port][prio] > 0

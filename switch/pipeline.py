@@ -91,12 +91,20 @@ class SwitchCore(Core):
         # order ports take their turns) and the same ports as a list the timer reads
         self._pending: set[int] = set()
         self._pending_ports: list[PortState] = []
-        self._sweep: list[int] = []  # next_out's turn over the pending ports, and where it is
+        # next_out's turn over the pending ports, and where it is; the turn is the set's order,
+        # made again only when the set changed since (a set's order is its history's)
+        self._sweep: list[int] = []
+        self._pending_changed = False
         self._spare: list[deque[QueueEntry]] = []  # emptied FIFOs, reused (queues are mostly short)
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         # no refresh is due before this (the earliest, or earlier: then the look finds none)
         self._refresh_next = math.inf
+        # ECN's priorities as a bit mask (a frozenset's look-up boxes the priority)
+        self._ecn_mask = 0
+        if config.ecn_enabled:
+            for prio in config.ecn_priorities:
+                self._ecn_mask |= 1 << prio
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
             + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
@@ -175,7 +183,7 @@ class SwitchCore(Core):
         mmu = self.mmu
         where = mmu.admit_enqueue(port, prio, size)
         if where == ADMIT_DROP:
-            ps.drops["buffer" if prio not in mmu.lossless else "headroom"] += 1
+            ps.drops["headroom" if mmu.lossless_mask >> prio & 1 else "buffer"] += 1
             return
         from_headroom = where == ADMIT_HEADROOM
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
@@ -183,13 +191,15 @@ class SwitchCore(Core):
         if fifo is None:
             fifo = eq.queues[prio][port] = self._spare.pop() if self._spare else deque()
         fifo.append(QueueEntry(datagram, port, size, from_headroom))
-        eq.queue_bytes[prio] += size
+        queue_bytes = eq.queue_bytes  # (not +=: mypyc adds a list's item as an object)
+        depth = queue_bytes[prio] + size
+        queue_bytes[prio] = depth
         eq.queued |= 1 << prio
-        if eq.queue_bytes[prio] > eq.peak_queue_bytes:
-            eq.peak_queue_bytes = eq.queue_bytes[prio]
+        if depth > eq.peak_queue_bytes:
+            eq.peak_queue_bytes = depth
         if eq.pending < 0:
             self._queue_on(out, eq)
-        if prio in mmu.lossless and mmu.should_pause(port, prio):
+        if mmu.lossless_mask >> prio & 1 and mmu.should_pause(port, prio):
             self._send_pfc(port, prio, self.config.pfc_quanta, now)
 
     def _learn(self, header: bytes) -> tuple[bytes, int, tuple[int, ...]]:
@@ -287,11 +297,14 @@ class SwitchCore(Core):
         over the ports with frames queued, in turn, each drained while its pacer lets it; what
         the caller does not take stays queued (a blocked socket), and the sweep resumes there."""
         sweep = self._sweep
-        if not sweep:
-            if not self._pending:
+        if self._sweep_at >= len(sweep):  # a new turn (the last one's order, if still true)
+            if self._pending_changed:
+                self._pending_changed = False
+                sweep.clear()
+                for index in self._pending:  # (compiled, a list.extend copies the set first)
+                    sweep.append(index)
+            if not sweep:
                 return None
-            for index in self._pending:  # (compiled, a list.extend copies the set first)
-                sweep.append(index)
             self._sweep_at = 0
         while self._sweep_at < len(sweep):
             index = sweep[self._sweep_at]
@@ -312,7 +325,6 @@ class SwitchCore(Core):
                 if not ps.control and not ps.queued and ps.pending >= 0:
                     self._queue_off(index, ps)
             self._sweep_at += 1
-        sweep.clear()
         return None
 
     def _queue_on(self, index: int, ps: PortState) -> None:
@@ -320,6 +332,7 @@ class SwitchCore(Core):
         ps.pending = len(self._pending_ports)
         self._pending_ports.append(ps)
         self._pending.add(index)
+        self._pending_changed = True
 
     def _queue_off(self, index: int, ps: PortState) -> None:
         """Port ``index`` has nothing left to send."""
@@ -330,6 +343,7 @@ class SwitchCore(Core):
             last.pending = ps.pending
         ps.pending = -1
         self._pending.discard(index)
+        self._pending_changed = True
 
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
@@ -353,9 +367,11 @@ class SwitchCore(Core):
                 self._spare.append(fifo)
                 if not q:
                     ps.queued = queued & ~(1 << prio)
-            ps.queue_bytes[prio] -= e.size
+            queue_bytes = ps.queue_bytes
+            depth = queue_bytes[prio]  # the depth RED reads: the frame's own bytes still in it
+            queue_bytes[prio] = depth - e.size
             self._release(e, prio, now)
-            return self._mark(index, prio, e.datagram, ps.queue_bytes[prio] + e.size)
+            return self._mark(index, prio, e.datagram, depth)
         return None
 
     def _release(self, e: QueueEntry, prio: int, now: float) -> None:
@@ -366,7 +382,7 @@ class SwitchCore(Core):
 
     def _mark(self, port: int, prio: int, datagram: bytes, depth: int) -> bytes:
         """RED at dequeue on the queue's depth; CE only on ECT packets."""
-        if not self.config.ecn_enabled or prio not in self.config.ecn_priorities:
+        if not self._ecn_mask >> prio & 1:
             return datagram
         tos = datagram[_IP + 1]
         if not tos & 0b11 or tos & 0b11 == ECN_CE:
