@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter, deque
+from collections import Counter
 from typing import Final
 
 from rocev2_emu.runtime.events import Core
@@ -44,7 +44,7 @@ from switch.config import (
     SwitchConfig,
 )
 from switch.mmu import ADMIT_DROP, ADMIT_HEADROOM, Mmu
-from switch.port_state import PortState, QueueEntry
+from switch.port_state import Fifo, PortState, QueueEntry
 from switch.watchdog import Watchdog
 
 _IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
@@ -95,7 +95,7 @@ class SwitchCore(Core):
         # made again only when the set changed since (a set's order is its history's)
         self._sweep: list[int] = []
         self._pending_changed = False
-        self._spare: list[deque[QueueEntry]] = []  # emptied FIFOs, reused (queues are mostly short)
+        self._spare: list[Fifo] = []  # emptied FIFOs, reused (queues are mostly short)
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         # no refresh is due before this (the earliest, or earlier: then the look finds none)
@@ -187,10 +187,7 @@ class SwitchCore(Core):
             return
         from_headroom = where == ADMIT_HEADROOM
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
-        fifo = eq.queues[prio].get(port)
-        if fifo is None:
-            fifo = eq.queues[prio][port] = self._spare.pop() if self._spare else deque()
-        fifo.append(QueueEntry(datagram, port, size, from_headroom))
+        eq.queues[prio].push(port, QueueEntry(datagram, port, size, from_headroom), self._spare)
         queue_bytes = eq.queue_bytes  # (not +=: mypyc adds a list's item as an object)
         depth = queue_bytes[prio] + size
         queue_bytes[prio] = depth
@@ -347,7 +344,7 @@ class SwitchCore(Core):
 
     def _dequeue(self, index: int, ps: PortState, now: float) -> bytes | None:
         if ps.control:
-            return ps.control.popleft()
+            return ps.control.pop(0)
         queued = ps.queued
         stormed = self.watchdog.stormed[index]
         for prio in range(PRIORITIES - 1, -1, -1):
@@ -356,17 +353,9 @@ class SwitchCore(Core):
             q = ps.queues[prio]
             # Ingress ports take turns within a priority, as switch arbiters do: this is what
             # makes PFC fair to ports rather than to flows (the DCQCN paper's unfairness).
-            for ingress in q:  # noqa: B007 - the first in line (compiled: no iterator, no call)
-                break
-            fifo = q[ingress]
-            del q[ingress]
-            e = fifo.popleft()
-            if fifo:
-                q[ingress] = fifo  # to the back of the line
-            else:
-                self._spare.append(fifo)
-                if not q:
-                    ps.queued = queued & ~(1 << prio)
+            e = q.pop(self._spare)
+            if q.empty():
+                ps.queued = queued & ~(1 << prio)
             queue_bytes = ps.queue_bytes
             depth = queue_bytes[prio]  # the depth RED reads: the frame's own bytes still in it
             queue_bytes[prio] = depth - e.size
@@ -464,12 +453,10 @@ class SwitchCore(Core):
 
     def _flush(self, port: int, prio: int, now: float, reason: str) -> None:
         ps = self.ports[port]
-        queues = ps.queues[prio]
-        while queues:
-            for e in queues.pop(next(iter(queues))):
-                ps.queue_bytes[prio] -= e.size
-                ps.drops[reason] += 1
-                self._release(e, prio, now)
+        for e in ps.queues[prio].drain():
+            ps.queue_bytes[prio] -= e.size
+            ps.drops[reason] += 1
+            self._release(e, prio, now)
         ps.queued &= ~(1 << prio)
 
     def set_routes(self, routes: dict[int, tuple[int, ...]]) -> None:

@@ -5,7 +5,8 @@ port: grows with the frames queued on it.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
+from typing import Final
 
 from rocev2_emu.wire.linerate import LinePacer
 from rocev2_emu.wire.qos import PRIORITIES
@@ -26,18 +27,109 @@ class QueueEntry:
         )
 
 
+_GONE: Final = QueueEntry(b"", -1, 0, False)  # a read slot of a Fifo: its frame let go
+
+
+class Fifo:
+    """Frames oldest first: a list read from ``head`` (a deque's methods are calls through
+    the interpreter in compiled code; these are native).  A read slot lets its frame go at
+    once; the list is emptied when read to its end and cut when its read part is most of it.
+    Grows with the frames queued."""
+
+    def __init__(self) -> None:
+        self.items: list[QueueEntry] = []
+        self.head = 0
+
+    def empty(self) -> bool:
+        return self.head == len(self.items)
+
+    def pop(self) -> QueueEntry:
+        """The oldest frame (the caller knows there is one)."""
+        items = self.items
+        head = self.head
+        e = items[head]
+        head += 1
+        if head == len(items):
+            items.clear()
+            head = 0
+        else:
+            items[head - 1] = _GONE
+            if head >= 64 and head * 2 >= len(items):
+                del items[:head]
+                head = 0
+        self.head = head
+        return e
+
+
+class PrioQueue:
+    """One priority's egress queue of a port: a :class:`Fifo` per ingress port, and the line
+    of ingress ports that take turns, as switch arbiters serve them: a port joins the back of
+    the line when its first frame arrives and goes back there after its turn while frames of
+    its are left.  Grows with the ingress ports that have frames queued."""
+
+    def __init__(self) -> None:
+        self.fifos: dict[int, Fifo] = {}
+        self._line: list[int] = []
+        self._line_head = 0
+
+    def empty(self) -> bool:
+        return not self.fifos
+
+    def push(self, ingress: int, e: QueueEntry, spare: list[Fifo]) -> None:
+        """Queue ``e`` from ``ingress`` (a new FIFO taken from ``spare`` when there is one)."""
+        fifo = self.fifos.get(ingress)
+        if fifo is None:
+            fifo = self.fifos[ingress] = spare.pop() if spare else Fifo()
+            self._line.append(ingress)
+        fifo.items.append(e)
+
+    def pop(self, spare: list[Fifo]) -> QueueEntry:
+        """The next frame of the ingress port whose turn it is (the caller knows there is
+        one); an emptied FIFO goes to ``spare``."""
+        line = self._line
+        head = self._line_head
+        ingress = line[head]
+        head += 1
+        fifo = self.fifos[ingress]
+        e = fifo.pop()
+        if fifo.empty():
+            del self.fifos[ingress]
+            spare.append(fifo)
+        else:
+            line.append(ingress)  # to the back of the line
+        if head == len(line):
+            line.clear()
+            head = 0
+        elif head >= 64 and head * 2 >= len(line):
+            del line[:head]
+            head = 0
+        self._line_head = head
+        return e
+
+    def drain(self) -> list[QueueEntry]:
+        """Every frame queued, the line's first port's first, and the queue emptied."""
+        out: list[QueueEntry] = []
+        for i in range(self._line_head, len(self._line)):
+            fifo = self.fifos[self._line[i]]
+            out.extend(fifo.items[fifo.head :])
+        self.fifos.clear()
+        self._line.clear()
+        self._line_head = 0
+        return out
+
+
 class PortState:
     """Counters and queues of one port (names after SAI port / queue statistics)."""
 
     def __init__(self, rate_bps: float, prio_count: int = PRIORITIES) -> None:
         self.up = True
         self.pacer = LinePacer(rate_bps)  # the egress link's transmitter
-        # per priority, one FIFO per ingress port, served round-robin (see _dequeue)
-        self.queues: list[dict[int, deque[QueueEntry]]] = [{} for _ in range(prio_count)]
+        # per priority, one FIFO per ingress port, served round-robin
+        self.queues = [PrioQueue() for _ in range(prio_count)]
         self.queue_bytes = [0] * prio_count
         self.queued = 0  # bit p set while priority p has frames queued (the timer's scan)
         self.peak_queue_bytes = 0  # the most any one priority's egress queue held
-        self.control: deque[bytes] = deque()
+        self.control: list[bytes] = []  # PFC frames to send first (a few: a list is a FIFO)
         self.paused_until = [0.0] * prio_count  # the neighbour paused our egress
         self.paused_time = [0.0] * prio_count  # accumulated, emulated seconds
         self._paused_from = [-1.0] * prio_count

@@ -13,7 +13,6 @@ Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clo
 from __future__ import annotations
 
 import random
-from collections import deque
 from typing import Any, Final
 
 from rocev2_emu.nic.config import NicConfig
@@ -82,7 +81,7 @@ class NicCore(Core):
         # ordered set; QPs hash by identity, so no QPN is boxed a look-up)
         self._active: list[dict[QueuePair, None]] = [{} for _ in range(PRIORITIES)]
         self._prio_order: list[int] = []  # the priorities QPs have used, highest first
-        self._control: deque[bytes] = deque()
+        self._control: list[bytes] = []  # PFC frames and CNPs, sent first (a few: a list)
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
         self._deadlines = Deadlines()
@@ -310,7 +309,7 @@ class NicCore(Core):
         pacer = self.pacer
         if not pacer.ready(now):
             return None
-        datagram = self._control.popleft() if self._control else self._next_qp_datagram(now)
+        datagram = self._control.pop(0) if self._control else self._next_qp_datagram(now)
         if datagram is None:
             pacer.idle = True  # the next frame starts a new busy period at its own time
             return None
