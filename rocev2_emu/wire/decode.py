@@ -211,8 +211,8 @@ def decode_frame_at(
     tos = data[ip + 1]
     word2 = _u32(data, b + 8)
     return RoceFrame(
-        data[at : at + 6],
-        data[at + 6 : at + 12],
+        data,
+        at,
         tos >> 2,
         tos & 3,
         data[ip + 8],

@@ -68,7 +68,8 @@ def mask_icrc_fields(masked: bytearray) -> None:
 
 class RoceFrame:
     """A decoded RoCEv2 frame: one native object per packet, its fields typed attributes
-    (``payload`` a view of the received bytes, valid while they are)."""
+    (``payload`` a view of the received bytes, valid while they are; the MACs sliced from them
+    only when read: nothing on the data path reads them)."""
 
     __match_args__ = (
         "dst_mac",
@@ -103,8 +104,8 @@ class RoceFrame:
 
     def __init__(
         self,
-        dst_mac: bytes,
-        src_mac: bytes,
+        data: bytes,
+        at: int,
         dscp: int,
         ecn: int,
         ttl: int,
@@ -132,8 +133,8 @@ class RoceFrame:
         payload: memoryview,
         icrc: int,
     ) -> None:
-        self.dst_mac = dst_mac
-        self.src_mac = src_mac
+        self._data = data  # the frame's bytes from ``at``: its MACs are read when asked for
+        self._at = at
         self.dscp = dscp
         self.ecn = ecn
         self.ttl = ttl
@@ -160,6 +161,14 @@ class RoceFrame:
         self.deth = deth
         self.payload = payload
         self.icrc = icrc
+
+    @property
+    def dst_mac(self) -> bytes:
+        return self._data[self._at : self._at + 6]
+
+    @property
+    def src_mac(self) -> bytes:
+        return self._data[self._at + 6 : self._at + 12]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__match_args__)
