@@ -96,6 +96,9 @@ class SwitchCore(Core):
         self._sweep: list[int] = []
         self._pending_changed = False
         self._spare: list[Fifo] = []  # emptied FIFOs, reused (queues are mostly short)
+        # entries of frames sent, refilled for the next frames queued (no allocation a frame):
+        # at most as many as the switch once held at a time, each holding no frame
+        self._spare_entries: list[QueueEntry] = []
         self._sweep_at = 0
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         # no refresh is due before this (the earliest, or earlier: then the look finds none)
@@ -187,7 +190,16 @@ class SwitchCore(Core):
             return
         from_headroom = where == ADMIT_HEADROOM
         datagram = b"".join((self._prefix[out], rewritten, data[_IP + 20 : _IP + total]))
-        eq.queues[prio].push(port, QueueEntry(datagram, port, size, from_headroom), self._spare)
+        entries = self._spare_entries
+        if entries:
+            e = entries.pop()
+            e.datagram = datagram
+            e.in_port = port
+            e.size = size
+            e.from_headroom = from_headroom
+        else:
+            e = QueueEntry(datagram, port, size, from_headroom)
+        eq.queues[prio].push(port, e, self._spare)
         queue_bytes = eq.queue_bytes  # (not +=: mypyc adds a list's item as an object)
         depth = queue_bytes[prio] + size
         queue_bytes[prio] = depth
@@ -360,7 +372,10 @@ class SwitchCore(Core):
             depth = queue_bytes[prio]  # the depth RED reads: the frame's own bytes still in it
             queue_bytes[prio] = depth - e.size
             self._release(e, prio, now)
-            return self._mark(index, prio, e.datagram, depth)
+            datagram = e.datagram
+            e.datagram = b""
+            self._spare_entries.append(e)
+            return self._mark(index, prio, datagram, depth)
         return None
 
     def _release(self, e: QueueEntry, prio: int, now: float) -> None:
