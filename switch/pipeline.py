@@ -411,8 +411,11 @@ class SwitchCore(Core):
     # -- timers, links ---------------------------------------------------------------------
     def get_timer(self) -> float | None:
         """The next time :meth:`next_out` or :meth:`handle_timer` has work: only ports with
-        frames queued and ports refreshing an XOFF are looked at, not every port."""
-        t = self.watchdog.get_timer()
+        frames queued and ports refreshing an XOFF are looked at, not every port.  (A native
+        float with a flag for "none yet": a ``float | None`` is boxed at every assignment.)"""
+        w = self.watchdog.get_timer()
+        has_t = w is not None
+        t = w if w is not None else 0.0
         for ps in self._pending_ports:
             free_at = ps.pacer.free_at
             if ps.control:
@@ -430,15 +433,16 @@ class SwitchCore(Core):
                     prio += 1
                 if at == math.inf:
                     continue
-            if t is None or at < t:
+            if not has_t or at < t:
                 t = at
-        if not self._refreshing:  # (most looks: an empty set's iterator is not free)
-            return t
-        for index in self._refreshing:
-            for r in self.ports[index].xoff_refresh_at:
-                if r and (t is None or r < t):
-                    t = r
-        return t
+                has_t = True
+        if self._refreshing:  # (most looks: an empty set's iterator is not free)
+            for index in self._refreshing:
+                for r in self.ports[index].xoff_refresh_at:
+                    if r and (not has_t or r < t):
+                        t = r
+                        has_t = True
+        return t if has_t else None
 
     def handle_timer(self, now: float) -> None:
         if self._refreshing and now >= self._refresh_next:

@@ -390,28 +390,37 @@ class NicCore(Core):
         return self.pacer.behind_schedule
 
     def get_timer(self) -> float | None:
-        """Emulated time at which handle_timer / next_datagram next have work, or None."""
-        t = self._next_qp_timer()
+        """Emulated time at which handle_timer / next_datagram next have work, or None.
+        (Times are native floats with a flag for "none yet" until the answer: a ``float |
+        None`` is a boxed float at every assignment in compiled code.)"""
+        self._refresh_timers()
+        t = self._deadlines.first()
+        has_t = t != NO_DEADLINE
         if self.ingress is not None:
             i = self.ingress.get_timer()
-            if i is not None and (t is None or i < t):
+            if i is not None and (not has_t or i < t):
                 t = i
+                has_t = True
+        send = 0.0
         if self._control:
-            send: float | None = self.pacer.free_at if self.config.link_bps else 0.0
+            has_send = True
+            if self.config.link_bps:
+                send = self.pacer.free_at
         else:
-            send = None
+            has_send = False
             for prio in self._prio_order:
                 if self._active[prio]:
                     e = self._earliest(prio)
-                    if send is None or e < send:
+                    if not has_send or e < send:
                         send = e
-            if send is not None and self.config.link_bps:
+                        has_send = True
+            if has_send and self.config.link_bps:
                 free = self.pacer.free_at
                 if free > send:
                     send = free
-        if send is not None and (t is None or send < t):
-            t = send
-        return t
+        if has_send and (not has_t or send < t):
+            return send
+        return t if has_t else None
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
@@ -420,11 +429,6 @@ class NicCore(Core):
             if qps.get(qp.qpn) is qp:
                 deadlines.refresh(qp)
         self._touched.clear()
-
-    def _next_qp_timer(self) -> float | None:
-        self._refresh_timers()
-        t = self._deadlines.first()
-        return None if t == NO_DEADLINE else t
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
