@@ -6,7 +6,7 @@ port: grows with the frames queued on it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Final
+from typing import Any, Final
 
 from rocev2_emu.wire.linerate import LinePacer
 from rocev2_emu.wire.qos import PRIORITIES
@@ -30,6 +30,18 @@ class QueueEntry:
 _GONE: Final = QueueEntry(b"", -1, 0, False)  # a read slot of a Fifo: its frame let go
 
 
+def _read_to(items: list[Any], head: int) -> int:
+    """The head of a list read from its front, once read up to ``head``: the list emptied when
+    read to its end, cut when its read part is most of it (at least 64)."""
+    if head == len(items):
+        items.clear()
+        return 0
+    if head >= 64 and head * 2 >= len(items):
+        del items[:head]
+        return 0
+    return head
+
+
 class Fifo:
     """Frames oldest first: a list read from ``head`` (a deque's methods are calls through
     the interpreter in compiled code; these are native).  A read slot lets its frame go at
@@ -48,16 +60,8 @@ class Fifo:
         items = self.items
         head = self.head
         e = items[head]
-        head += 1
-        if head == len(items):
-            items.clear()
-            head = 0
-        else:
-            items[head - 1] = _GONE
-            if head >= 64 and head * 2 >= len(items):
-                del items[:head]
-                head = 0
-        self.head = head
+        items[head] = _GONE
+        self.head = _read_to(items, head + 1)
         return e
 
 
@@ -89,7 +93,6 @@ class PrioQueue:
         line = self._line
         head = self._line_head
         ingress = line[head]
-        head += 1
         fifo = self.fifos[ingress]
         e = fifo.pop()
         if fifo.empty():
@@ -97,13 +100,7 @@ class PrioQueue:
             spare.append(fifo)
         else:
             line.append(ingress)  # to the back of the line
-        if head == len(line):
-            line.clear()
-            head = 0
-        elif head >= 64 and head * 2 >= len(line):
-            del line[:head]
-            head = 0
-        self._line_head = head
+        self._line_head = _read_to(line, head + 1)
         return e
 
     def drain(self) -> list[QueueEntry]:
