@@ -48,12 +48,10 @@ def local_read(
     """What every node would answer to ``ports`` and ``map`` at emulated time ``t``, read from
     the nodes of this process; with the ``registry`` of a virtual job's collectives, each
     host's ranks' progress and the servers' fabrics too (with the first host's answer)."""
-    ranks_of: dict[str, set[int]] = {}
-    first = 0
-    for h in topo.hosts:  # ranks are numbered host-major in topology order
-        ranks_of[h.name] = set(range(first, first + h.ranks))
-        first += h.ranks
-    progress = registry is not None and any(ranks_of.values())
+    # the host of each rank (ranks are numbered host-major in topology order): one entry a
+    # rank, so a sample sorts the ranks' rows to their hosts in one pass over the ranks
+    host_of = [h.name for h in topo.hosts for _ in range(h.ranks)]
+    progress = registry is not None and bool(host_of)
     # a server fabric counts only where it runs a model; elsewhere its read would walk the
     # whole registry for nothing
     fabrics = any(
@@ -62,16 +60,19 @@ def local_read(
     )
 
     def read(t: float) -> tuple[dict[str, Any], dict[str, Any]]:
-        by_rank = rank_progress(registry) if progress and registry is not None else {}
+        ranks_at: dict[str, dict[str, Any]] = {}
+        if progress and registry is not None:
+            for r, row in rank_progress(registry).items():
+                rank = int(r)
+                if 0 <= rank < len(host_of):
+                    ranks_at.setdefault(host_of[rank], {})[r] = row
         hosts = {}
         for name, agent in agents.items():
             hosts[name] = host_map_state(agent.ctx, t)
             if registry is not None and len(hosts) == 1:
                 hosts[name]["server_fabric"] = server_fabric_state(registry) if fabrics else {}
             if progress:
-                hosts[name]["ranks"] = {
-                    r: row for r, row in by_rank.items() if int(r) in ranks_of[name]
-                }
+                hosts[name]["ranks"] = ranks_at.get(name, {})
         return {name: port_states(sw, t) for name, sw in switches.items()}, hosts
 
     return read
