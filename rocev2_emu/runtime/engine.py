@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from time import perf_counter
+from typing import ClassVar
 
 import trio
 import trio.testing
@@ -28,6 +30,11 @@ __all__ = ["Core", "Engine", "EngineError", "Node"]
 class Engine:
     """Every core of a virtual fabric on one heap.  Add nodes, :meth:`connect` them, then run
     :meth:`run` as a trio task (under MockClock) or step it by hand with :meth:`advance_to`."""
+
+    # wall seconds every engine of this process has spent running events in :meth:`run` (the
+    # cores, and the completion handlers their hooks run; not trio's tasks or set-up): what
+    # ``bench virtual`` divides the frame-hops by for the engine's own rate
+    running_seconds: ClassVar[float] = 0.0
 
     def __init__(self) -> None:
         self.events = EventHeap()
@@ -100,7 +107,7 @@ class Engine:
 
     def _sync_clock(self, clock: trio.testing.MockClock) -> None:
         """Move the mock clock to the engine's time before trio runs again."""
-        ahead = self.to_trio(self.events.now) - trio.current_time()
+        ahead = self.to_trio(self.events.now) - clock.current_time()  # (trio.current_time's)
         if ahead > 0:
             clock.jump(ahead)
 
@@ -147,14 +154,17 @@ class Engine:
             while True:
                 # every application task runs until it blocks, at this instant, before time moves
                 await settle()
-                events.now = max(events.now, trio.current_time() - self.origin)
+                started = perf_counter()
+                events.now = max(events.now, clock.current_time() - self.origin)
                 events.woke = False
                 events.run_due()
                 if events.woke:
+                    Engine.running_seconds += perf_counter() - started
                     continue
                 limit = events.now + statistics().seconds_to_next_deadline  # inf when trio has none
                 nt = events.run_until(limit, report)
                 self._sync_clock(clock)
+                Engine.running_seconds += perf_counter() - started
                 if events.woke:
                     continue
                 if nt is None and self._quiet.unpark_all():

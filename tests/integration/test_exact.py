@@ -143,7 +143,7 @@ def test_bench_virtual_split_over_workers_gives_the_one_process_figures() -> Non
         done = _run([*EXE, "bench", "virtual", "--cases", "a", *workers], 300)
         assert done.returncode == 0, done.stderr[-2000:]
         row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["a"])
-        rows[bool(workers)] = (row[1], row[5])  # frame-hops, emulated us
+        rows[bool(workers)] = (row[1], row[6])  # frame-hops, emulated us
         if workers:
             assert "split over 2 worker processes on the exact clock" in done.stdout
     assert rows[True] == rows[False]
