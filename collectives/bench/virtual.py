@@ -12,7 +12,7 @@ Each case runs in a fresh Python process (``python -m collectives.bench.virtual 
 peak resident memory is its own; the wall time counts building the fabric (every NIC, switch,
 QP connection) and the run, not the interpreter's start.  ``in engine`` divides the frame-hops by
 the wall seconds the event engine spent running events alone (the cores, and the completion
-handlers their hooks run: :attr:`~rocev2_emu.runtime.engine.Engine.running_seconds`), without
+handlers their hooks run: :func:`~rocev2_emu.fabric.virtual.engine_seconds`), without
 building the fabric, opening flows or trio's tasks - the per-hop rate that ``hops/s`` dilutes
 with set-up (``-`` with ``--workers``: the engines run in other processes).
 
@@ -47,7 +47,7 @@ from rocev2_emu import cores
 from rocev2_emu.fabric.agent import FlowResult, FlowSpec
 from rocev2_emu.fabric.flow_run import run_flow_job
 from rocev2_emu.fabric.options import Clock, RunOptions
-from rocev2_emu.runtime.engine import Engine
+from rocev2_emu.fabric.virtual import engine_seconds
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine, to_toml
 from rocev2_emu.topology.model import Topology
@@ -142,10 +142,10 @@ def measure(case: str, workers: int | None = None) -> dict[str, Any]:
     """Run one case in this process (``workers``: over that many node processes): its
     frame-hops, wall seconds, emulated seconds, memory (the largest process's)."""
     run = RUNS[case]()
-    start, running = time.perf_counter(), Engine.running_seconds
+    start, running = time.perf_counter(), engine_seconds()
     fabric, emulated = run(workers)
     wall = time.perf_counter() - start
-    in_engine = Engine.running_seconds - running  # (0 with workers: their engines run apart)
+    in_engine = engine_seconds() - running  # (0 with workers: their engines run apart)
     peak = max(resource.getrusage(who).ru_maxrss for who in (RUSAGE_SELF, RUSAGE_CHILDREN))
     return {
         "case": case,

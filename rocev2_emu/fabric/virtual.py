@@ -40,6 +40,12 @@ def run_virtual_time(seed: int, main: Callable[..., Awaitable[T]], *args: Any) -
         return trio.run(main, *args, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def engine_seconds() -> float:
+    """Wall seconds this process's event engines have spent running events so far
+    (:attr:`Engine.running_seconds`): a benchmark's reading before and after a run."""
+    return Engine.running_seconds
+
+
 @asynccontextmanager
 async def virtual_fabric(
     topo: Topology,
