@@ -10,13 +10,14 @@ The collectives' :mod:`collectives.comm.store` offers these beside its TCP store
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
+from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp, StoreReply
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.exact import StoreWaiter, current_engine
 from rocev2_emu.verbs import RemoteVerbsError
@@ -110,12 +111,16 @@ class StoreChannel(PeerExchange):
 
 class VirtualStore:
     """The emulated store inside the virtual fabric's process: a :class:`StoreCore` that a trio
-    task (:meth:`run`) applies at each operation's arrival time."""
+    task (:meth:`run`) applies at each operation's arrival time, handing each reply to its
+    waiter when it reaches the host (as an exact run's engine does), so a waiting task wakes
+    once an operation.  Holds the operations and replies on their way: one each per waiting
+    task."""
 
     def __init__(self, clock: DilatedClock) -> None:
         self.core = StoreCore()
         self.clock = clock
         self._waiters: dict[tuple[int, int], StoreWaiter] = {}
+        self._replies: list[tuple[float, int, int, StoreReply]] = []  # a heap, by arrival
         self._kick = trio.lowlevel.ParkingLot()
 
     def client(self, origin: int, clock: DilatedClock) -> EmulatedStore:
@@ -128,15 +133,24 @@ class VirtualStore:
         return waiter
 
     async def run(self) -> None:
-        """Apply each operation when it reaches the store, until cancelled."""
-        clock, core = self.clock, self.core
+        """Apply each operation when it reaches the store, and hand each reply over when it
+        reaches its host, until cancelled."""
+        clock, core, replies = self.clock, self.core, self._replies
         while True:
             nt = core.next_time()
-            with trio.move_on_at(math.inf if nt is None else clock.to_trio(nt)):
+            if replies and (nt is None or replies[0][0] < nt):
+                nt = replies[0][0]
+            if nt is None:
+                await self._kick.park()
+                continue
+            with trio.move_on_at(clock.to_trio(nt)):
                 await self._kick.park()  # a new operation may arrive before nt
                 continue
-            now = clock.now()
+            now = max(clock.now(), nt)  # (woke for nt: it is due)
             for reply in core.run_until(math.nextafter(now, math.inf)):
+                heapq.heappush(replies, (reply.at, reply.origin, reply.seq, reply))
+            while replies and replies[0][0] <= now:
+                reply = heapq.heappop(replies)[3]
                 waiter = self._waiters.pop((reply.origin, reply.seq), None)
                 if waiter is not None:
                     waiter.deliver(reply)
