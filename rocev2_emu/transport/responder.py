@@ -21,6 +21,7 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.responses import (
     ATOMIC_OPS,
     LAST_OPS,
+    MORE_OPS,
     SEND_FIRST_OPS,
     SEND_MORE_OPS,
     U64,
@@ -110,7 +111,7 @@ class Responder:
         if (
             (self.in_send is not None and op not in SEND_MORE_OPS)
             or (self.in_write and op not in WRITE_MORE_OPS)
-            or (self.in_send is None and not self.in_write and op in SEND_MORE_OPS | WRITE_MORE_OPS)
+            or (self.in_send is None and not self.in_write and op in MORE_OPS)
         ):
             self._fatal(NakCode.INVALID_REQUEST, f"opcode 0x{op:02x} out of sequence")
             return

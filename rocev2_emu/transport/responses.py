@@ -6,7 +6,7 @@ never executed twice (IBTA vol. 1 §9.7.5.1, §9.4.5).
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final
 
 from rocev2_emu.transport.memory import MemoryRegion
 from rocev2_emu.wire.bth import Opcode as Op
@@ -23,6 +23,7 @@ WRITE_FIRST_OPS: Final = frozenset(
 WRITE_MORE_OPS: Final = frozenset(
     {Op.RC_RDMA_WRITE_MIDDLE, Op.RC_RDMA_WRITE_LAST, Op.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE}
 )
+MORE_OPS: Final = SEND_MORE_OPS | WRITE_MORE_OPS  # the middles and lasts of a message
 LAST_OPS: Final = frozenset(
     {
         Op.RC_SEND_LAST,
@@ -71,18 +72,29 @@ class Resource:
         self.first_psn, self.npkts, self.orig = first_psn, npkts, orig
 
 
-class Ack(NamedTuple):
-    """An ACK or NAK waiting in the response FIFO."""
+class Ack:
+    """An ACK or NAK waiting in the response FIFO (a plain class: a NamedTuple is built through
+    an interpreted __new__ in compiled code)."""
 
-    first_psn: int
-    syndrome: int
-    msn: int
+    __slots__ = ("first_psn", "msn", "syndrome")
+
+    def __init__(self, first_psn: int, syndrome: int, msn: int) -> None:
+        self.first_psn, self.syndrome, self.msn = first_psn, syndrome, msn
+
+    def __repr__(self) -> str:
+        return f"Ack(first_psn={self.first_psn}, syndrome=0x{self.syndrome:02x}, msn={self.msn})"
 
 
-class AtomicAck(NamedTuple):
-    first_psn: int
-    orig: int
-    msn: int
+class AtomicAck:
+    """An atomic's response waiting in the response FIFO: the original value."""
+
+    __slots__ = ("first_psn", "msn", "orig")
+
+    def __init__(self, first_psn: int, orig: int, msn: int) -> None:
+        self.first_psn, self.orig, self.msn = first_psn, orig, msn
+
+    def __repr__(self) -> str:
+        return f"AtomicAck(first_psn={self.first_psn}, orig={self.orig}, msn={self.msn})"
 
 
 class AccessDenied(Exception):

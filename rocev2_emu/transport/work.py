@@ -13,7 +13,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
@@ -91,12 +91,23 @@ WC_OPCODE_OF: Final[dict[WrOpcode, WcOpcode]] = {
 }
 
 
-class Sge(NamedTuple):
-    """ibv_sge: a piece of a registered buffer."""
+class Sge:
+    """ibv_sge: a piece of a registered buffer.  (A plain class, native when compiled, as the
+    other records a frame or a completion makes: a NamedTuple is built through an interpreted
+    __new__ even in compiled code.)"""
 
-    addr: int
-    length: int
-    lkey: int
+    __slots__ = ("addr", "length", "lkey")
+
+    def __init__(self, addr: int, length: int, lkey: int) -> None:
+        self.addr, self.length, self.lkey = addr, length, lkey
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sge):
+            return NotImplemented
+        return (self.addr, self.length, self.lkey) == (other.addr, other.length, other.lkey)
+
+    def __repr__(self) -> str:
+        return f"Sge(addr=0x{self.addr:x}, length={self.length}, lkey=0x{self.lkey:x})"
 
 
 @dataclass(slots=True)
@@ -123,17 +134,62 @@ class RecvWR:
     sg_list: Sequence[Sge] = ()
 
 
-class WorkCompletion(NamedTuple):
-    """ibv_wc."""
+class WorkCompletion:
+    """ibv_wc (a plain class, as :class:`Sge`)."""
 
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int
-    qp_num: int
-    imm_data: int | None = None
-    src_qp: int = 0
-    vendor_err: int = 0
+    __slots__ = (
+        "byte_len",
+        "imm_data",
+        "opcode",
+        "qp_num",
+        "src_qp",
+        "status",
+        "vendor_err",
+        "wr_id",
+    )
+
+    def __init__(
+        self,
+        wr_id: int,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: int,
+        qp_num: int,
+        imm_data: int | None = None,
+        src_qp: int = 0,
+        vendor_err: int = 0,
+    ) -> None:
+        self.wr_id = wr_id
+        self.status = status
+        self.opcode = opcode
+        self.byte_len = byte_len
+        self.qp_num = qp_num
+        self.imm_data = imm_data
+        self.src_qp = src_qp
+        self.vendor_err = vendor_err
+
+    def _values(self) -> tuple[object, ...]:
+        return (
+            self.wr_id,
+            self.status,
+            self.opcode,
+            self.byte_len,
+            self.qp_num,
+            self.imm_data,
+            self.src_qp,
+            self.vendor_err,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkCompletion):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkCompletion(wr_id={self.wr_id}, status={self.status!r}, opcode={self.opcode!r}, "
+            f"byte_len={self.byte_len}, qp_num=0x{self.qp_num:06x}, imm_data={self.imm_data})"
+        )
 
 
 class CompletionQueue:

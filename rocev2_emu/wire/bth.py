@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Final, NamedTuple
+from typing import Final
 
 
 class Opcode(enum.IntEnum):
@@ -173,27 +173,56 @@ class NakCode(enum.IntEnum):
     INVALID_RD_REQUEST = 4
 
 
-class Reth(NamedTuple):
-    va: int
-    rkey: int
-    dma_len: int
+# The extended headers a decoded frame carries: plain classes, native ones when compiled (a
+# NamedTuple is built through an interpreted __new__ even in compiled code).
 
 
-class Aeth(NamedTuple):
-    syndrome: int
-    msn: int
+class Reth:
+    """RDMA extended transport header (IBTA 9.3.3)."""
+
+    __slots__ = ("dma_len", "rkey", "va")
+
+    def __init__(self, va: int, rkey: int, dma_len: int) -> None:
+        self.va, self.rkey, self.dma_len = va, rkey, dma_len
+
+    def __repr__(self) -> str:
+        return f"Reth(va=0x{self.va:x}, rkey=0x{self.rkey:x}, dma_len={self.dma_len})"
 
 
-class AtomicEth(NamedTuple):
-    va: int
-    rkey: int
-    swap_add: int
-    compare: int
+class Aeth:
+    """ACK extended transport header (IBTA 9.3.5)."""
+
+    __slots__ = ("msn", "syndrome")
+
+    def __init__(self, syndrome: int, msn: int) -> None:
+        self.syndrome, self.msn = syndrome, msn
+
+    def __repr__(self) -> str:
+        return f"Aeth(syndrome=0x{self.syndrome:02x}, msn={self.msn})"
 
 
-class Deth(NamedTuple):
-    qkey: int
-    src_qp: int
+class AtomicEth:
+    """Atomic extended transport header (IBTA 9.3.7)."""
+
+    __slots__ = ("compare", "rkey", "swap_add", "va")
+
+    def __init__(self, va: int, rkey: int, swap_add: int, compare: int) -> None:
+        self.va, self.rkey, self.swap_add, self.compare = va, rkey, swap_add, compare
+
+    def __repr__(self) -> str:
+        return f"AtomicEth(va=0x{self.va:x}, rkey=0x{self.rkey:x}, swap_add={self.swap_add})"
+
+
+class Deth:
+    """Datagram extended transport header (IBTA 9.3.2)."""
+
+    __slots__ = ("qkey", "src_qp")
+
+    def __init__(self, qkey: int, src_qp: int) -> None:
+        self.qkey, self.src_qp = qkey, src_qp
+
+    def __repr__(self) -> str:
+        return f"Deth(qkey=0x{self.qkey:x}, src_qp=0x{self.src_qp:06x})"
 
 
 def psn_add(psn: int, n: int) -> int:

@@ -194,7 +194,8 @@ def decode_frame_at(
             reth = Reth(va, _u32(data, e + 8), _u32(data, e + 12))
             e += 16
         if layout & _X_ATOMIC_ETH:
-            atomic_eth = AtomicEth._make(ATOMIC_ETH.unpack_from(data, e))
+            va, rkey, swap_add, compare = ATOMIC_ETH.unpack_from(data, e)
+            atomic_eth = AtomicEth(va, rkey, swap_add, compare)
             e += 28
         if layout & _X_AETH:
             word = _u32(data, e)
