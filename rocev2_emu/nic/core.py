@@ -139,6 +139,7 @@ class NicCore(Core):
         if self.qps.get(qp.qpn) is not qp:
             raise LocalVerbsError(f"{qp!r} does not belong to this NIC")
         del self.qps[qp.qpn]
+        qp.alive = False  # a post to it after this touches it, and leaves its deadline alone
         qp.deadline = NO_DEADLINE  # its entries on the heap are stale
         self._touched.pop(qp, None)
         self._active[qp.priority].pop(qp, None)
@@ -424,11 +425,14 @@ class NicCore(Core):
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
-        deadlines, qps = self._deadlines, self.qps
-        for qp in self._touched:
-            if qps.get(qp.qpn) is qp:
+        touched = self._touched
+        if not touched:
+            return
+        deadlines = self._deadlines
+        for qp in touched:
+            if qp.alive:  # (still this NIC's: a QP is this NIC's from create_qp to destroy_qp)
                 deadlines.refresh(qp)
-        self._touched.clear()
+        touched.clear()
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
