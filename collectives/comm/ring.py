@@ -111,6 +111,12 @@ def imm_of(seq: int, item: int) -> int:
     return (seq & 0xFF) << 24 | item
 
 
+_WAIT_NONE: Final = 0  # (what an operation waits for, :meth:`Operation.render`)
+_WAIT_SENDING: Final = 1  # its NIC to finish sending
+_WAIT_CHUNK: Final = 2  # a chunk from its predecessor
+_WAIT_CREDIT: Final = 3  # a credit from its successor
+
+
 class Operation:
     """One ring operation driven by its links: :meth:`pump` runs whenever either link changes
     (an arrival, a credit, a write completed, a failure), from the NIC driver's completion
@@ -169,6 +175,10 @@ class Operation:
         self._busy = False  # in pump: a change made by pump itself (a free fabric) loops
         self._again = False
         self._woke = False  # a link said trio must run (a server fabric's new deadline)
+        # what it last waited for (rendered into ``progress`` when its run ends, by
+        # :meth:`render`, not at each wait): one of the _WAIT_* kinds, and a step and chunk
+        self._wait = _WAIT_NONE
+        self._wait_step = self._wait_chunk = 0
 
     async def run(self) -> None:
         """Until every chunk is sent, received and its write complete, driven by the links'
@@ -188,6 +198,15 @@ class Operation:
         for link in (self.tx, self.rx):
             if link is not None and link.listener == self.pump:
                 link.listener = None
+
+    def render(self) -> None:
+        """Write what it last waited for into ``progress`` (for a passed deadline's message)."""
+        if self._wait == _WAIT_SENDING:
+            self.progress[0] = f"the NIC to finish sending to {self.succ}"
+        elif self._wait == _WAIT_CHUNK:
+            self.progress[0] = f"step {self._wait_step} chunk {self._wait_chunk} from {self.pred}"
+        elif self._wait == _WAIT_CREDIT:
+            self.progress[0] = f"a credit from {self.succ}"
 
     def _end(self, error: BaseException | None = None) -> None:
         self.over, self.error = True, error
@@ -217,7 +236,7 @@ class Operation:
                 if self.tx is None or not self.tx.outstanding:
                     self._end()
                     return True
-                self.progress[0] = f"the NIC to finish sending to {self.succ}"
+                self._wait = _WAIT_SENDING
             for link in (self.tx, self.rx):
                 if link is not None and link.error:
                     raise LinkError(link.error)
@@ -237,7 +256,7 @@ class Operation:
             assert rx is not None
             got = rx.take()
             if got is None:
-                self.progress[0] = f"step {s} chunk {c} from {self.pred}"
+                self._wait, self._wait_step, self._wait_chunk = _WAIT_CHUNK, s, c
                 break
             imm, nbytes, slot = got
             want = imm_of(self.seq, self.received)
@@ -266,11 +285,11 @@ class Operation:
             if after is not None and not self.done[after][c]:
                 if self.received == len(self.recvs):  # no receipt is left to bring it
                     raise ProtocolError(f"step {s} chunk {c} waits on step {after}, never run")
-                self.progress[0] = f"step {after} chunk {c} from {self.pred}"
+                self._wait, self._wait_step, self._wait_chunk = _WAIT_CHUNK, after, c
                 return
             slot = tx.take_credit()
             if slot is None:
-                self.progress[0] = f"a credit from {self.succ}"
+                self._wait = _WAIT_CREDIT
                 return
             b0, b1 = lo * itemsize, hi * itemsize
             imm = imm_of(self.seq, self.sent)
@@ -310,8 +329,9 @@ async def run_all(operations: list[Operation]) -> None:
         for operation in operations:
             operation.pump()
         await ended.event.wait()  # (a checkpoint even when all ended in their first pump)
-    finally:
+    finally:  # (cancelled by a passed deadline too: its message reads the progress)
         for operation in operations:
+            operation.render()
             operation._unlisten()
     if ended.error is not None:
         raise ended.error
