@@ -203,7 +203,12 @@ async def run_host_ranks(
             if fabric is None:
                 fabric = await stack.enter_async_context(
                     open_server_fabric(
-                        topo.server, len(mine), ctx.clock, registry=registry, node=host
+                        topo.server,
+                        len(mine),
+                        ctx.clock,
+                        engine=ctx.engine,
+                        registry=registry,
+                        node=host,
                     )
                 )
             group = HostGroup(len(mine), fabric)
@@ -303,7 +308,9 @@ def collective_handler(
         key = (id(topo), server)
         if key not in _ROOMS:
             ranks = server_ranks(topo, host)
-            fab = host_server_fabric(topo.server, ranks, ctx.clock, registry=registry, node=server)
+            fab = host_server_fabric(
+                topo.server, ranks, ctx.clock, engine=ctx.engine, registry=registry, node=server
+            )
             _ROOMS[key] = _ServerRoom(topo, fab, ranks)
         return _ROOMS[key]
 
@@ -372,11 +379,18 @@ def run_virtual(
         async with virtual_fabric(topo) as (drivers, agents), AsyncExitStack() as servers:
             groups = {}
             for server, hosts in topo.servers.items():  # each on its first host's clock
-                clock = agents[hosts[0]].ctx.clock
+                ctx = agents[hosts[0]].ctx
                 ranks = server_ranks(topo, hosts[0])
                 registry = metrics.registry if metrics is not None else None
                 fab = await servers.enter_async_context(  # counted where the job's ranks are
-                    open_server_fabric(topo.server, ranks, clock, registry=registry, node=server)
+                    open_server_fabric(
+                        topo.server,
+                        ranks,
+                        ctx.clock,
+                        engine=ctx.engine,
+                        registry=registry,
+                        node=server,
+                    )
                 )
                 groups[server] = HostGroup(ranks, fab)
             service = await servers.enter_async_context(trio.open_nursery())

@@ -177,5 +177,10 @@ class Engine:
                     self._scope = scope
                     await trio.sleep_forever()
                 self._scope = None
-                if scope.cancelled_caught and nt is not None and not events.pending:
-                    events.now = max(events.now, nt)  # woke for that event: it is due
+                if (
+                    scope.cancelled_caught
+                    and nt is not None
+                    and not events.pending
+                    and trio.current_time() >= at
+                ):
+                    events.now = max(events.now, nt)  # woke for that event (not an alarm's arming)

@@ -133,6 +133,20 @@ class Node:
         self.deadline_seq = 0  # sequence numbers of its deadline entries
 
 
+class Alarm:
+    """A callback the heap runs at an emulated instant, before every other event of that
+    instant: a model with no ports that hands work to the cores (a server's fabric delivering
+    a transfer), on the heap instead of a trio task.  ``fire(now)`` says whether it woke a trio
+    task; the heap then hands control to trio before the instant's other events, as a trio
+    task's deadline would have.  One live entry on the heap per alarm, replaced lazily (the
+    nodes' deadlines' way): ``at`` is its time, :data:`NO_TIMER` when it is not armed."""
+
+    def __init__(self, number: int, fire: Callable[[float], bool]) -> None:
+        self.number = number  # its place in EventHeap's alarms; its entries' port is -2 - it
+        self.fire = fire
+        self.at = NO_TIMER
+
+
 class Event:
     """An entry of the heap: a datagram arriving on a node's port at ``at``, or (port -1) the
     node's deadline.  Ordered by (at, node index, port, seq): ``seq`` is the link's sequence
@@ -222,6 +236,10 @@ class EventHeap:
         self._observe: Callable[[float], None] | None = None
         self._period = 0.0
         self._watch_k = 0
+        # alarms (Alarm): their entries' node sorts before every node at an instant
+        self._alarms: list[Alarm] = []
+        self._alarm_node = Node("alarms", Core())
+        self._alarm_node.index = -1
 
     # -- building --------------------------------------------------------------------------
     def add(self, node: Node) -> Node:
@@ -263,6 +281,28 @@ class EventHeap:
             observe(k * period)
             k += 1
         self._watch_k = k
+
+    def alarm(self, fire: Callable[[float], bool]) -> Alarm:
+        """A new :class:`Alarm` calling ``fire``, not armed.  The heap keeps it for its life
+        (one a server's fabric)."""
+        alarm = Alarm(len(self._alarms), fire)
+        self._alarms.append(alarm)
+        return alarm
+
+    def arm(self, alarm: Alarm, at: float) -> None:
+        """``alarm`` fires at ``at`` (not before ``now``), instead of when it was armed for;
+        :data:`NO_TIMER`: not at all."""
+        if at == alarm.at:
+            return
+        if at != NO_TIMER and at < self.now:
+            at = self.now
+        alarm.at = at
+        if at == NO_TIMER:
+            return
+        heap_push(self._heap, self._event(at, 0, self._alarm_node, -2 - alarm.number, b""))
+        on_kick = self.on_kick
+        if on_kick is not None:
+            on_kick()  # (armed from a trio task: the sleeping engine wakes to see it)
 
     # -- events ----------------------------------------------------------------------------
     def kick(self, node: Node) -> None:
@@ -312,16 +352,23 @@ class EventHeap:
         heap = self._heap
         while heap:
             head = heap[0]
-            if head.port >= 0 or head.at == head.node.wake_at:
+            port = head.port
+            if port >= 0 or head.at == (
+                head.node.wake_at if port == -1 else self._alarms[-2 - port].at
+            ):
                 return head.at
-            self._done(heap_pop(heap))  # a deadline the node has since moved
+            self._done(heap_pop(heap))  # a deadline the node (or an alarm) has since moved
         return None
 
     def advance_to(self, t: float) -> None:
         """Run every event up to emulated time ``t`` (by hand: tests, no trio)."""
         self.run_due()
-        while (nt := self.next_event_time()) is not None and nt <= t:
-            self.now = max(self.now, nt)
+        while True:
+            if not self.pending:  # (pending: after an alarm that woke a task; no trio here)
+                nt = self.next_event_time()
+                if nt is None or nt > t:
+                    break
+                self.now = max(self.now, nt)
             self.run_due()
         self.now = max(self.now, t)
 
@@ -333,6 +380,8 @@ class EventHeap:
             return False
         self.now = max(self.now, nt)
         self.run_due()
+        while self.pending or self.next_event_time() == self.now:
+            self.run_due()  # after an alarm that woke a task (no trio here)
         return True
 
     def run_until(self, limit: float, progress: Callable[[], None] | None) -> float | None:
@@ -358,6 +407,16 @@ class EventHeap:
             while heap and heap[0].at <= now:
                 event = heap_pop(heap)
                 node = event.node
+                if event.port < -1:  # an alarm: it runs at once (see Alarm)
+                    alarm = self._alarms[-2 - event.port]
+                    live = event.at == alarm.at
+                    self._done(event)
+                    if live:
+                        alarm.at = NO_TIMER
+                        if alarm.fire(now):
+                            self.woke = True
+                            return  # the woken tasks run before this instant's other events
+                    continue
                 if event.port < 0:
                     stale = event.at != node.wake_at
                     self._done(event)

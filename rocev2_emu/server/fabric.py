@@ -1,10 +1,12 @@
 """A server's intra-server fabric on the host's emulated clock, and its Prometheus metrics.
 
-:class:`ServerFabric` drives a :class:`~rocev2_emu.server.crossbar.Crossbar` from one trio task
-that sleeps until the model's next change on the host's :class:`DilatedClock` (emulated time:
-virtual, exact and wall-clock runs alike, since every one of them runs trio on a clock the
-emulated one maps to) and calls each transfer's delivery when it lands.  With the ``free``
-fabric a transfer is delivered at once, as shared memory was before there was a model.
+:class:`ServerFabric` drives a :class:`~rocev2_emu.server.crossbar.Crossbar` and calls each
+transfer's delivery when it lands.  Where the host's NIC is a node of an event engine (virtual
+and exact runs) the model's next change is an :class:`~rocev2_emu.runtime.events.Alarm` on the
+engine's heap: deliveries run inside the engine, before the other events of their instant, with
+no trio task, cancel scope or scheduler round trip per transfer.  On the wall clock one trio
+task sleeps until the model's next change on the host's :class:`DilatedClock`.  With the
+``free`` fabric a transfer is delivered at once, as shared memory was before there was a model.
 
 Metrics (a custom collector reading the model's counters at scrape time), labels ``node`` and
 ``accelerator`` (the local rank): ``rocev2_server_fabric_tx_bytes_total``,
@@ -24,15 +26,21 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine
+from rocev2_emu.runtime.events import NO_TIMER
 from rocev2_emu.server.crossbar import Crossbar, IntraServerConfig
 
 
 class ServerFabric:
     """The fabric joining ``ports`` accelerators of one server, on ``clock`` (a free fabric
-    needs none)."""
+    needs none); on ``engine``'s heap when the host's NIC is one of its nodes."""
 
     def __init__(
-        self, config: IntraServerConfig, ports: int, clock: DilatedClock | None = None
+        self,
+        config: IntraServerConfig,
+        ports: int,
+        clock: DilatedClock | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.config = config
         self.model = (
@@ -45,17 +53,57 @@ class ServerFabric:
         self.clock = clock
         self._scope: trio.CancelScope | None = None
         self._target = math.inf  # the emulated instant the task sleeps until
+        self.engine = engine if self.model is not None else None
+        self._alarm = None if self.engine is None else self.engine.events.alarm(self._fire)
+        self._firing = False  # delivering: the alarm is armed once, after the deliveries
 
     def send(self, src: int, dst: int, size: int, on_delivered: Callable[[], object]) -> bool:
         """Move ``size`` bytes from accelerator ``src`` to ``dst``; ``on_delivered`` runs when
         they land (at once on a free fabric).  True if trio must run before time moves on: the
-        fabric's task now sleeps until a new deadline (a caller inside the event engine hands
-        it control), or ``on_delivered`` said so (it woke a task)."""
+        fabric's task now sleeps until a new deadline (on the wall clock; a caller inside the
+        event engine hands it control), or ``on_delivered`` said so (it woke a task)."""
         if self.model is None or self.clock is None:
             return bool(on_delivered())
         self.model.send(src, dst, size, self.clock.now(), on_delivered)
+        if self._alarm is not None:
+            if not self._firing:
+                self._rearm()
+            return False
         self._arm(self.model, self.clock)
         return True
+
+    @property
+    def on_engine(self) -> bool:
+        """Its deliveries are an alarm on an engine's heap (no task to run)."""
+        return self._alarm is not None
+
+    def close(self) -> None:
+        """Deliver nothing more (the end of a job's own fabric)."""
+        if self.engine is not None and self._alarm is not None:
+            self.engine.events.arm(self._alarm, NO_TIMER)
+            self._alarm.fire = _nothing
+
+    def _rearm(self) -> None:
+        assert self.model is not None and self.engine is not None and self._alarm is not None
+        nxt = self.model.next_time()
+        self.engine.events.arm(self._alarm, NO_TIMER if nxt is None else nxt)
+
+    def _fire(self, now: float) -> bool:
+        """The alarm: deliver what lands by ``now`` (trio's clock brought to it first, so the
+        deliveries' own transfers start at this instant); True if a delivery woke a task."""
+        assert self.model is not None and self.engine is not None and self.clock is not None
+        self.engine.sync_clock()
+        now = max(self.clock.now(), now)  # the instant itself, not a rounding before it
+        woke = False
+        self._firing = True
+        try:
+            for deliver in self.model.advance(now):
+                if deliver():
+                    woke = True
+        finally:
+            self._firing = False
+            self._rearm()
+        return woke
 
     def _arm(self, model: Crossbar, clock: DilatedClock) -> None:
         nxt = model.next_time()
@@ -67,8 +115,8 @@ class ServerFabric:
         """Deliver each transfer when it lands, until cancelled."""
         task_status.started()
         model, clock = self.model, self.clock
-        if model is None or clock is None:
-            await trio.sleep_forever()
+        if model is None or clock is None or self._alarm is not None:
+            await trio.sleep_forever()  # (on an engine: its heap runs the deliveries)
             return
         while True:
             with trio.CancelScope() as scope:
@@ -83,28 +131,39 @@ class ServerFabric:
                 deliver()
 
 
+def _nothing(now: float) -> bool:
+    return False
+
+
 @asynccontextmanager
 async def open_server_fabric(
     config: IntraServerConfig,
     ports: int,
     clock: DilatedClock,
     *,
+    engine: Engine | None = None,
     registry: CollectorRegistry | None = None,
     node: str = "",
 ) -> AsyncIterator[ServerFabric]:
     """A running :class:`ServerFabric` for the block (its metrics on ``registry`` if given): a
-    job's own, in virtual time; a host process keeps one (:func:`host_server_fabric`)."""
-    fabric = ServerFabric(config, ports, clock)
+    job's own, in virtual time; a host process keeps one (:func:`host_server_fabric`).  On
+    ``engine`` it has no task; what it has not delivered when the block ends is dropped, as
+    the task's cancellation drops it."""
+    fabric = ServerFabric(config, ports, clock, engine)
     collector = None
     if registry is not None and fabric.model is not None:
         collector = ServerFabricCollector(fabric, node)
         registry.register(collector)
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(fabric.run)
+        if fabric.on_engine:
             yield fabric
-            nursery.cancel_scope.cancel()
+        else:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(fabric.run)
+                yield fabric
+                nursery.cancel_scope.cancel()
     finally:
+        fabric.close()
         if collector is not None and registry is not None:
             registry.unregister(collector)
 
@@ -114,16 +173,18 @@ def host_server_fabric(
     ports: int,
     clock: DilatedClock,
     *,
+    engine: Engine | None = None,
     registry: CollectorRegistry | None = None,
     node: str = "",
 ) -> ServerFabric:
-    """A host process's fabric for the rest of its trio run (a system task), its metrics on
-    ``registry``: one per host, so that concurrent jobs on it share - and contend for - its
-    links, and its counters run on from job to job."""
-    fabric = ServerFabric(config, ports, clock)
+    """A host process's fabric for the rest of its trio run (a system task, or an alarm on
+    ``engine``), its metrics on ``registry``: one per host, so that concurrent jobs on it share
+    - and contend for - its links, and its counters run on from job to job."""
+    fabric = ServerFabric(config, ports, clock, engine)
     if registry is not None and fabric.model is not None:
         registry.register(ServerFabricCollector(fabric, node))
-    trio.lowlevel.spawn_system_task(fabric.run, name=f"server fabric of {node or 'a host'}")
+    if not fabric.on_engine:
+        trio.lowlevel.spawn_system_task(fabric.run, name=f"server fabric of {node or 'a host'}")
     return fabric
 
 

@@ -175,6 +175,12 @@ class Context:
         return self.core.config.ip
 
     @property
+    def engine(self) -> Engine | None:
+        """The event engine this NIC is a node of (virtual and exact runs), else None."""
+        driver = self.driver
+        return driver.engine if isinstance(driver, EngineNic) else None
+
+    @property
     def udp_address(self) -> tuple[str, int]:
         return self.port.address
 

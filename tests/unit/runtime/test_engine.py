@@ -13,6 +13,7 @@ import trio.testing
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.virtual import run_flows_virtual
 from rocev2_emu.runtime.engine import Core, Engine, EngineError, Node
+from rocev2_emu.runtime.events import NO_TIMER
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree
@@ -79,6 +80,54 @@ def test_a_moved_deadline_leaves_a_stale_entry_that_is_skipped() -> None:
     engine.kick(na)
     engine.advance_to(1e-3)
     assert [(t, d) for t, _, d in b.got] == [(2e-6, b"early"), (10e-6, b"late")]
+
+
+def test_an_alarm_runs_before_the_other_events_of_its_instant_and_once() -> None:
+    """A server fabric's deliveries: at its instant, before any frame of that instant is
+    received; moved earlier, the entry it was armed with first is skipped; disarmed, never."""
+    engine, a, b, na, _ = pair(LinkFaults(delay=2e-6))
+    fired: list[tuple[float, int]] = []
+
+    def fire(now: float) -> bool:
+        fired.append((now, len(b.got)))
+        return False
+
+    alarm = engine.events.alarm(fire)
+    a.outbox = [(0.0, b"x"), (3e-6, b"y")]
+    engine.kick(na)
+    engine.events.arm(alarm, 9e-6)
+    engine.events.arm(alarm, 2e-6)  # the 9 us entry is stale now
+    engine.advance_to(4e-6)
+    assert fired == [(2e-6, 0)] and len(b.got) == 1  # before the frame due at 2 us
+    engine.events.arm(alarm, 5e-6)
+    engine.events.arm(alarm, NO_TIMER)
+    engine.advance_to(1e-3)
+    assert fired == [(2e-6, 0)] and [t for t, _, _ in b.got] == [2e-6, pytest.approx(5e-6)]
+
+
+def test_in_trio_a_task_an_alarm_woke_runs_before_the_frames_of_its_instant() -> None:
+    """As a trio deadline would: the woken task runs at the alarm's instant, then the engine
+    receives that instant's frames."""
+    seen: list[tuple[float, int]] = []
+
+    async def main() -> None:
+        engine, a, b, na, _ = pair(LinkFaults(delay=3e-6))
+        lot = trio.lowlevel.ParkingLot()
+        alarm = engine.events.alarm(lambda now: bool(lot.unpark_all()))
+        a.outbox = [(0.0, b"x")]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            engine.kick(na)
+            engine.events.arm(alarm, 3e-6)
+            await lot.park()
+            seen.append((trio.current_time() - engine.origin, len(b.got)))
+            await trio.sleep(1e-6)
+            seen.append((trio.current_time() - engine.origin, len(b.got)))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [n for _, n in seen] == [0, 1]
+    assert [t for t, _ in seen] == [pytest.approx(3e-6, abs=1e-12), pytest.approx(4e-6, abs=1e-12)]
 
 
 def test_link_faults_are_the_seeded_ones_and_are_counted() -> None:

@@ -1,13 +1,16 @@
-"""The intra-server fabric on a trio clock: deliveries at the model's instants, in virtual time,
-and its Prometheus counters."""
+"""The intra-server fabric on a trio clock or an event engine's heap: deliveries at the model's
+instants, in virtual time, and its Prometheus counters."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine
 from rocev2_emu.server.crossbar import PRESETS, IntraServerConfig
 from rocev2_emu.server.fabric import ServerFabric, host_server_fabric, open_server_fabric
 
@@ -45,6 +48,42 @@ def test_deliveries_land_at_the_models_instants_and_are_counted() -> None:
         )
         is None
     )
+
+
+def test_on_an_engine_the_deliveries_are_its_alarm_at_the_trio_tasks_instants() -> None:
+    """Where the host's NIC is an engine's node the fabric has no task: the engine's heap
+    delivers, at the instants the trio task delivers at, bit for bit."""
+    config = IntraServerConfig("nvlink", 3600e9, 0.5e-6)
+
+    async def main(on_engine: bool) -> list[tuple[int, float]]:
+        clock = DilatedClock(1.0)
+        landed: list[tuple[int, float]] = []
+        engine = Engine() if on_engine else None
+        async with trio.open_nursery() as nursery:
+            if engine is not None:
+                await nursery.start(engine.run)
+            async with open_server_fabric(config, 4, clock, engine=engine) as fab:
+                assert fab.on_engine is on_engine
+                done = trio.Event()
+
+                def land(k: int) -> bool:
+                    landed.append((k, clock.now()))
+                    if k < 6:  # each delivery writes the next: from inside the heap on an engine
+                        fab.send(k % 4, (k + 1) % 4, 1000 * k + 4096, partial(land, k + 3))
+                    if len(landed) == 9:
+                        done.set()
+                    return False
+
+                for k in range(3):
+                    fab.send(0, k + 1, 65536 >> k, partial(land, k))
+                    await trio.sleep(0.1e-6)
+                await done.wait()
+            nursery.cancel_scope.cancel()
+        return landed
+
+    on_task = trio.run(main, False, clock=trio.testing.MockClock(autojump_threshold=0))
+    on_heap = trio.run(main, True, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(on_task) == 9 and on_heap == on_task
 
 
 def test_the_collector_reads_the_counters_while_the_fabric_runs() -> None:
