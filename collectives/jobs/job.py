@@ -394,8 +394,10 @@ def run_virtual(
                 )
                 groups[server] = HostGroup(ranks, fab)
             service = await servers.enter_async_context(trio.open_nursery())
-            store = VirtualStore(next(iter(agents.values())).ctx.clock)
-            service.start_soon(store.run)
+            first = next(iter(agents.values())).ctx
+            store = VirtualStore(first.clock, first.engine)
+            if not store.on_engine:
+                service.start_soon(store.run)
             clients = {h.name: store.client(h.index, agents[h.name].ctx.clock) for h in topo.hosts}
             t0 = next(iter(agents.values())).ctx.now()
             with watching(watch, drivers, agents):

@@ -19,6 +19,8 @@ import trio
 
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp, StoreReply
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine
+from rocev2_emu.runtime.events import NO_TIMER
 from rocev2_emu.runtime.exact import StoreWaiter, current_engine
 from rocev2_emu.verbs import RemoteVerbsError
 from rocev2_emu.verbs.oob import PeerExchange
@@ -110,18 +112,26 @@ class StoreChannel(PeerExchange):
 
 
 class VirtualStore:
-    """The emulated store inside the virtual fabric's process: a :class:`StoreCore` that a trio
-    task (:meth:`run`) applies at each operation's arrival time, handing each reply to its
-    waiter when it reaches the host (as an exact run's engine does), so a waiting task wakes
-    once an operation.  Holds the operations and replies on their way: one each per waiting
-    task."""
+    """The emulated store inside the virtual fabric's process: a :class:`StoreCore` applied at
+    each operation's arrival time, each reply handed to its waiter when it reaches the host (as
+    an exact run's engine does), so a waiting task wakes once an operation.  On ``engine`` the
+    store's next change is an alarm on its heap (no task: see
+    :class:`~rocev2_emu.runtime.events.Alarm`); without one a trio task (:meth:`run`) applies
+    it.  Holds the operations and replies on their way: one each per waiting task."""
 
-    def __init__(self, clock: DilatedClock) -> None:
+    def __init__(self, clock: DilatedClock, engine: Engine | None = None) -> None:
         self.core = StoreCore()
         self.clock = clock
         self._waiters: dict[tuple[int, int], StoreWaiter] = {}
         self._replies: list[tuple[float, int, int, StoreReply]] = []  # a heap, by arrival
         self._kick = trio.lowlevel.ParkingLot()
+        self.engine = engine
+        self._alarm = None if engine is None else engine.events.alarm(self._fire)
+
+    @property
+    def on_engine(self) -> bool:
+        """Its operations are an alarm on an engine's heap (:meth:`run` is not needed)."""
+        return self._alarm is not None
 
     def client(self, origin: int, clock: DilatedClock) -> EmulatedStore:
         return EmulatedStore(origin, clock, self._submit)
@@ -129,31 +139,60 @@ class VirtualStore:
     def _submit(self, op: StoreOp) -> StoreWaiter:
         waiter = self._waiters[op.origin, op.seq] = StoreWaiter()
         self.core.submit(op)
-        self._kick.unpark_all()
+        if self._alarm is not None:
+            self._rearm()
+        else:
+            self._kick.unpark_all()
         return waiter
 
+    def _next_time(self) -> float | None:
+        nt = self.core.next_time()
+        replies = self._replies
+        if replies and (nt is None or replies[0][0] < nt):
+            nt = replies[0][0]
+        return nt
+
+    def _due(self, now: float) -> bool:
+        """Apply the operations that reached the store by ``now`` and hand over the replies
+        that reached their hosts; True if any was handed over (its task wakes)."""
+        replies = self._replies
+        for reply in self.core.run_until(math.nextafter(now, math.inf)):
+            heapq.heappush(replies, (reply.at, reply.origin, reply.seq, reply))
+        handed = False
+        while replies and replies[0][0] <= now:
+            reply = heapq.heappop(replies)[3]
+            waiter = self._waiters.pop((reply.origin, reply.seq), None)
+            if waiter is not None:
+                waiter.deliver(reply)
+                handed = True
+        return handed
+
+    def _rearm(self) -> None:
+        assert self.engine is not None and self._alarm is not None
+        nt = self._next_time()
+        self.engine.events.arm(self._alarm, NO_TIMER if nt is None else nt)
+
+    def _fire(self, now: float) -> bool:
+        assert self.engine is not None
+        self.engine.sync_clock()
+        try:
+            return self._due(max(self.clock.now(), now))  # (the instant, not a rounding before)
+        finally:
+            self._rearm()
+
     async def run(self) -> None:
-        """Apply each operation when it reaches the store, and hand each reply over when it
-        reaches its host, until cancelled."""
-        clock, core, replies = self.clock, self.core, self._replies
+        """Without an engine: apply each operation when it reaches the store, and hand each
+        reply over when it reaches its host, until cancelled."""
+        clock = self.clock
         while True:
-            nt = core.next_time()
-            if replies and (nt is None or replies[0][0] < nt):
-                nt = replies[0][0]
+            nt = self._next_time()
             if nt is None:
                 await self._kick.park()
                 continue
             with trio.move_on_at(clock.to_trio(nt)):
                 await self._kick.park()  # a new operation may arrive before nt
                 continue
-            now = max(clock.now(), nt)  # (woke for nt: it is due)
-            for reply in core.run_until(math.nextafter(now, math.inf)):
-                heapq.heappush(replies, (reply.at, reply.origin, reply.seq, reply))
-            while replies and replies[0][0] <= now:
-                reply = heapq.heappop(replies)[3]
-                waiter = self._waiters.pop((reply.origin, reply.seq), None)
-                if waiter is not None:
-                    waiter.deliver(reply)
+            self._due(max(clock.now(), nt))  # (woke for nt: it is due)
 
 
 def exact_store(origin: int, clock: DilatedClock) -> EmulatedStore:

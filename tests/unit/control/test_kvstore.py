@@ -15,6 +15,7 @@ from rocev2_emu.control import kvstore
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.fabric.rendezvous import StoreTimeout, VirtualStore
 from rocev2_emu.runtime.clock import DilatedClock
+from rocev2_emu.runtime.engine import Engine
 
 D = STORE_LATENCY
 
@@ -117,15 +118,23 @@ def test_a_counter_that_would_overflow_is_refused() -> None:
     assert replies[1].error is not None and "int64" in replies[1].error
 
 
-def test_in_virtual_time_each_operation_takes_the_latency_both_ways() -> None:
+@pytest.mark.parametrize("on_engine", [False, True], ids=["task", "engine"])
+def test_in_virtual_time_each_operation_takes_the_latency_both_ways(on_engine: bool) -> None:
+    """The same instants from the store's own trio task and from an alarm on an engine's heap
+    (the virtual fabric's store)."""
     seen: dict[str, float] = {}
 
     async def main() -> None:
         clock = DilatedClock(1.0)
-        store = VirtualStore(clock)
+        engine = Engine() if on_engine else None
+        store = VirtualStore(clock, engine)
+        assert store.on_engine is on_engine
         a, b = store.client(0, clock), store.client(1, clock)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.run)
+            if engine is not None:
+                await nursery.start(engine.run)
+            else:
+                nursery.start_soon(store.run)
 
             async def waiter() -> None:
                 seen["value"] = await b.get("k", timeout=1.0)
