@@ -50,6 +50,7 @@ from rocev2_emu.verbs import (
     PD,
     QP,
     Access,
+    Doorbell,
     QPInfo,
     RecvWR,
     SendWR,
@@ -240,6 +241,7 @@ class Completions:
 
     def __init__(self, cq: CQ) -> None:
         self.cq = cq
+        self.queue = cq.cq  # its completion queue, polled natively (no interpreted call a poll)
         self.by_qpn: dict[int, RdmaTx | RdmaRx] = {}
         self.dispatching = False
         # the listeners of links a dispatch changed: they run once the whole batch is in, as
@@ -263,13 +265,15 @@ class Completions:
         """Hand every completion on the CQ to its link; True if that woke a task.  An error in
         a link's handling fails every link, so the ranks' waits raise it instead of the
         driver."""
-        cq, by_qpn = self.cq, self.by_qpn
         self.dispatching = True
         try:
-            woke = self._take_all(cq, by_qpn)
+            woke = self._take_all(self.by_qpn)
         finally:
             self.dispatching = False
-            listeners = list(dict.fromkeys(self.later))  # (a link changes many times a batch)
+            listeners: list[Callable[[], bool]] = []
+            for listener in self.later:  # once each (a link changes many times a batch)
+                if listener not in listeners:
+                    listeners.append(listener)
             self.later.clear()
         # no longer dispatching: what these listeners change calls its listener at once
         for listener in listeners:
@@ -277,10 +281,10 @@ class Completions:
                 woke = True
         return woke
 
-    def _take_all(self, cq: CQ, by_qpn: dict[int, RdmaTx | RdmaRx]) -> bool:
-        woke = False
+    def _take_all(self, by_qpn: dict[int, RdmaTx | RdmaRx]) -> bool:
+        woke, queue = False, self.queue
         while True:
-            wcs = cq.poll(64)
+            wcs = queue.poll(64)
             if not wcs:
                 return woke
             for wc in wcs:
@@ -310,6 +314,7 @@ class _Rdma:
     grant_qp: QP | None  # the credits' own QP (grant_dscp), or None: credits go on qps
     grant_dscp: int | None
     all_qps: list[QP]  # the data QPs, then the grant QP if any (the data QPs' list without)
+    doorbells: list[Doorbell]  # all_qps' posting paths (compiled: no interpreted call a post)
     lane_of: dict[int, int]  # QPN -> its index in all_qps; empty for one QP (lane 0)
     peer: str
 
@@ -326,6 +331,7 @@ class _Rdma:
             else QP(pd, cq, max_send_wr=2 * self.slots + 8, max_recv_wr=2 * self.slots + 8)
         )
         self.all_qps = self.qps if self.grant_qp is None else [*self.qps, self.grant_qp]
+        self.doorbells = [qp.doorbell for qp in self.all_qps]
         self.lane_of = (
             {qp.qp_num: k for k, qp in enumerate(self.all_qps)} if len(self.all_qps) > 1 else {}
         )
@@ -357,7 +363,7 @@ class _Rdma:
             return self.fail(f"link with {self.peer}: {opcode.name} completed with {status.name}")
         if opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
             lane = self.lane_of.get(qpn, 0)
-            self.all_qps[lane].post_recv(_RECEIVES[0])
+            self.doorbells[lane].post_recv(_RECEIVES[0])
             return self.on_receive(nbytes, imm, lane)
         if opcode is WcOpcode.RDMA_WRITE:
             return self.on_written()
@@ -409,9 +415,12 @@ class RdmaRx(_Receiver, _Rdma):
     def release(self, index: int) -> bool:
         """Grant the sender one more slot (clear to send): on the grant QP, else spread over
         the data QPs as the data is.  The post kicks the NIC; no trio task needs to run."""
-        qp = self.grant_qp or self.qps[self.released % len(self.qps)]
+        doorbells = self.doorbells
+        bell = (
+            doorbells[-1] if self.grant_qp is not None else doorbells[self.released % len(self.qps)]
+        )
         self.released += 1
-        qp.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
+        bell.post_send(SendWR(1, WrOpcode.SEND_WITH_IMM, [], imm_data=index))
         return False
 
 
@@ -446,9 +455,9 @@ class RdmaTx(_Sender, _Rdma):
         ``imm``; the post kicks the NIC, no trio task needs to run (False)."""
         assert mr is not None
         self.outstanding += 1
-        qp = self.qps[self.written % len(self.qps)]
+        bell = self.doorbells[self.written % len(self.qps)]
         self.written += 1
-        qp.post_send(
+        bell.post_send(
             SendWR(
                 2,
                 WrOpcode.RDMA_WRITE_WITH_IMM,

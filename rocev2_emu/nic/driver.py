@@ -10,10 +10,12 @@ queue grew, receive waiters when datagrams arrived; and a verbs call that change
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import trio
 
 from rocev2_emu.nic.core import NicCore
+from rocev2_emu.nic.waiters import Waiters
 from rocev2_emu.runtime.clock import BEHIND_MARKS, DilatedClock
 from rocev2_emu.runtime.engine import Engine, Node
 from rocev2_emu.runtime.link import FaultyLink, LinkFaults
@@ -28,14 +30,15 @@ def nic_node(core: NicCore, after: Callable[[int], bool] | None = None) -> Node:
 
 
 class _Waiters:
-    """Parking lots of the tasks waiting on one NIC core."""
+    """Parking lots and handlers of what waits on one NIC core (:class:`Waiters`)."""
 
     core: NicCore
 
-    def _init_waiters(self) -> None:
+    def _init_waiters(self, sync: Callable[[], None] | None = None) -> None:
         self._rx_lot = trio.lowlevel.ParkingLot()
-        self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = {}
-        self.cq_handlers: dict[int, Callable[[], bool]] = {}
+        self.waiters = Waiters(self.core, self._rx_lot, sync)
+        self.cq_lots: dict[int, trio.lowlevel.ParkingLot] = self.waiters.lots
+        self.cq_handlers: dict[int, Callable[[], bool]] = self.waiters.handlers
 
     def cq_lot(self, handle: int) -> trio.lowlevel.ParkingLot:
         return self.cq_lots.setdefault(handle, trio.lowlevel.ParkingLot())
@@ -50,21 +53,7 @@ class _Waiters:
 
     def wake_waiters(self, received: int) -> bool:
         """After the core ran: wake whoever waits on a queue that grew (True if anyone)."""
-        woke = False
-        grown = self.core.grown_cqs
-        if grown:
-            handles = list(grown)
-            grown.clear()  # a handler's post may grow a queue again (a flushed QP)
-            for handle in handles:
-                handler = self.cq_handlers.get(handle)
-                if handler is not None and handler():
-                    woke = True
-                lot = self.cq_lots.get(handle)
-                if lot is not None and lot.unpark_all():
-                    woke = True
-        if received and self.core.receive_waiters and self._rx_lot.unpark_all():
-            woke = True
-        return woke
+        return self.waiters.wake(received)
 
 
 class NicDriver(Pump, _Waiters):
@@ -95,6 +84,10 @@ class NicDriver(Pump, _Waiters):
     def after_round(self, received: int) -> None:
         self.wake_waiters(received)
 
+    def kicker(self) -> Callable[[], None]:
+        """What a post calls to run the NIC at once (a QP's doorbell)."""
+        return self.kick
+
 
 class EngineNic(_Waiters):
     """The NIC core as a node of the virtual-time engine: no task of its own."""
@@ -107,16 +100,11 @@ class EngineNic(_Waiters):
         self.late_wakeups = 0  # the engine is never late: it stops time instead
         self.late_seconds = 0.0
         self.late_beyond = [0] * len(BEHIND_MARKS)
-        self.node = engine.add(nic_node(core, self._after))
-        self._init_waiters()
-
-    def _after(self, received: int) -> bool:
-        """The engine ran the core: its completion handlers (:meth:`CQ.set_handler`) may read
-        the clock (a collective driven by its completions writes over a server's fabric), so
-        trio's clock is brought to this instant first."""
-        if self.cq_handlers and self.core.grown_cqs:
-            self.engine.sync_clock()
-        return self.wake_waiters(received)
+        # after each service the engine wakes the waiters (compiled); its completion handlers
+        # (CQ.set_handler) may read the clock (a collective driven by its completions writes
+        # over a server's fabric), so trio's clock is brought to the instant first
+        self._init_waiters(engine.sync_clock)
+        self.node = engine.add(nic_node(core, self.waiters.wake))
 
     @property
     def wakeups(self) -> int:
@@ -136,3 +124,7 @@ class EngineNic(_Waiters):
 
     def kick(self) -> None:
         self.engine.events.kick(self.node)
+
+    def kicker(self) -> Callable[[], None]:
+        """:meth:`kick` with no interpreted frame: the heap's own method on this node."""
+        return partial(self.engine.events.kick, self.node)

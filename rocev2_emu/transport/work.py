@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
 from rocev2_emu.transport.errors import LocalVerbsError
@@ -110,28 +109,90 @@ class Sge:
         return f"Sge(addr=0x{self.addr:x}, length={self.length}, lkey=0x{self.lkey:x})"
 
 
-@dataclass(slots=True)
 class SendWR:
-    """ibv_send_wr (RC subset)."""
+    """ibv_send_wr (RC subset).  (A plain class, native when compiled, as :class:`Sge`: a
+    dataclass's ``__init__`` is generated interpreted code, run at every post even from
+    compiled code.)"""
 
-    wr_id: int
-    opcode: WrOpcode
-    sg_list: list[Sge] = field(default_factory=list)
-    send_flags: SendFlags = SendFlags.SIGNALED
-    imm_data: int | None = None
-    remote_addr: int = 0
-    rkey: int = 0
-    compare_add: int = 0
-    swap: int = 0
+    __slots__ = (
+        "compare_add",
+        "imm_data",
+        "opcode",
+        "remote_addr",
+        "rkey",
+        "send_flags",
+        "sg_list",
+        "swap",
+        "wr_id",
+    )
+
+    def __init__(
+        self,
+        wr_id: int,
+        opcode: WrOpcode,
+        sg_list: list[Sge] | None = None,
+        send_flags: SendFlags = SendFlags.SIGNALED,
+        imm_data: int | None = None,
+        remote_addr: int = 0,
+        rkey: int = 0,
+        compare_add: int = 0,
+        swap: int = 0,
+    ) -> None:
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.sg_list: list[Sge] = [] if sg_list is None else sg_list
+        self.send_flags = send_flags
+        self.imm_data = imm_data
+        self.remote_addr = remote_addr
+        self.rkey = rkey
+        self.compare_add = compare_add
+        self.swap = swap
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.wr_id,
+            self.opcode,
+            self.sg_list,
+            self.send_flags,
+            self.imm_data,
+            self.remote_addr,
+            self.rkey,
+            self.compare_add,
+            self.swap,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SendWR):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"SendWR(wr_id={self.wr_id!r}, opcode={self.opcode!r}, sg_list={self.sg_list!r}, "
+            f"send_flags={self.send_flags!r}, imm_data={self.imm_data!r}, "
+            f"remote_addr={self.remote_addr!r}, rkey={self.rkey!r}, "
+            f"compare_add={self.compare_add!r}, swap={self.swap!r})"
+        )
 
 
-@dataclass(slots=True)
 class RecvWR:
-    """ibv_recv_wr.  Without ``sg_list`` (a WRITE with immediate's receive, which lands no
-    bytes) it shares one empty list: an all-to-all posts thousands a rank."""
+    """ibv_recv_wr (a plain class, as :class:`SendWR`).  Without ``sg_list`` (a WRITE with
+    immediate's receive, which lands no bytes) it shares one empty list: an all-to-all posts
+    thousands a rank."""
 
-    wr_id: int
-    sg_list: Sequence[Sge] = ()
+    __slots__ = ("sg_list", "wr_id")
+
+    def __init__(self, wr_id: int, sg_list: Sequence[Sge] = ()) -> None:
+        self.wr_id = wr_id
+        self.sg_list = sg_list
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RecvWR):
+            return NotImplemented
+        return (self.wr_id, self.sg_list) == (other.wr_id, other.sg_list)
+
+    def __repr__(self) -> str:
+        return f"RecvWR(wr_id={self.wr_id!r}, sg_list={self.sg_list!r})"
 
 
 class WorkCompletion:

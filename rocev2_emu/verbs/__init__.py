@@ -23,6 +23,7 @@ from rocev2_emu.transport.work import (
     WrOpcode,
 )
 from rocev2_emu.verbs.api import CQ, MR, PD, QP, Context, DeviceConfig, RemoteQP
+from rocev2_emu.verbs.doorbell import Doorbell
 from rocev2_emu.verbs.oob import (
     DEFAULT_OOB_PORT,
     FABRIC_SECRET_ENV,
@@ -45,6 +46,7 @@ __all__ = [
     "Access",
     "Context",
     "DeviceConfig",
+    "Doorbell",
     "LocalVerbsError",
     "OobChannel",
     "OobError",

@@ -50,6 +50,7 @@ from rocev2_emu.transport.memory import Access, MemoryRegion
 from rocev2_emu.transport.qp import DEFAULT_MAX_INFLIGHT, QueuePair
 from rocev2_emu.transport.qp_state import QPAttr, QPState
 from rocev2_emu.transport.work import CompletionQueue, RecvWR, SendWR, WorkCompletion
+from rocev2_emu.verbs.doorbell import Doorbell
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT, ip_to_int
 from rocev2_emu.wire.pcap import PcapWriter
 
@@ -307,6 +308,7 @@ class QP:
             sq_sig_all=sq_sig_all,
         )
         self.psn = self.ctx.core.random_psn()
+        self.doorbell = Doorbell(self.ctx.core, self.qp, self.ctx.driver.kicker())
 
     @property
     def qp_num(self) -> int:
@@ -374,14 +376,16 @@ class QP:
             self.ctx.set_link_peer(remote.udp)
 
     def post_send(self, wrs: SendWR | Sequence[SendWR]) -> None:
-        for wr in [wrs] if isinstance(wrs, SendWR) else wrs:
-            self.ctx.core.post_send(self.qp, wr)
-        self.ctx.driver.kick()
+        if isinstance(wrs, SendWR):
+            self.doorbell.post_send(wrs)
+        else:
+            self.doorbell.post_sends(wrs)
 
     def post_recv(self, wrs: RecvWR | Sequence[RecvWR]) -> None:
-        for wr in [wrs] if isinstance(wrs, RecvWR) else wrs:
-            self.ctx.core.post_recv(self.qp, wr)
-        self.ctx.driver.kick()
+        if isinstance(wrs, RecvWR):
+            self.doorbell.post_recv(wrs)
+        else:
+            self.doorbell.post_recvs(wrs)
 
     def close(self) -> None:
         if self.qp.state is not QPState.RESET:

@@ -32,7 +32,8 @@ from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import fat_tree, leaf_spine, single_switch
 from rocev2_emu.topology.model import Topology
 from rocev2_emu.transport.errors import RemoteVerbsError
-from rocev2_emu.verbs import QP, RecvWR
+from rocev2_emu.verbs import Doorbell, RecvWR
+from rocev2_emu.verbs import api as verbs_api
 from rocev2_emu.wire.roce import rxe_udp_sport
 from tests.conftest import assert_png
 
@@ -335,15 +336,14 @@ def test_an_error_handling_a_completion_fails_the_ranks_links_not_the_fabric(
     """Completions are dispatched inside the NIC's driver (the engine, in virtual time): a link
     whose handling raises must fail its rank's operation with the reason, not the engine.  The
     handling that raises here is a link's re-post of the receive a completion consumed (the
-    links are compiled: the verbs API they call is where a test can break them)."""
-    post_recv = QP.post_recv
+    links are compiled: the verbs API's doorbell they post through is where a test can break
+    them)."""
 
-    def broken(self: QP, wrs: RecvWR | list[RecvWR]) -> None:
-        if isinstance(wrs, RecvWR):  # one at a time: a completion's, not the connection's
+    class Broken(Doorbell):
+        def post_recv(self, wr: RecvWR) -> None:  # one at a time: a completion's re-post
             raise RuntimeError("boom")
-        post_recv(self, wrs)
 
-    monkeypatch.setattr(QP, "post_recv", broken)
+    monkeypatch.setattr(verbs_api, "Doorbell", Broken)  # what QP() builds its doorbell from
     results, _ = run_virtual(fabric(2, 2, 1, 1), "stop", {"rank": -1, "at": 1, "timeout": 0.02})
     assert len(results) == 2
     for outcome in results.values():
