@@ -254,9 +254,11 @@ class Completions:
         for qp in link.all_qps:
             self.by_qpn[qp.qp_num] = link
 
-    def attach(self) -> None:
-        """Dispatch from the NIC's driver as completions are made (:meth:`CQ.set_handler`)."""
-        self.cq.set_handler(self.dispatch)
+    def attach(self, reads_clock: bool = True) -> None:
+        """Dispatch from the NIC's driver as completions are made (:meth:`CQ.set_handler`);
+        ``reads_clock``: what the links do with them may read the clock (a write over a
+        server's modelled fabric times its transfer)."""
+        self.cq.set_handler(self.dispatch, reads_clock=reads_clock)
 
     def detach(self) -> None:
         self.cq.set_handler(None)

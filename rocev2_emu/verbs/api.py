@@ -273,16 +273,14 @@ class CQ:
                 return wcs
             await lot.park()
 
-    def set_handler(self, handler: Callable[[], bool] | None) -> None:
+    def set_handler(self, handler: Callable[[], bool] | None, *, reads_clock: bool = True) -> None:
         """``handler()`` runs in the NIC's driver each time this CQ gains completions, at the
         emulated instant they are made and before any task runs again (``None`` removes
         it): it polls and dispatches without a task switch per completion.  It must neither
-        block nor raise, and returns whether it woke a task."""
-        handlers = self.ctx.driver.cq_handlers
-        if handler is None:
-            handlers.pop(self.cq.handle, None)
-        else:
-            handlers[self.cq.handle] = handler
+        block nor raise, and returns whether it woke a task.  ``reads_clock=False`` promises
+        it never reads the emulated clock: an event engine then skips bringing trio's clock to
+        the instant before it runs."""
+        self.ctx.driver.waiters.set_handler(self.cq.handle, handler, reads_clock)
 
 
 class QP:
