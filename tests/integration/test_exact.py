@@ -471,6 +471,7 @@ def test_the_map_samples_every_node_of_an_exact_run(tmp_path: Path) -> None:
     import trio
 
     from rocev2_emu.control import auth
+    from rocev2_emu.fabric.blocks import running
     from rocev2_emu.topology.file import load
     from rocev2_emu.ui.sampler import Sampler
 
@@ -491,7 +492,7 @@ def test_the_map_samples_every_node_of_an_exact_run(tmp_path: Path) -> None:
             if "node processes ready" in line:
                 break
         assert any("node processes ready" in s for s in seen), "".join(seen)[-2000:]
-        topo = load(topo_path)
+        topo = running(load(topo_path), str(topo_path))  # on the block the run took
         auth.use(auth.load(str(topo_path)) or b"")
         sampler = Sampler(topo)
 
