@@ -10,18 +10,18 @@ The collectives' :mod:`collectives.comm.store` offers these beside its TCP store
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp, StoreReply
+from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.runtime.clock import DilatedClock
 from rocev2_emu.runtime.engine import Engine
 from rocev2_emu.runtime.events import NO_TIMER
-from rocev2_emu.runtime.exact import StoreWaiter, current_engine
+from rocev2_emu.runtime.exact import current_engine
+from rocev2_emu.runtime.replies import StoreReplies, StoreWaiter
 from rocev2_emu.verbs import RemoteVerbsError
 from rocev2_emu.verbs.oob import PeerExchange
 
@@ -122,8 +122,7 @@ class VirtualStore:
     def __init__(self, clock: DilatedClock, engine: Engine | None = None) -> None:
         self.core = StoreCore()
         self.clock = clock
-        self._waiters: dict[tuple[int, int], StoreWaiter] = {}
-        self._replies: list[tuple[float, int, int, StoreReply]] = []  # a heap, by arrival
+        self._replies = StoreReplies()  # ties by (host, sequence number)
         self._kick = trio.lowlevel.ParkingLot()
         self.engine = engine
         self._alarm = None if engine is None else engine.events.alarm(self._fire)
@@ -137,7 +136,7 @@ class VirtualStore:
         return EmulatedStore(origin, clock, self._submit)
 
     def _submit(self, op: StoreOp) -> StoreWaiter:
-        waiter = self._waiters[op.origin, op.seq] = StoreWaiter()
+        waiter = self._replies.wait(op)
         self.core.submit(op)
         if self._alarm is not None:
             self._rearm()
@@ -147,25 +146,16 @@ class VirtualStore:
 
     def _next_time(self) -> float | None:
         nt = self.core.next_time()
-        replies = self._replies
-        if replies and (nt is None or replies[0][0] < nt):
-            nt = replies[0][0]
+        if self._replies and (nt is None or self._replies.next_time() < nt):
+            nt = self._replies.next_time()
         return nt
 
     def _due(self, now: float) -> bool:
         """Apply the operations that reached the store by ``now`` and hand over the replies
         that reached their hosts; True if any was handed over (its task wakes)."""
-        replies = self._replies
         for reply in self.core.run_until(math.nextafter(now, math.inf)):
-            heapq.heappush(replies, (reply.at, reply.origin, reply.seq, reply))
-        handed = False
-        while replies and replies[0][0] <= now:
-            reply = heapq.heappop(replies)[3]
-            waiter = self._waiters.pop((reply.origin, reply.seq), None)
-            if waiter is not None:
-                waiter.deliver(reply)
-                handed = True
-        return handed
+            self._replies.push(reply, (reply.origin, reply.seq))
+        return self._replies.due(now)
 
     def _rearm(self) -> None:
         assert self.engine is not None and self._alarm is not None

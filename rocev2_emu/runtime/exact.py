@@ -26,10 +26,11 @@ import trio
 import trio.testing
 
 from rocev2_emu.control.channel import MessageChannel
-from rocev2_emu.control.kvstore import StoreOp, StoreReply
+from rocev2_emu.control.kvstore import StoreOp
 from rocev2_emu.runtime.engine import Engine, EngineError
 from rocev2_emu.runtime.exchange import FrameExchange, RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.replies import StoreReplies, StoreWaiter
 from rocev2_emu.runtime.sync import (
     BLOCK_SECONDS,
     TRIO_EVERY,
@@ -46,20 +47,6 @@ from rocev2_emu.runtime.sync_messages import (
     SyncError,
     from_coordinator,
 )
-
-
-class StoreWaiter:
-    """Where the reply to one store operation lands (:mod:`rocev2_emu.control.kvstore`)."""
-
-    __slots__ = ("event", "reply")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.reply: StoreReply | None = None
-
-    def deliver(self, reply: StoreReply) -> None:
-        self.reply = reply
-        self.event.set()
 
 
 class ChangeWaiter:
@@ -97,9 +84,8 @@ class ExactEngine(Engine):
         self._holds = 0
         self._poke: trio.CancelScope | None = None
         self._store_out: list[StoreOp] = []  # store operations since the last report
-        self._store_waiters: dict[tuple[int, int], StoreWaiter] = {}  # by (host, seq)
-        # a heap by arrival, then the store's order (several hosts' replies may land at once)
-        self._replies: list[tuple[float, int, StoreReply]] = []
+        # the store's replies on their way to this host's tasks, ties in the grants' order
+        self._replies = StoreReplies()
         self._replies_seen = 0
         self._changes_out: list[LinkChange] = []  # asked for since the last report
         self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
@@ -128,26 +114,11 @@ class ExactEngine(Engine):
     def store_call(self, op: StoreOp) -> StoreWaiter:
         """Send ``op`` to the store (with the next report); its reply lands in the waiter at
         the emulated time it arrives."""
-        waiter = self._store_waiters[op.origin, op.seq] = StoreWaiter()
+        waiter = self._replies.wait(op)
         self._store_out.append(op)
         if op.at < self._inflight:
             self._inflight = op.at
         return waiter
-
-    def _replies_due(self, now: float) -> bool:
-        """Hand over the store's replies due by ``now``; True if a task was waiting for one."""
-        replies = self._replies
-        woke = False
-        while replies and replies[0][0] <= now:
-            _, _, reply = heapq.heappop(replies)
-            waiter = self._store_waiters.pop((reply.origin, reply.seq), None)
-            if waiter is not None:
-                waiter.deliver(reply)
-                woke = True
-        return woke
-
-    def _reply_time(self) -> float:
-        return self._replies[0][0] if self._replies else math.inf
 
     # -- changes to the fabric at emulated instants (rocev2_emu.runtime.sync.LinkChange) ------
     def change_links(
@@ -259,7 +230,7 @@ class ExactEngine(Engine):
             to_deadline = trio.lowlevel.current_statistics().seconds_to_next_deadline
         deadline = trio.current_time() + to_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
-        nxt = min(nxt, self._inflight, self._reply_time(), self.next_change_time())
+        nxt = min(nxt, self._inflight, self._replies.next_time(), self.next_change_time())
         if self._holds or events.pending:  # held, or work due at this instant (a wake's)
             nxt = min(nxt, events.now)
         quiet = (
@@ -361,7 +332,7 @@ class ExactEngine(Engine):
         self._inflight = math.inf
         for reply in grant.store:
             self._replies_seen += 1
-            heapq.heappush(self._replies, (reply.at, self._replies_seen, reply))
+            self._replies.push(reply, (self._replies_seen, 0))
         for change in grant.changes:
             if change.at is None:
                 raise SyncError(f"{self.name}: a link change came without its instant")
@@ -414,14 +385,14 @@ class ExactEngine(Engine):
                 if events.now < until:
                     if self._changes:  # rare: no call per pass in a run without changes
                         self.apply_changes(events.now)
-                    if self._replies_due(events.now):
+                    if self._replies.due(events.now):
                         continue  # the waiting tasks run first, as a trio deadline's would
                     events.run_due()
                     self._flush()
                     if events.woke:
                         continue
                 deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
-                trio_next = min(deadline, self._reply_time(), self.next_change_time())
+                trio_next = min(deadline, self._replies.next_time(), self.next_change_time())
                 limit = min(until, trio_next)
                 nt = events.run_until(limit, None)
                 self._flush()

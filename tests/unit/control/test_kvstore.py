@@ -161,7 +161,7 @@ def test_an_answer_that_never_comes_ends_the_operation_after_the_deadline() -> N
     rank after ANSWER_DEADLINE emulated seconds, naming the operation, instead of idling
     through emulated time for ever."""
     from rocev2_emu.fabric.rendezvous import ANSWER_DEADLINE, EmulatedStore
-    from rocev2_emu.runtime.exact import StoreWaiter
+    from rocev2_emu.runtime.replies import StoreWaiter
 
     sent: list[StoreOp] = []
 
