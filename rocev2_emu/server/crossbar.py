@@ -24,7 +24,6 @@ model before this one, to compare against).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ PRESETS: Final = {
 
 
 class _Transfer:
-    __slots__ = ("dst", "on_delivered", "rate", "remaining", "size", "src")
+    __slots__ = ("dst", "fixed", "on_delivered", "rate", "remaining", "size", "src")
 
     def __init__(self, src: int, dst: int, size: int, on_delivered: Callable[[], object]) -> None:
         self.src = src
@@ -76,6 +75,7 @@ class _Transfer:
         self.size = size
         self.remaining = float(size)
         self.rate = 0.0
+        self.fixed = False  # its rate is set in the share being worked out
         self.on_delivered = on_delivered
 
 
@@ -84,7 +84,9 @@ class Crossbar:
 
     :meth:`send` queues a transfer at ``now``; :meth:`next_time` is the earliest instant
     anything changes (a transfer's last byte leaves, or one is delivered); :meth:`advance` moves
-    the model to ``now`` and returns the delivery callbacks due, in delivery order."""
+    the model to ``now`` and returns the delivery callbacks due, in delivery order.  Holds its
+    transfers on their way, a queue per busy pair of ports, and a few numbers per port (the
+    fair share's work space among them: nothing is allocated to work a share out)."""
 
     def __init__(self, ports: int, bandwidth: float, latency: float) -> None:
         if ports < 1 or not bandwidth > 0 or latency < 0:
@@ -93,33 +95,51 @@ class Crossbar:
         self.bandwidth = bandwidth
         self.latency = latency
         self.at = 0.0  # the model's time
-        self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
+        self._queues: dict[int, deque[_Transfer]] = {}  # by src * ports + dst
         self._active: list[_Transfer] = []  # the head of each busy pair, in start order
         self._landing: list[tuple[float, int, _Transfer]] = []  # (delivery time, seq, transfer)
-        self._seq = itertools.count()
+        self._seq = 0
         self.tx_bytes = [0] * ports  # bytes whose last byte left, per sending port
         self.rx_bytes = [0] * ports  # bytes delivered, per receiving port
         self.tx_busy = [0.0] * ports  # seconds a port was sending something
         self.rx_busy = [0.0] * ports
         self.transfers = 0  # delivered
+        # the share's work space, by resource (:meth:`_share`): capacity left, transfers not
+        # yet fixed, the transfers using it; and the resources in use
+        self._left = [0.0] * (2 * ports)
+        self._unfixed = [0] * (2 * ports)
+        self._users: list[list[_Transfer]] = [[] for _ in range(2 * ports)]
+        self._used: list[int] = []
+        self._marks = [False] * (2 * ports)  # a port's direction counted busy (:meth:`_run_for`)
+        self._ending = False  # in :meth:`_progress`, ending transfers (their pairs' next start)
 
     def send(
         self, src: int, dst: int, size: int, now: float, on_delivered: Callable[[], object]
     ) -> None:
-        if not (0 <= src < self.ports and 0 <= dst < self.ports) or src == dst:
-            raise ValueError(f"a transfer from port {src} to port {dst} of {self.ports}")
+        ports = self.ports
+        if not (0 <= src < ports and 0 <= dst < ports) or src == dst:
+            raise ValueError(f"a transfer from port {src} to port {dst} of {ports}")
         self._progress(now)
         transfer = _Transfer(src, dst, size, on_delivered)
-        queue = self._queues.setdefault((src, dst), deque())
+        key = src * ports + dst
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
         queue.append(transfer)
         if len(queue) == 1:
             self._start(transfer)
 
     def next_time(self) -> float | None:
-        times = [self._finish_time(t) for t in self._active]
+        best: float | None = None
+        for t in self._active:
+            f = self._finish_time(t)
+            if best is None or f < best:
+                best = f
         if self._landing:
-            times.append(self._landing[0][0])
-        return min(times) if times else None
+            f = self._landing[0][0]
+            if best is None or f < best:
+                best = f
+        return best
 
     def advance(self, now: float) -> list[Callable[[], object]]:
         self._progress(now)
@@ -140,25 +160,32 @@ class Crossbar:
             self._sent(transfer)
             return
         self._active.append(transfer)
-        self._share()
+        if not self._ending:  # (transfers ending: :meth:`_progress` shares once after them)
+            self._share()
 
     def _sent(self, transfer: _Transfer) -> None:
         """The last byte left: delivery after the latency; the pair's next transfer starts."""
         self.tx_bytes[transfer.src] += transfer.size
-        heapq.heappush(self._landing, (self.at + self.latency, next(self._seq), transfer))
-        queue = self._queues[transfer.src, transfer.dst]
+        self._seq += 1
+        heapq.heappush(self._landing, (self.at + self.latency, self._seq, transfer))
+        key = transfer.src * self.ports + transfer.dst
+        queue = self._queues[key]
         queue.popleft()
         if queue:
             self._start(queue[0])
         else:
-            del self._queues[transfer.src, transfer.dst]
+            del self._queues[key]
 
     def _progress(self, now: float) -> None:
         """Run the transfers forward to ``now``, ending each whose last byte leaves on the way
         (the rates change at each end)."""
         while self._active:
-            first = min(self._active, key=self._finish_time)
+            first = self._active[0]  # the first of the earliest to finish
             end = self._finish_time(first)
+            for t in self._active:
+                f = self._finish_time(t)
+                if f < end:
+                    first, end = t, f
             if end > now:
                 break
             self._run_for(end - self.at)
@@ -167,9 +194,13 @@ class Crossbar:
             for t in self._active:
                 (done if t is first or t.remaining <= t.rate * 1e-12 else going).append(t)
             self._active = going
-            for t in done:
-                t.remaining = 0.0
-                self._sent(t)
+            self._ending = True
+            try:
+                for t in done:
+                    t.remaining = 0.0
+                    self._sent(t)
+            finally:
+                self._ending = False
             self._share()
         if now > self.at:
             self._run_for(now - self.at)
@@ -177,14 +208,18 @@ class Crossbar:
     def _run_for(self, dt: float) -> None:
         if dt <= 0:
             return
-        busy_tx = {t.src for t in self._active}
-        busy_rx = {t.dst for t in self._active}
+        ports = self.ports
+        marks = self._marks
         for t in self._active:
             t.remaining = max(0.0, t.remaining - t.rate * dt)
-        for p in busy_tx:
-            self.tx_busy[p] += dt
-        for p in busy_rx:
-            self.rx_busy[p] += dt
+            if not marks[ports + t.src]:
+                marks[ports + t.src] = True
+                self.tx_busy[t.src] += dt
+            if not marks[t.dst]:
+                marks[t.dst] = True
+                self.rx_busy[t.dst] += dt
+        for t in self._active:
+            marks[ports + t.src] = marks[t.dst] = False
         self.at += dt
 
     def _share(self) -> None:
@@ -199,30 +234,42 @@ class Crossbar:
         if not active:
             return
         ports = self.ports
-        left: dict[int, float] = {}
-        users: dict[int, list[_Transfer]] = {}
-        unfixed: dict[int, int] = {}  # resource -> its transfers still without a rate
+        left = self._left
+        unfixed = self._unfixed
+        users = self._users
+        used = self._used
+        used.clear()
         for t in active:
-            for res in (ports + t.src, t.dst):
-                left[res] = self.bandwidth
-                users.setdefault(res, []).append(t)
-                unfixed[res] = unfixed.get(res, 0) + 1
-        fixed: set[int] = set()
-        while unfixed:
+            t.fixed = False
+            self._use(ports + t.src, t)
+            self._use(t.dst, t)
+        busy = len(used)  # resources with a transfer still without a rate
+        while busy:
             best = -1
             share = 0.0
-            for r, n in unfixed.items():
-                s = left[r] / n
-                if best < 0 or s < share or (s == share and r < best):
-                    best, share = r, s
+            for r in used:
+                n = unfixed[r]
+                if n:
+                    s = left[r] / n
+                    if best < 0 or s < share or (s == share and r < best):
+                        best, share = r, s
             for t in users[best]:
-                if id(t) not in fixed:
+                if not t.fixed:
                     t.rate = share
-                    fixed.add(id(t))
-                    for other in (ports + t.src, t.dst):
-                        left[other] -= share
-                        n = unfixed[other] - 1
-                        if n:
-                            unfixed[other] = n
-                        else:
-                            del unfixed[other]
+                    t.fixed = True
+                    busy -= self._take(ports + t.src, share) + self._take(t.dst, share)
+
+    def _use(self, res: int, t: _Transfer) -> None:
+        """``t`` uses resource ``res`` (:meth:`_share`'s set-up)."""
+        if not self._unfixed[res]:
+            self._used.append(res)
+            self._users[res].clear()
+        self._left[res] = self.bandwidth
+        self._users[res].append(t)
+        self._unfixed[res] += 1
+
+    def _take(self, res: int, share: float) -> int:
+        """A transfer of ``res`` is fixed at ``share``; 1 if it was the last of ``res``."""
+        self._left[res] -= share
+        self._unfixed[res] -= 1
+        return 0 if self._unfixed[res] else 1
