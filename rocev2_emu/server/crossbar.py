@@ -79,6 +79,19 @@ class _Transfer:
         self.on_delivered = on_delivered
 
 
+class _Resource:
+    """One direction of one port in :meth:`Crossbar._share`: its capacity left, its transfers
+    not yet fixed and the transfers using it (native fields: nothing boxed as the share is
+    worked out)."""
+
+    __slots__ = ("left", "unfixed", "users")
+
+    def __init__(self) -> None:
+        self.left = 0.0
+        self.unfixed = 0
+        self.users: list[_Transfer] = []
+
+
 class Crossbar:
     """``ports`` accelerators, ``bandwidth`` bytes/s each way per port, ``latency`` seconds.
 
@@ -104,12 +117,10 @@ class Crossbar:
         self.tx_busy = [0.0] * ports  # seconds a port was sending something
         self.rx_busy = [0.0] * ports
         self.transfers = 0  # delivered
-        # the share's work space, by resource (:meth:`_share`): capacity left, transfers not
-        # yet fixed, the transfers using it; and the resources in use
-        self._left = [0.0] * (2 * ports)
-        self._unfixed = [0] * (2 * ports)
-        self._users: list[list[_Transfer]] = [[] for _ in range(2 * ports)]
-        self._used: list[int] = []
+        # the share's work space (:meth:`_share`): each resource, and the resources in use
+        self._resources = [_Resource() for _ in range(2 * ports)]
+        self._used: list[_Resource] = []
+        self._numbers: list[int] = []  # the number of each resource in use
         self._marks = [False] * (2 * ports)  # a port's direction counted busy (:meth:`_run_for`)
         self._ending = False  # in :meth:`_progress`, ending transfers (their pairs' next start)
 
@@ -234,42 +245,47 @@ class Crossbar:
         if not active:
             return
         ports = self.ports
-        left = self._left
-        unfixed = self._unfixed
-        users = self._users
+        resources = self._resources
         used = self._used
+        numbers = self._numbers
         used.clear()
+        numbers.clear()
         for t in active:
             t.fixed = False
-            self._use(ports + t.src, t)
-            self._use(t.dst, t)
+            self._use(resources[ports + t.src], ports + t.src, t)
+            self._use(resources[t.dst], t.dst, t)
         busy = len(used)  # resources with a transfer still without a rate
         while busy:
             best = -1
+            best_res = used[0]
             share = 0.0
-            for r in used:
-                n = unfixed[r]
+            for i in range(len(used)):
+                res = used[i]
+                n = res.unfixed
                 if n:
-                    s = left[r] / n
+                    s = res.left / n
+                    r = numbers[i]
                     if best < 0 or s < share or (s == share and r < best):
-                        best, share = r, s
-            for t in users[best]:
+                        best, best_res, share = r, res, s
+            for t in best_res.users:
                 if not t.fixed:
                     t.rate = share
                     t.fixed = True
-                    busy -= self._take(ports + t.src, share) + self._take(t.dst, share)
+                    busy -= _take(resources[ports + t.src], share) + _take(resources[t.dst], share)
 
-    def _use(self, res: int, t: _Transfer) -> None:
-        """``t`` uses resource ``res`` (:meth:`_share`'s set-up)."""
-        if not self._unfixed[res]:
+    def _use(self, res: _Resource, number: int, t: _Transfer) -> None:
+        """``t`` uses resource ``res``, numbered ``number`` (:meth:`_share`'s set-up)."""
+        if not res.unfixed:
             self._used.append(res)
-            self._users[res].clear()
-        self._left[res] = self.bandwidth
-        self._users[res].append(t)
-        self._unfixed[res] += 1
+            self._numbers.append(number)
+            res.users.clear()
+        res.left = self.bandwidth
+        res.users.append(t)
+        res.unfixed += 1
 
-    def _take(self, res: int, share: float) -> int:
-        """A transfer of ``res`` is fixed at ``share``; 1 if it was the last of ``res``."""
-        self._left[res] -= share
-        self._unfixed[res] -= 1
-        return 0 if self._unfixed[res] else 1
+
+def _take(res: _Resource, share: float) -> int:
+    """A transfer of ``res`` is fixed at ``share``; 1 if it was the last of ``res``."""
+    res.left -= share
+    res.unfixed -= 1
+    return 0 if res.unfixed else 1
