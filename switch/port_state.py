@@ -6,7 +6,7 @@ port: grows with the frames queued on it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Final
+from typing import Final
 
 from rocev2_emu.wire.linerate import LinePacer
 from rocev2_emu.wire.qos import PRIORITIES
@@ -30,30 +30,29 @@ class QueueEntry:
 _GONE: Final = QueueEntry(b"", -1, 0, False)  # a read slot of a Fifo: its frame let go
 
 
-def _read_to(items: list[Any], head: int) -> int:
-    """The head of a list read from its front, once read up to ``head``: the list emptied when
-    read to its end, cut when its read part is most of it (at least 64)."""
-    if head == len(items):
-        items.clear()
-        return 0
-    if head >= 64 and head * 2 >= len(items):
-        del items[:head]
-        return 0
-    return head
-
-
 class Fifo:
-    """Frames oldest first: a list read from ``head`` (a deque's methods are calls through
-    the interpreter in compiled code; these are native).  A read slot lets its frame go at
-    once; the list is emptied when read to its end and cut when its read part is most of it.
-    Grows with the frames queued."""
+    """Frames oldest first: ``items[head:tail]``, a list read from ``head`` (a deque's methods
+    are calls through the interpreter in compiled code; these are native).  A read slot lets its
+    frame go at once.  Emptied, it starts again at the front and keeps its slots (a list
+    emptied frees its buffer, and the next frame allocates it again); its read part is cut when
+    it is most of it (at least 64).  Holds as many slots as it once held frames."""
 
     def __init__(self) -> None:
         self.items: list[QueueEntry] = []
         self.head = 0
+        self.tail = 0
 
     def empty(self) -> bool:
-        return self.head == len(self.items)
+        return self.head == self.tail
+
+    def push(self, e: QueueEntry) -> None:
+        items = self.items
+        tail = self.tail
+        if tail < len(items):
+            items[tail] = e
+        else:
+            items.append(e)
+        self.tail = tail + 1
 
     def pop(self) -> QueueEntry:
         """The oldest frame (the caller knows there is one)."""
@@ -61,31 +60,53 @@ class Fifo:
         head = self.head
         e = items[head]
         items[head] = _GONE
-        self.head = _read_to(items, head + 1)
+        head += 1
+        if head == self.tail:
+            head = self.tail = 0
+        elif head >= 64 and head * 2 >= self.tail:
+            del items[:head]
+            self.tail -= head
+            head = 0
+        self.head = head
         return e
+
+    def queued(self) -> list[QueueEntry]:
+        return self.items[self.head : self.tail]
 
 
 class PrioQueue:
     """One priority's egress queue of a port: a :class:`Fifo` per ingress port, and the line
     of ingress ports that take turns, as switch arbiters serve them: a port joins the back of
     the line when its first frame arrives and goes back there after its turn while frames of
-    its are left.  Grows with the ingress ports that have frames queued."""
+    its are left.  The line is ``line[line_head:line_tail]``, kept as :class:`Fifo` keeps its
+    slots.  Grows with the ingress ports that have frames queued."""
 
     def __init__(self) -> None:
         self.fifos: dict[int, Fifo] = {}
         self._line: list[int] = []
         self._line_head = 0
+        self._line_tail = 0
 
     def empty(self) -> bool:
         return not self.fifos
+
+    def _join(self, ingress: int) -> None:
+        """``ingress`` to the back of the line."""
+        line = self._line
+        tail = self._line_tail
+        if tail < len(line):
+            line[tail] = ingress
+        else:
+            line.append(ingress)
+        self._line_tail = tail + 1
 
     def push(self, ingress: int, e: QueueEntry, spare: list[Fifo]) -> None:
         """Queue ``e`` from ``ingress`` (a new FIFO taken from ``spare`` when there is one)."""
         fifo = self.fifos.get(ingress)
         if fifo is None:
             fifo = self.fifos[ingress] = spare.pop() if spare else Fifo()
-            self._line.append(ingress)
-        fifo.items.append(e)
+            self._join(ingress)
+        fifo.push(e)
 
     def pop(self, spare: list[Fifo]) -> QueueEntry:
         """The next frame of the ingress port whose turn it is (the caller knows there is
@@ -99,19 +120,28 @@ class PrioQueue:
             del self.fifos[ingress]
             spare.append(fifo)
         else:
-            line.append(ingress)  # to the back of the line
-        self._line_head = _read_to(line, head + 1)
+            self._join(ingress)  # to the back of the line
+        head += 1
+        if head == self._line_tail:
+            head = self._line_tail = 0
+        elif head >= 64 and head * 2 >= self._line_tail:
+            del line[:head]
+            self._line_tail -= head
+            head = 0
+        self._line_head = head
         return e
 
     def drain(self) -> list[QueueEntry]:
         """Every frame queued, the line's first port's first, and the queue emptied."""
         out: list[QueueEntry] = []
-        for i in range(self._line_head, len(self._line)):
+        for i in range(self._line_head, self._line_tail):
             fifo = self.fifos[self._line[i]]
-            out.extend(fifo.items[fifo.head :])
+            out.extend(fifo.queued())
+            fifo.items.clear()
+            fifo.head = fifo.tail = 0
         self.fifos.clear()
         self._line.clear()
-        self._line_head = 0
+        self._line_head = self._line_tail = 0
         return out
 
 

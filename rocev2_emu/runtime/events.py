@@ -73,7 +73,13 @@ class EventHeap:
         # events run and kept for the next push (no allocation a hop): at most as many as the
         # heap once held at a time, each holding no frame
         self._spare: list[Event] = []
+        # the nodes due for a service: the first ``_n_touched`` of ``_touched``, and the batch
+        # being serviced; the two lists swap and keep their slots (an emptied list frees its
+        # buffer, which the next append allocates again): as long as the most nodes once due
         self._touched: list[Node] = []
+        self._n_touched = 0
+        self._batch: list[Node] = []
+        self._in_batch = False
         self.hops = 0  # frames that crossed a link
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
         self.on_kick: Callable[[], None] | None = None  # the trio runner's wake-up
@@ -155,10 +161,19 @@ class EventHeap:
         if node.touched:
             return  # already due for a service: whoever runs the heap knows
         node.touched = True
-        self._touched.append(node)
+        self._touch(node)
         on_kick = self.on_kick
         if on_kick is not None:
             on_kick()
+
+    def _touch(self, node: Node) -> None:
+        touched = self._touched
+        n = self._n_touched
+        if n < len(touched):
+            touched[n] = node
+        else:
+            touched.append(node)
+        self._n_touched = n + 1
 
     def arrive(self, node: Node, port: int, at: float, seq: int, data: bytes) -> None:
         """A frame from another process, arriving on ``node``'s ``port`` at ``at`` (the
@@ -191,7 +206,7 @@ class EventHeap:
     @property
     def pending(self) -> bool:
         """A kicked node waits for its service."""
-        return bool(self._touched)
+        return self._n_touched > 0
 
     def next_event_time(self) -> float | None:
         heap = self._heap
@@ -246,7 +261,7 @@ class EventHeap:
         now = self.now
         if self._observe is not None and self._watch_k * self._period <= now:
             self._watch_due()
-        heap, touched = self._heap, self._touched
+        heap = self._heap
         rounds = 0
         while True:
             while heap and heap[0].at <= now:
@@ -275,17 +290,26 @@ class EventHeap:
                     node.received += 1
                 if not node.touched:
                     node.touched = True
-                    touched.append(node)
-            if not touched:
+                    self._touch(node)
+            n = self._n_touched
+            if not n:
                 return
+            batch = self._touched
             rounds += 1
             if rounds > LIVELOCK_SERVICES:
-                names = ", ".join(n.name for n in touched[:5])
+                names = ", ".join(batch[i].name for i in range(min(n, 5)))
                 raise EngineError(f"livelock at t={now:.9f} s: {names} never get past it")
-            batch = touched[:]
-            touched.clear()
-            for node in batch:
-                self._service(node, now)
+            nested = self._in_batch  # (a service that runs the heap: a list of its own)
+            if nested:
+                self._touched = []
+            else:
+                self._touched = self._batch
+                self._batch = batch
+            self._n_touched = 0
+            self._in_batch = True
+            for i in range(n):
+                self._service(batch[i], now)
+            self._in_batch = nested
 
     def _service(self, node: Node, now: float) -> None:
         node.touched = False
