@@ -85,7 +85,11 @@ class NicCore(Core):
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
         self._deadlines = Deadlines()
-        self._touched: dict[QueuePair, None] = {}  # QPs whose deadline may have moved
+        # QPs whose deadline may have moved, the first ``_n_touched``, in the order first
+        # touched (a list that keeps its slots: a dict or list emptied frees its memory, and
+        # the next touch allocates it again); as long as the most QPs once touched between looks
+        self._touched: list[QueuePair] = []
+        self._n_touched = 0
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -141,8 +145,7 @@ class NicCore(Core):
         del self.qps[qp.qpn]
         qp.alive = False  # a post to it after this touches it, and leaves its deadline alone
         qp.deadline = NO_DEADLINE  # its entries on the heap are stale
-        self._touched.pop(qp, None)
-        self._active[qp.priority].pop(qp, None)
+        self._active[qp.priority].pop(qp, None)  # (if touched, the look skips it: not alive)
 
     def modify_qp(self, qp: QueuePair, attr: QPAttr) -> None:
         self._active[qp.priority].pop(qp, None)
@@ -158,7 +161,7 @@ class NicCore(Core):
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
             self._active[qp.priority][qp] = None
-        self._touched[qp] = None
+        self._touch(qp)
 
     def dscp_of(self, qp: QueuePair) -> int:
         return self.config.dscp if qp.traffic_class is None else qp.traffic_class
@@ -170,7 +173,7 @@ class NicCore(Core):
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
         self._active[qp.priority][qp] = None
-        self._touched[qp] = None
+        self._touch(qp)
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
         qp.post_recv(wr)
@@ -241,7 +244,7 @@ class NicCore(Core):
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
-                self._touched[target] = None
+                self._touch(target)
             else:
                 c.rp_cnp_ignored += 1
             return
@@ -267,7 +270,7 @@ class NicCore(Core):
             c.rx_drops["bad_pkey"] += 1
             return
         accepted = qp.receive(frame, now)
-        self._touched[qp] = None
+        self._touch(qp)
         if not accepted:
             c.rx_drops["qp_state"] += 1
             return
@@ -338,7 +341,7 @@ class NicCore(Core):
                         active[qp] = None
                     continue
                 pkt = qp.next_packet(now)
-                self._touched[qp] = None
+                self._touch(qp)
                 if pkt is None:
                     del active[qp]
                     continue
@@ -423,16 +426,32 @@ class NicCore(Core):
             return send
         return t if has_t else None
 
+    def _touch(self, qp: QueuePair) -> None:
+        """``qp``'s deadline may have moved: the next look re-reads it."""
+        if qp.nic_touched:
+            return
+        qp.nic_touched = True
+        touched = self._touched
+        n = self._n_touched
+        if n < len(touched):
+            touched[n] = qp
+        else:
+            touched.append(qp)
+        self._n_touched = n + 1
+
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""
-        touched = self._touched
-        if not touched:
+        n = self._n_touched
+        if not n:
             return
+        touched = self._touched
         deadlines = self._deadlines
-        for qp in touched:
+        for i in range(n):
+            qp = touched[i]
+            qp.nic_touched = False
             if qp.alive:  # (still this NIC's: a QP is this NIC's from create_qp to destroy_qp)
                 deadlines.refresh(qp)
-        touched.clear()
+        self._n_touched = 0
 
     def _earliest(self, prio: int) -> float:
         """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
@@ -456,5 +475,5 @@ class NicCore(Core):
         deadlines = self._deadlines
         while (qp := deadlines.due(now)) is not None:
             qp.handle_timer(now)
-            self._touched[qp] = None
+            self._touch(qp)
             self._active[qp.priority][qp] = None
