@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Final
 
+from rocev2_emu.runtime.slots import front_cut, put
 from rocev2_emu.wire.linerate import LinePacer
 from rocev2_emu.wire.qos import PRIORITIES
 
@@ -31,11 +32,10 @@ _GONE: Final = QueueEntry(b"", -1, 0, False)  # a read slot of a Fifo: its frame
 
 
 class Fifo:
-    """Frames oldest first: ``items[head:tail]``, a list read from ``head`` (a deque's methods
-    are calls through the interpreter in compiled code; these are native).  A read slot lets its
-    frame go at once.  Emptied, it starts again at the front and keeps its slots (a list
-    emptied frees its buffer, and the next frame allocates it again); its read part is cut when
-    it is most of it (at least 64).  Holds as many slots as it once held frames."""
+    """Frames oldest first: ``items[head:tail]``, a list read from ``head`` that keeps its
+    slots (:mod:`rocev2_emu.runtime.slots`; a deque's methods are calls through the interpreter
+    in compiled code, these are native).  A read slot lets its frame go at once.  Holds as many
+    slots as it once held frames."""
 
     def __init__(self) -> None:
         self.items: list[QueueEntry] = []
@@ -46,13 +46,7 @@ class Fifo:
         return self.head == self.tail
 
     def push(self, e: QueueEntry) -> None:
-        items = self.items
-        tail = self.tail
-        if tail < len(items):
-            items[tail] = e
-        else:
-            items.append(e)
-        self.tail = tail + 1
+        self.tail = put(self.items, self.tail, e)
 
     def pop(self) -> QueueEntry:
         """The oldest frame (the caller knows there is one)."""
@@ -60,14 +54,9 @@ class Fifo:
         head = self.head
         e = items[head]
         items[head] = _GONE
-        head += 1
-        if head == self.tail:
-            head = self.tail = 0
-        elif head >= 64 and head * 2 >= self.tail:
-            del items[:head]
-            self.tail -= head
-            head = 0
-        self.head = head
+        cut = front_cut(items, head + 1, self.tail)
+        self.head = head + 1 - cut
+        self.tail -= cut
         return e
 
     def queued(self) -> list[QueueEntry]:
@@ -78,8 +67,8 @@ class PrioQueue:
     """One priority's egress queue of a port: a :class:`Fifo` per ingress port, and the line
     of ingress ports that take turns, as switch arbiters serve them: a port joins the back of
     the line when its first frame arrives and goes back there after its turn while frames of
-    its are left.  The line is ``line[line_head:line_tail]``, kept as :class:`Fifo` keeps its
-    slots.  Grows with the ingress ports that have frames queued."""
+    its are left.  The line is ``line[line_head:line_tail]``, keeping its slots as a
+    :class:`Fifo` does.  Grows with the ingress ports that have frames queued."""
 
     def __init__(self) -> None:
         self.fifos: dict[int, Fifo] = {}
@@ -90,22 +79,12 @@ class PrioQueue:
     def empty(self) -> bool:
         return not self.fifos
 
-    def _join(self, ingress: int) -> None:
-        """``ingress`` to the back of the line."""
-        line = self._line
-        tail = self._line_tail
-        if tail < len(line):
-            line[tail] = ingress
-        else:
-            line.append(ingress)
-        self._line_tail = tail + 1
-
     def push(self, ingress: int, e: QueueEntry, spare: list[Fifo]) -> None:
         """Queue ``e`` from ``ingress`` (a new FIFO taken from ``spare`` when there is one)."""
         fifo = self.fifos.get(ingress)
         if fifo is None:
             fifo = self.fifos[ingress] = spare.pop() if spare else Fifo()
-            self._join(ingress)
+            self._line_tail = put(self._line, self._line_tail, ingress)
         fifo.push(e)
 
     def pop(self, spare: list[Fifo]) -> QueueEntry:
@@ -120,15 +99,10 @@ class PrioQueue:
             del self.fifos[ingress]
             spare.append(fifo)
         else:
-            self._join(ingress)  # to the back of the line
-        head += 1
-        if head == self._line_tail:
-            head = self._line_tail = 0
-        elif head >= 64 and head * 2 >= self._line_tail:
-            del line[:head]
-            self._line_tail -= head
-            head = 0
-        self._line_head = head
+            self._line_tail = put(line, self._line_tail, ingress)  # to the back of the line
+        cut = front_cut(line, head + 1, self._line_tail)
+        self._line_head = head + 1 - cut
+        self._line_tail -= cut
         return e
 
     def drain(self) -> list[QueueEntry]:

@@ -19,6 +19,7 @@ from rocev2_emu.nic.config import NicConfig
 from rocev2_emu.nic.deadlines import Deadlines
 from rocev2_emu.nic.ingress import IngressQueue
 from rocev2_emu.runtime.events import Core
+from rocev2_emu.runtime.slots import put
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
@@ -431,13 +432,7 @@ class NicCore(Core):
         if qp.nic_touched:
             return
         qp.nic_touched = True
-        touched = self._touched
-        n = self._n_touched
-        if n < len(touched):
-            touched[n] = qp
-        else:
-            touched.append(qp)
-        self._n_touched = n + 1
+        self._n_touched = put(self._touched, self._n_touched, qp)
 
     def _refresh_timers(self) -> None:
         """Re-read the deadlines of the QPs touched since the last look."""

@@ -38,6 +38,7 @@ from rocev2_emu.runtime.node import (
     heap_pop,
     heap_push,
 )
+from rocev2_emu.runtime.slots import put
 
 __all__ = [
     "NO_TIMER",
@@ -167,13 +168,7 @@ class EventHeap:
             on_kick()
 
     def _touch(self, node: Node) -> None:
-        touched = self._touched
-        n = self._n_touched
-        if n < len(touched):
-            touched[n] = node
-        else:
-            touched.append(node)
-        self._n_touched = n + 1
+        self._n_touched = put(self._touched, self._n_touched, node)
 
     def arrive(self, node: Node, port: int, at: float, seq: int, data: bytes) -> None:
         """A frame from another process, arriving on ``node``'s ``port`` at ``at`` (the
