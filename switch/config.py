@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from rocev2_emu.wire.linerate import NOMINAL_BPS
 from rocev2_emu.wire.qos import DEFAULT_DSCP_MAP, priority_of
 from switch.mmu import MmuConfig
 
@@ -75,3 +76,16 @@ class SwitchConfig:
 
     def priority_of(self, dscp: int) -> int:
         return priority_of(self.dscp_map, dscp)
+
+    def ecn_of_ports(self) -> list[EcnThresholds]:
+        """Each port's ECN thresholds: its own, or the default for its line rate (one object
+        per rate, shared: they are frozen)."""
+        by_rate: dict[float, EcnThresholds] = {}
+        out: list[EcnThresholds] = []
+        for p in self.ports:
+            rate = p.rate_bps or NOMINAL_BPS
+            ecn = p.ecn or by_rate.get(rate)
+            if ecn is None:
+                ecn = by_rate[rate] = EcnThresholds.for_rate(rate)
+            out.append(ecn)
+        return out

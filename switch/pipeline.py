@@ -2,57 +2,45 @@
 queues per port and priority, ECN marking, PFC generation and reaction, and the PFC watchdog.
 
 Per frame: decode the VXLAN/Ethernet/IPv4 headers (bad checksum, TTL expired, no route are
-counted drops); pick the egress port among the equal-cost ones by a seeded hash of the 5-tuple,
-so RoCE's per-QP UDP source port spreads QPs (ECMP, RFC 2992); map DSCP to a priority; ask the
-MMU (:mod:`switch.mmu`) for room - lossless priorities pause the upstream port with 802.1Qbb
-frames, lossy ones tail-drop; rewrite MACs, decrement the TTL and fix the IPv4 checksum
-incrementally (RFC 1624); queue.  Each egress port drains at its line rate, strict priority
-between classes, skipping a priority while the neighbour pauses it.  At dequeue, RED on the
-queue's depth marks CE on ECT packets (never on non-ECT).  Every time is emulated seconds.
+counted drops); take the forwarding decision (:mod:`switch.forwarding`: the egress port among
+the equal-cost ones by ECMP, the priority by DSCP, the TTL decremented); ask the MMU
+(:mod:`switch.mmu`) for room - lossless priorities pause the upstream port with 802.1Qbb
+frames, lossy ones tail-drop; rewrite MACs; queue.  Each egress port drains at its line rate,
+strict priority between classes, skipping a priority while the neighbour pauses it.  At
+dequeue, RED on the queue's depth marks CE on ECT packets (never on non-ECT:
+:class:`~switch.forwarding.EcnMarker`).  Every time is
+emulated seconds.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from typing import Final
 
 from rocev2_emu.runtime.events import Core
-from rocev2_emu.wire.crc import crc32
 from rocev2_emu.wire.errors import MalformedFrame
 from rocev2_emu.wire.ethernet import (
-    ECN_CE,
     ETH_HEADER,
     ETHERTYPE_IPV4,
     ETHERTYPE_MAC_CONTROL,
     VXLAN_FLAG_I,
     VXLAN_HEADER,
     VXLAN_LEN,
-    checksum_update,
     ipv4_checksum,
     wire_len,
 )
 from rocev2_emu.wire.linerate import NOMINAL_BPS
 from rocev2_emu.wire.pfc import decode_pfc_untrusted, encode_pfc, pause_time
 from rocev2_emu.wire.qos import PRIORITIES
-from switch.config import (
-    ECMP_DESTINATION,
-    ECMP_FIVE_TUPLE_QPN,
-    ECMP_MODES,
-    EcnThresholds,
-    SwitchConfig,
-)
+from switch.config import SwitchConfig
+from switch.forwarding import IP as _IP
+from switch.forwarding import EcnMarker, Forwarding
 from switch.mmu import ADMIT_DROP, ADMIT_HEADROOM, Mmu
 from switch.port_state import Fifo, PortState, QueueEntry
 from switch.watchdog import Watchdog
 
-_IP: Final = 22  # IPv4 header offset inside a VXLAN datagram
 _ELIDED_MIN: Final = _IP + 20 + 8 + 12  # a timing-only frame: IPv4, UDP and BTH at least
-# Validated IPv4 headers a switch remembers (one per flow, direction and frame length; about
-# 200 bytes an entry, some 3 MB at the bound) before it forgets them all and learns again:
-# above the several thousand a core switch sees in a thousand-flow incast.
-VALID_IP_MAX: Final = 16384
 
 
 class SwitchCore(Core):
@@ -67,26 +55,12 @@ class SwitchCore(Core):
         lossless = config.lossless if config.pfc_enabled else frozenset()
         headrooms = [p.headroom_bytes for p in config.ports]
         self.mmu = Mmu(config.mmu, len(config.ports), lossless, headrooms)
-        by_rate: dict[float, EcnThresholds] = {}  # one default per line rate (frozen: shared)
-        self.ecn: list[EcnThresholds] = []
-        for p in config.ports:
-            rate = p.rate_bps or NOMINAL_BPS
-            ecn = p.ecn or by_rate.get(rate)
-            if ecn is None:
-                ecn = by_rate[rate] = EcnThresholds.for_rate(rate)
-            self.ecn.append(ecn)
         self.watchdog = Watchdog(len(config.ports), config.watchdog_detect, config.watchdog_restore)
-        self._rng = random.Random(config.seed)
-        self._ecmp_salt = config.seed & 0xFFFFFFFF
-        if config.ecmp not in ECMP_MODES:
-            raise ValueError(f"switch {config.name}: ecmp {config.ecmp!r}: one of {ECMP_MODES}")
-        self._ecmp_mode = ECMP_MODES.index(config.ecmp)
+        self.marker = EcnMarker(config, self.ports)
+        self.forwarding = Forwarding(config, self.ports)
+        self._valid_ip = self.forwarding.valid_ip  # (its memo, read inline per frame)
         self._watchdog_drops = config.watchdog_action == "drop"  # else "forward"
         self._elide = config.timing_only
-        self._flows: dict[bytes, int] = {}
-        # validated IPv4 header -> (forwarded header, priority, equal-cost egress ports)
-        self._valid_ip: dict[bytes, tuple[bytes, int, tuple[int, ...]]] = {}
-        self._prio = [config.priority_of(dscp) for dscp in range(64)]
         # ports with frames to send: the set next_out's sweep turns over (its order is the
         # order ports take their turns) and the same ports as a list the timer reads
         self._pending: set[int] = set()
@@ -103,11 +77,6 @@ class SwitchCore(Core):
         self._refreshing: set[int] = set()  # ports with an XOFF to refresh
         # no refresh is due before this (the earliest, or earlier: then the look finds none)
         self._refresh_next = math.inf
-        # ECN's priorities as a bit mask (a frozenset's look-up boxes the priority)
-        self._ecn_mask = 0
-        if config.ecn_enabled:
-            for prio in config.ecn_priorities:
-                self._ecn_mask |= 1 << prio
         self._prefix = [
             VXLAN_HEADER.pack(VXLAN_FLAG_I, p.vni << 8)
             + ETH_HEADER.pack(p.peer_mac, p.mac, ETHERTYPE_IPV4)
@@ -158,7 +127,7 @@ class SwitchCore(Core):
             if header[0] != 0x45 or ipv4_checksum(header) != 0:
                 ps.drops["ipv4_checksum"] += 1
                 return
-            known = self._learn(header)
+            known = self.forwarding.learn(header)
         rewritten, prio, ports = known
         total = header[2] << 8 | header[3]
         if total < 20 or (
@@ -174,7 +143,7 @@ class SwitchCore(Core):
         if len(ports) == 1 and self.ports[ports[0]].up:
             out: int | None = ports[0]
         else:
-            out = self._ecmp(header, data, ports)
+            out = self.forwarding.ecmp(header, data, ports)
         if out is None:
             ps.drops["no_route"] += 1
             return
@@ -210,56 +179,6 @@ class SwitchCore(Core):
             self._queue_on(out, eq)
         if mmu.lossless_mask >> prio & 1 and mmu.should_pause(port, prio):
             self._send_pfc(port, prio, self.config.pfc_quanta, now)
-
-    def _learn(self, header: bytes) -> tuple[bytes, int, tuple[int, ...]]:
-        """For a validated IPv4 header: the header it leaves with (TTL - 1, checksum fixed by
-        RFC 1624: the word (TTL, protocol) drops by 0x100, so the checksum rises by 0x100), its
-        priority and its equal-cost egress ports.  Memoized until the routes change."""
-        if header[8] <= 1:
-            out = header  # TTL expired: dropped by the caller, never forwarded
-        else:
-            word = header[8] << 8 | header[9]  # (TTL, protocol)
-            csum = checksum_update(header[10] << 8 | header[11], word, word - 0x100)
-            out = header[:8] + bytes((header[8] - 1, header[9])) + csum.to_bytes(2, "big")
-            out += header[12:]
-        dst = int.from_bytes(header[16:20], "big")
-        cfg = self.config
-        ports = cfg.routes.get(dst)
-        if ports is None:  # a host reached by the default route, or no host at all
-            ports = cfg.default_route if dst in cfg.hosts else ()
-        entry = (out, self._prio[header[1] >> 2], ports)
-        if len(self._valid_ip) > VALID_IP_MAX:
-            self._valid_ip.clear()
-        self._valid_ip[header] = entry
-        return entry
-
-    def _ecmp(self, header: bytes, data: bytes, ports: tuple[int, ...]) -> int | None:
-        """One of several equal-cost ports, sticky per flow: by a seeded hash of the 5-tuple
-        (and of the BTH destination QP in E-ECMP), or pinned by the destination address."""
-        if not ports:
-            return None
-        if len(ports) == 1:
-            return None  # its one port is down
-        mode = self._ecmp_mode
-        if mode == ECMP_DESTINATION:  # path pinning: the destination alone
-            key = header[16:20]
-        else:  # src, dst, sport, dport (and the destination QP: BTH bytes 5-7 after UDP)
-            key = data[_IP + 12 : _IP + 24]
-            if mode == ECMP_FIVE_TUPLE_QPN:
-                key += data[_IP + 33 : _IP + 36]
-        out = self._flows.get(key)
-        if out is None or not self.ports[out].up:
-            live = [p for p in ports if self.ports[p].up]
-            if not live:
-                return None
-            if mode == ECMP_DESTINATION:  # consecutive destinations spread over the ports in turn
-                out = live[int.from_bytes(key, "big") % len(live)]
-            else:
-                out = live[crc32(key, self._ecmp_salt) % len(live)]
-            if len(self._flows) > 65536:
-                self._flows.clear()
-            self._flows[key] = out
-        return out
 
     def _on_pfc(self, port: int, data: bytes | bytearray | memoryview, now: float) -> None:
         ps = self.ports[port]
@@ -375,7 +294,7 @@ class SwitchCore(Core):
             datagram = e.datagram
             e.datagram = b""
             self._spare_entries.append(e)
-            return self._mark(index, prio, datagram, depth)
+            return self.marker.mark(index, prio, datagram, depth)
         return None
 
     def _release(self, e: QueueEntry, prio: int, now: float) -> None:
@@ -383,30 +302,6 @@ class SwitchCore(Core):
         mmu.dequeue(e.in_port, prio, e.size, e.from_headroom)
         if mmu.paused[e.in_port][prio] and mmu.should_resume(e.in_port, prio):
             self._send_pfc(e.in_port, prio, 0, now)
-
-    def _mark(self, port: int, prio: int, datagram: bytes, depth: int) -> bytes:
-        """RED at dequeue on the queue's depth; CE only on ECT packets."""
-        if not self._ecn_mask >> prio & 1:
-            return datagram
-        tos = datagram[_IP + 1]
-        if not tos & 0b11 or tos & 0b11 == ECN_CE:
-            return datagram
-        t = self.ecn[port]
-        if depth <= t.kmin_bytes:
-            return datagram
-        if depth < t.kmax_bytes:
-            p = (depth - t.kmin_bytes) / (t.kmax_bytes - t.kmin_bytes) * t.pmax
-            if self._rng.random() >= p:
-                return datagram
-        self.ports[port].ecn_marked[prio] += 1
-        old_word = 0x45 << 8 | tos  # the (version/IHL, TOS) word
-        csum = checksum_update(
-            datagram[_IP + 10] << 8 | datagram[_IP + 11], old_word, old_word | ECN_CE
-        )
-        buf = bytearray(datagram)
-        buf[_IP + 1] = tos | ECN_CE
-        buf[_IP + 10 : _IP + 12] = csum.to_bytes(2, "big")
-        return bytes(buf)
 
     # -- timers, links ---------------------------------------------------------------------
     def get_timer(self) -> float | None:
@@ -481,8 +376,7 @@ class SwitchCore(Core):
     def set_routes(self, routes: dict[int, tuple[int, ...]]) -> None:
         """New routes (after links failed or came back elsewhere in the fabric)."""
         self.config.routes = routes
-        self._flows.clear()
-        self._valid_ip.clear()
+        self.forwarding.forget(routes=True)
 
     def set_link(self, port: int, up: bool, now: float) -> None:
         """Take a port's link down (its queues are lost, counted) or bring it back up."""
@@ -492,4 +386,4 @@ class SwitchCore(Core):
             for prio in range(PRIORITIES):
                 self._flush(port, prio, now, "link_down")
             ps.control.clear()
-        self._flows.clear()
+        self.forwarding.forget(routes=False)

@@ -18,8 +18,7 @@ import trio
 
 from rocev2_emu.control.kvstore import STORE_LATENCY, StoreCore, StoreOp
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.engine import Engine
-from rocev2_emu.runtime.events import NO_TIMER
+from rocev2_emu.runtime.engine import Engine, ModelAlarm
 from rocev2_emu.runtime.exact import current_engine
 from rocev2_emu.runtime.replies import StoreReplies, StoreWaiter
 from rocev2_emu.verbs import RemoteVerbsError
@@ -125,7 +124,9 @@ class VirtualStore:
         self._replies = StoreReplies()  # ties by (host, sequence number)
         self._kick = trio.lowlevel.ParkingLot()
         self.engine = engine
-        self._alarm = None if engine is None else engine.events.alarm(self._fire)
+        self._alarm = (
+            None if engine is None else ModelAlarm(engine, clock.now, self._next_time, self._due)
+        )
 
     @property
     def on_engine(self) -> bool:
@@ -139,7 +140,7 @@ class VirtualStore:
         waiter = self._replies.wait(op)
         self.core.submit(op)
         if self._alarm is not None:
-            self._rearm()
+            self._alarm.rearm()
         else:
             self._kick.unpark_all()
         return waiter
@@ -156,19 +157,6 @@ class VirtualStore:
         for reply in self.core.run_until(math.nextafter(now, math.inf)):
             self._replies.push(reply, (reply.origin, reply.seq))
         return self._replies.due(now)
-
-    def _rearm(self) -> None:
-        assert self.engine is not None and self._alarm is not None
-        nt = self._next_time()
-        self.engine.events.arm(self._alarm, NO_TIMER if nt is None else nt)
-
-    def _fire(self, now: float) -> bool:
-        assert self.engine is not None
-        self.engine.sync_clock()
-        try:
-            return self._due(max(self.clock.now(), now))  # (the instant, not a rounding before)
-        finally:
-            self._rearm()
 
     async def run(self) -> None:
         """Without an engine: apply each operation when it reaches the store, and hand each

@@ -21,10 +21,10 @@ from typing import ClassVar
 import trio
 import trio.testing
 
-from rocev2_emu.runtime.events import Core, EngineError, EventHeap, Node
+from rocev2_emu.runtime.events import NO_TIMER, Core, EngineError, EventHeap, Node
 from rocev2_emu.runtime.link import LinkFaults
 
-__all__ = ["Core", "Engine", "EngineError", "Node"]
+__all__ = ["Core", "Engine", "EngineError", "ModelAlarm", "Node"]
 
 
 class Engine:
@@ -184,3 +184,48 @@ class Engine:
                     and trio.current_time() >= at
                 ):
                     events.now = max(events.now, nt)  # woke for that event (not an alarm's arming)
+
+
+class ModelAlarm:
+    """A model beside the fabric (a server's NVLink crossbar, the rendezvous store) run by an
+    :class:`~rocev2_emu.runtime.node.Alarm` on ``engine``'s heap instead of a trio task.
+
+    ``due(now)`` runs at the model's next time (``next_time()``; None: nothing is due), with
+    trio's clock brought to that instant first and ``now`` never a rounding before the
+    host clock's ``clock_now()``; it returns True when it woke a task (trio then runs before
+    the instant's frames).  The alarm is armed again after each run; :meth:`rearm` after the
+    model changed outside one.  Holds one alarm on the heap for the engine's life."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock_now: Callable[[], float],
+        next_time: Callable[[], float | None],
+        due: Callable[[float], bool],
+    ) -> None:
+        self.engine = engine
+        self._clock_now = clock_now
+        self._next_time = next_time
+        self._due = due
+        self._alarm = engine.events.alarm(self._fire)
+
+    def rearm(self) -> None:
+        """The model changed: fire at its next time."""
+        nt = self._next_time()
+        self.engine.events.arm(self._alarm, NO_TIMER if nt is None else nt)
+
+    def stop(self) -> None:
+        """Run nothing more (the end of a job's own model)."""
+        self.engine.events.arm(self._alarm, NO_TIMER)
+        self._alarm.fire = _nothing
+
+    def _fire(self, now: float) -> bool:
+        self.engine.sync_clock()
+        try:
+            return self._due(max(self._clock_now(), now))  # (the instant, not a rounding before)
+        finally:
+            self.rearm()
+
+
+def _nothing(now: float) -> bool:
+    return False

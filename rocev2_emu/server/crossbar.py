@@ -80,13 +80,14 @@ class _Transfer:
 
 
 class _Resource:
-    """One direction of one port in :meth:`Crossbar._share`: its capacity left, its transfers
-    not yet fixed and the transfers using it (native fields: nothing boxed as the share is
-    worked out)."""
+    """One direction of one port in :meth:`Crossbar._share`: its number (which orders ties),
+    its capacity left, its transfers not yet fixed and the transfers using it (native fields:
+    nothing boxed as the share is worked out)."""
 
-    __slots__ = ("left", "unfixed", "users")
+    __slots__ = ("left", "number", "unfixed", "users")
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
+        self.number = number
         self.left = 0.0
         self.unfixed = 0
         self.users: list[_Transfer] = []
@@ -118,9 +119,8 @@ class Crossbar:
         self.rx_busy = [0.0] * ports
         self.transfers = 0  # delivered
         # the share's work space (:meth:`_share`): each resource, and the resources in use
-        self._resources = [_Resource() for _ in range(2 * ports)]
+        self._resources = [_Resource(number) for number in range(2 * ports)]
         self._used: list[_Resource] = []
-        self._numbers: list[int] = []  # the number of each resource in use
         self._marks = [False] * (2 * ports)  # a port's direction counted busy (:meth:`_run_for`)
         self._ending = False  # in :meth:`_progress`, ending transfers (their pairs' next start)
 
@@ -247,24 +247,21 @@ class Crossbar:
         ports = self.ports
         resources = self._resources
         used = self._used
-        numbers = self._numbers
         used.clear()
-        numbers.clear()
         for t in active:
             t.fixed = False
-            self._use(resources[ports + t.src], ports + t.src, t)
-            self._use(resources[t.dst], t.dst, t)
+            self._use(resources[ports + t.src], t)
+            self._use(resources[t.dst], t)
         busy = len(used)  # resources with a transfer still without a rate
         while busy:
             best = -1
             best_res = used[0]
             share = 0.0
-            for i in range(len(used)):
-                res = used[i]
+            for res in used:
                 n = res.unfixed
                 if n:
                     s = res.left / n
-                    r = numbers[i]
+                    r = res.number
                     if best < 0 or s < share or (s == share and r < best):
                         best, best_res, share = r, res, s
             for t in best_res.users:
@@ -273,11 +270,10 @@ class Crossbar:
                     t.fixed = True
                     busy -= _take(resources[ports + t.src], share) + _take(resources[t.dst], share)
 
-    def _use(self, res: _Resource, number: int, t: _Transfer) -> None:
-        """``t`` uses resource ``res``, numbered ``number`` (:meth:`_share`'s set-up)."""
+    def _use(self, res: _Resource, t: _Transfer) -> None:
+        """``t`` uses resource ``res`` (:meth:`_share`'s set-up)."""
         if not res.unfixed:
             self._used.append(res)
-            self._numbers.append(number)
             res.users.clear()
         res.left = self.bandwidth
         res.users.append(t)

@@ -26,8 +26,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.engine import Engine
-from rocev2_emu.runtime.events import NO_TIMER
+from rocev2_emu.runtime.engine import Engine, ModelAlarm
 from rocev2_emu.server.crossbar import Crossbar, IntraServerConfig
 
 
@@ -51,10 +50,15 @@ class ServerFabric:
         if self.model is not None and clock is None:
             raise ValueError(f"a {config.kind} fabric runs on a clock: give it the host's")
         self.clock = clock
-        self._scope: trio.CancelScope | None = None
-        self._target = math.inf  # the emulated instant the task sleeps until
         self.engine = engine if self.model is not None else None
-        self._alarm = None if self.engine is None else self.engine.events.alarm(self._fire)
+        # exactly one drives a modelled fabric: an alarm on the engine, or a task on the clock
+        self._alarm: ModelAlarm | None = None
+        self._task: _WallClockTask | None = None
+        if self.model is not None and clock is not None:
+            if self.engine is not None:
+                self._alarm = ModelAlarm(self.engine, clock.now, self.model.next_time, self._due)
+            else:
+                self._task = _WallClockTask(self.model, clock)
         self._firing = False  # delivering: the alarm is armed once, after the deliveries
 
     def send(self, src: int, dst: int, size: int, on_delivered: Callable[[], object]) -> bool:
@@ -67,9 +71,10 @@ class ServerFabric:
         self.model.send(src, dst, size, self.clock.now(), on_delivered)
         if self._alarm is not None:
             if not self._firing:
-                self._rearm()
+                self._alarm.rearm()
             return False
-        self._arm(self.model, self.clock)
+        if self._task is not None:
+            self._task.arm()
         return True
 
     @property
@@ -79,21 +84,12 @@ class ServerFabric:
 
     def close(self) -> None:
         """Deliver nothing more (the end of a job's own fabric)."""
-        if self.engine is not None and self._alarm is not None:
-            self.engine.events.arm(self._alarm, NO_TIMER)
-            self._alarm.fire = _nothing
+        if self._alarm is not None:
+            self._alarm.stop()
 
-    def _rearm(self) -> None:
-        assert self.model is not None and self.engine is not None and self._alarm is not None
-        nxt = self.model.next_time()
-        self.engine.events.arm(self._alarm, NO_TIMER if nxt is None else nxt)
-
-    def _fire(self, now: float) -> bool:
-        """The alarm: deliver what lands by ``now`` (trio's clock brought to it first, so the
-        deliveries' own transfers start at this instant); True if a delivery woke a task."""
-        assert self.model is not None and self.engine is not None and self.clock is not None
-        self.engine.sync_clock()
-        now = max(self.clock.now(), now)  # the instant itself, not a rounding before it
+    def _due(self, now: float) -> bool:
+        """The alarm: deliver what lands by ``now``; True if a delivery woke a task."""
+        assert self.model is not None
         woke = False
         self._firing = True
         try:
@@ -102,26 +98,40 @@ class ServerFabric:
                     woke = True
         finally:
             self._firing = False
-            self._rearm()
         return woke
 
-    def _arm(self, model: Crossbar, clock: DilatedClock) -> None:
-        nxt = model.next_time()
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver each transfer when it lands, until cancelled (on an engine, or with a free
+        fabric, only sleeps: the heap runs the deliveries, or there are none to run)."""
+        task_status.started()
+        if self._task is None:
+            await trio.sleep_forever()
+            return
+        await self._task.run()
+
+
+class _WallClockTask:
+    """A crossbar's deliveries on the wall clock: one trio task sleeps until the model's next
+    change, its deadline moved whenever a transfer starts."""
+
+    def __init__(self, model: Crossbar, clock: DilatedClock) -> None:
+        self.model = model
+        self.clock = clock
+        self._scope: trio.CancelScope | None = None
+        self._target = math.inf  # the emulated instant the task sleeps until
+
+    def arm(self) -> None:
+        nxt = self.model.next_time()
         self._target = math.inf if nxt is None else nxt
         if self._scope is not None:
-            self._scope.deadline = math.inf if nxt is None else clock.to_trio(nxt)
+            self._scope.deadline = math.inf if nxt is None else self.clock.to_trio(nxt)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Deliver each transfer when it lands, until cancelled."""
-        task_status.started()
+    async def run(self) -> None:
         model, clock = self.model, self.clock
-        if model is None or clock is None or self._alarm is not None:
-            await trio.sleep_forever()  # (on an engine: its heap runs the deliveries)
-            return
         while True:
             with trio.CancelScope() as scope:
                 self._scope = scope
-                self._arm(model, clock)
+                self.arm()
                 await trio.sleep_forever()
             self._scope = None
             now = clock.now()
@@ -129,10 +139,6 @@ class ServerFabric:
                 now = max(now, self._target)  # the instant slept to, not a rounding before it
             for deliver in model.advance(now):
                 deliver()
-
-
-def _nothing(now: float) -> bool:
-    return False
 
 
 @asynccontextmanager

@@ -194,19 +194,19 @@ def test_red_marks_with_probability_between_kmin_and_kmax() -> None:
     t = topo(single_switch(2))
     sim = NetSim(t)
     sw = sim.switches["sw0"]
-    sw.ecn[1] = EcnThresholds(10_000, 30_000, 0.5)
+    sw.marker.ecn[1] = EcnThresholds(10_000, 30_000, 0.5)
     tpl = FrameTemplate(vni=1, src_mac=bytes(6), dst_mac=bytes(6), src_ip=1, dst_ip=2, sport=0xC000)
     datagram = tpl.build(4, 1, 0)
     not_ect = FrameTemplate(
         vni=1, src_mac=bytes(6), dst_mac=bytes(6), src_ip=1, dst_ip=2, sport=0xC000, ecn=0
     ).build(4, 1, 0)
     for depth, expected in ((5_000, 0.0), (20_000, 0.25), (25_000, 0.375), (40_000, 1.0)):
-        marked = sum(sw._mark(1, 3, datagram, depth)[23] & 3 == 3 for _ in range(4000))
+        marked = sum(sw.marker.mark(1, 3, datagram, depth)[23] & 3 == 3 for _ in range(4000))
         assert marked / 4000 == pytest.approx(expected, abs=0.03)
-        assert all(sw._mark(1, 3, not_ect, depth) == not_ect for _ in range(50))
+        assert all(sw.marker.mark(1, 3, not_ect, depth) == not_ect for _ in range(50))
     from rocev2_emu.wire.decode import decode_datagram_untrusted
 
-    marked_frame = sw._mark(1, 3, datagram, 40_000)
+    marked_frame = sw.marker.mark(1, 3, datagram, 40_000)
     assert decode_datagram_untrusted(marked_frame)[1].ecn == 3  # type: ignore[union-attr]
 
 
@@ -398,7 +398,7 @@ def test_e_ecmp_hashes_the_destination_qp_and_keeps_each_flow_on_one_path() -> N
         for qp in range(1, 65):
             for opcode, length in ((6, 4136), (7, 4136), (8, 100)):  # FIRST, MIDDLE, LAST
                 data = frame(qp, opcode, length)
-                out = core._ecmp(data[22:42], data, (0, 1, 2, 3))
+                out = core.forwarding.ecmp(data[22:42], data, (0, 1, 2, 3))
                 assert out is not None
                 chosen.setdefault(qp, set()).add(out)
         return chosen
