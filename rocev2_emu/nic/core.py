@@ -1,11 +1,10 @@
-"""The software NIC core (sans-IO): resources, frame dispatch, and a PFC-aware paced egress.
+"""The software NIC core (sans-IO): resources, frame dispatch, timers.
 
 Owns the NIC's protection domains, memory regions, completion queues and queue pairs; decodes
 every received VXLAN datagram (malformed frames, bad ICRC, bad IPv4 checksum, frames for
-unknown or wrong-state QPs are counted by reason and dropped); and schedules transmission:
-priorities highest first, a priority stops while an 802.1Qbb pause for it is in force, QPs of a
-priority are served round-robin, and frames leave at the link's line rate - each frame's
-departure time is computed (frame + preamble, SFD, FCS and inter-frame gap), never slept for.
+unknown or wrong-state QPs are counted by reason and dropped); sends CNPs for CE-marked
+packets (DCQCN's notification point) and PFC from a slow host's receive buffer; and hands
+transmission to its PFC-aware, paced egress (:mod:`rocev2_emu.nic.egress`).
 
 Time is emulated seconds, passed in as ``now``; a driver maps it to the wall clock (TDF).
 """
@@ -17,9 +16,9 @@ from typing import Any, Final
 
 from rocev2_emu.nic.config import NicConfig
 from rocev2_emu.nic.deadlines import Deadlines
+from rocev2_emu.nic.egress import Egress
 from rocev2_emu.nic.ingress import IngressQueue
 from rocev2_emu.runtime.events import Core
-from rocev2_emu.runtime.slots import put
 from rocev2_emu.transport.counters import NicCounters
 from rocev2_emu.transport.errors import LocalVerbsError
 from rocev2_emu.transport.memory import Access, MemoryRegion, MemoryTable, ProtectionDomain
@@ -39,13 +38,9 @@ from rocev2_emu.wire.ethernet import (
     mac_for_ip,
     wire_len,
 )
-from rocev2_emu.wire.linerate import NOMINAL_BPS, LinePacer
+from rocev2_emu.wire.linerate import NOMINAL_BPS
 from rocev2_emu.wire.pfc import PfcFrame, encode_pfc
 from rocev2_emu.wire.qos import PRIORITIES, priority_of
-from rocev2_emu.wire.roce import (
-    FrameTemplate,
-    rxe_udp_sport,
-)
 
 CNP_PAD: Final = bytes(CNP_PAD_LEN)
 _CNP: Final = 0x81  # Opcode.CNP as a literal: the compiled core compares C ints, no enum look-up
@@ -69,28 +64,20 @@ class NicCore(Core):
         self.cqs: list[CompletionQueue] = []
         self.grown_cqs: dict[int, CompletionQueue] = {}  # queues pushed since a driver looked
         self.receive_waiters = 0  # tasks a driver wakes on every datagram received (perftest)
-        self.paused_until = [0.0] * PRIORITIES
-        self.pause_frames_received = [0] * PRIORITIES  # mlx5 rx_prioN_pause
         self.pause_frames_sent = [0] * PRIORITIES  # mlx5 tx_prioN_pause (a slow receiver's)
-        self.pacer = LinePacer(config.link_bps, config.catchup)  # the link's transmitter
         self.ingress = (
             IngressQueue(config.ingress, config.link_bps or NOMINAL_BPS)
             if config.ingress is not None and config.ingress.rx_bps
             else None
         )
-        # per priority, the QPs with something to send in their turn order (a dict as an
-        # ordered set; QPs hash by identity, so no QPN is boxed a look-up)
-        self._active: list[dict[QueuePair, None]] = [{} for _ in range(PRIORITIES)]
-        self._prio_order: list[int] = []  # the priorities QPs have used, highest first
-        self._control: list[bytes] = []  # PFC frames and CNPs, sent first (a few: a list)
         # QP deadlines (requester ACK/RNR timers, rate control) cost O(log n), not a scan of
         # every QP: a heap with stale entries skipped, refreshed for the QPs an operation touched
         self._deadlines = Deadlines()
-        # QPs whose deadline may have moved, the first ``_n_touched``, in the order first
-        # touched (a list that keeps its slots: a dict or list emptied frees its memory, and
-        # the next touch allocates it again); as long as the most QPs once touched between looks
-        self._touched: list[QueuePair] = []
-        self._n_touched = 0
+        self.egress = Egress(config, self.ip, self.mac, self.counters, self._deadlines)
+        self.pacer = self.egress.pacer  # (the egress's own, for drivers and metrics)
+        self.paused_until = self.egress.paused_until
+        self.pause_frames_received = self.egress.pause_frames_received
+        self._active = self.egress.active  # (the egress's: a QP joins its priority's turn)
 
     # -- resources (called by the verbs layer) ---------------------------------------------
     def alloc_pd(self) -> ProtectionDomain:
@@ -155,17 +142,16 @@ class NicCore(Core):
         if qp.dest_ip is not None:
             qp.peer_ip = ip_to_int(qp.dest_ip)  # (the path's source IP of what it receives)
         qp.priority = self.priority_of(self.dscp_of(qp))
-        if qp.priority not in self._prio_order:  # one no QP uses now stays, its queue empty
-            self._prio_order = sorted([*self._prio_order, qp.priority], reverse=True)
+        self.egress.use_priority(qp.priority)
         if qp.state is QPState.RTS and qp.rc is None:
             qp.rc = self.config.rate_control.create(self.config.link_bps or NOMINAL_BPS, 0.0)
             qp.rc.catchup = self.config.catchup
         if qp.state in (QPState.RTS, QPState.ERR):
             self._active[qp.priority][qp] = None
-        self._touch(qp)
+        self._deadlines.touch(qp)
 
     def dscp_of(self, qp: QueuePair) -> int:
-        return self.config.dscp if qp.traffic_class is None else qp.traffic_class
+        return self.egress.dscp_of(qp)
 
     def priority_of(self, dscp: int) -> int:
         """The 802.1p priority of a DSCP: the configured map, else its class selector."""
@@ -174,7 +160,7 @@ class NicCore(Core):
     def post_send(self, qp: QueuePair, wr: SendWR) -> None:
         qp.post_send(wr)
         self._active[qp.priority][qp] = None
-        self._touch(qp)
+        self._deadlines.touch(qp)
 
     def post_recv(self, qp: QueuePair, wr: RecvWR) -> None:
         qp.post_recv(wr)
@@ -191,7 +177,7 @@ class NicCore(Core):
         return bool(self.grown_cqs) or (received > 0 and self.receive_waiters > 0)
 
     def next_out(self, now: float) -> tuple[int, bytes] | None:
-        datagram = self.next_datagram(now)
+        datagram = self.egress.next_datagram(now)
         return None if datagram is None else (0, datagram)
 
     # -- receive ---------------------------------------------------------------------------
@@ -231,7 +217,7 @@ class NicCore(Core):
             c.rx_drops[exc.reason] += 1
             return
         if isinstance(frame, PfcFrame):
-            self._on_pfc(frame, now)
+            self.egress.on_pfc(frame, now)
             return
         if frame.dst_ip != self.ip:
             c.rx_drops["wrong_dst_ip"] += 1
@@ -245,7 +231,7 @@ class NicCore(Core):
             if target is not None and target.rc is not None:
                 c.rp_cnp_handled += 1
                 target.rc.on_cnp(now=now)
-                self._touch(target)
+                self._deadlines.touch(target)
             else:
                 c.rp_cnp_ignored += 1
             return
@@ -271,7 +257,7 @@ class NicCore(Core):
             c.rx_drops["bad_pkey"] += 1
             return
         accepted = qp.receive(frame, now)
-        self._touch(qp)
+        self._deadlines.touch(qp)
         if not accepted:
             c.rx_drops["qp_state"] += 1
             return
@@ -288,105 +274,20 @@ class NicCore(Core):
         qp.last_cnp = now
         tpl = qp.cnp_template
         if tpl is None:  # ECT(0) on the CNP DSCP, as the ConnectX-4 Lx capture in our tests
-            tpl = qp.cnp_template = self._new_template(qp, self.config.cnp_dscp, ECN_ECT0)
+            tpl = qp.cnp_template = self.egress.new_template(qp, self.config.cnp_dscp, ECN_ECT0)
         self.queue_control(
             tpl.build(Opcode.CNP, qp.dest_qpn, 0, ext=CNP_PAD, becn=True, elide=self.elide)
         )
         self.counters.np_cnp_sent += 1
 
-    def _on_pfc(self, frame: PfcFrame, now: float) -> None:
-        rate = self.config.link_bps or NOMINAL_BPS
-        if not frame.class_enable & 0xFF:  # pauses nothing: counted, not ignored silently
-            self.counters.rx_drops["pfc_no_class_enabled"] += 1
-            return
-        for prio in range(PRIORITIES):
-            if frame.class_enable >> prio & 1:
-                self.pause_frames_received[prio] += 1
-                self.paused_until[prio] = now + frame.pause_seconds(prio, rate)
-
     # -- transmit --------------------------------------------------------------------------
     def queue_control(self, datagram: bytes | bytearray) -> None:
         """Queue a control frame (PFC, CNP) that is not subject to PFC pause or QP order."""
-        self._control.append(bytes(datagram))
+        self.egress.queue_control(datagram)
 
     def next_datagram(self, now: float) -> bytes | None:
         """The next VXLAN datagram to put on the link at ``now``, or None (see get_timer)."""
-        pacer = self.pacer
-        if not pacer.ready(now):
-            return None
-        datagram = self._control.pop(0) if self._control else self._next_qp_datagram(now)
-        if datagram is None:
-            pacer.idle = True  # the next frame starts a new busy period at its own time
-            return None
-        size = wire_len(datagram) if self.elide else len(datagram) - VXLAN_LEN
-        c = self.counters
-        c.tx_packets += 1
-        c.tx_bytes += size
-        pacer.depart(size, now)
-        return datagram
-
-    def _next_qp_datagram(self, now: float) -> bytes | None:
-        """Highest priority first; within a priority, QPs take turns (round-robin)."""
-        paused_until = self.paused_until
-        for prio in self._prio_order:
-            active = self._active[prio]
-            if not active or paused_until[prio] > now:
-                continue
-            for _ in range(len(active)):
-                for qp in active:  # noqa: B007 - the first in line (compiled: no iterator, no call)
-                    break
-                rc = qp.rc
-                if rc is not None and rc.next_send_time > now and not qp.responder.out:
-                    if len(active) > 1:  # paced by its rate: let the others go first
-                        del active[qp]
-                        active[qp] = None
-                    continue
-                pkt = qp.next_packet(now)
-                self._touch(qp)
-                if pkt is None:
-                    del active[qp]
-                    continue
-                if len(active) > 1:  # to the back of the line
-                    del active[qp]
-                    active[qp] = None
-                tpl = qp.template or self._template_for(qp)
-                datagram = tpl.build(
-                    pkt.opcode,
-                    qp.dest_qpn,
-                    pkt.psn,
-                    pkt.ackreq,
-                    pkt.solicited,
-                    pkt.ext,
-                    pkt.payload,
-                    elide=self.elide,
-                )
-                if rc is not None and rc.rate < rc.line_rate and pkt.payload:
-                    size = wire_len(datagram) if self.elide else len(datagram) - VXLAN_LEN
-                    rc.on_sent(size=size, now=now)  # below line rate
-                return datagram
-        return None
-
-    def _template_for(self, qp: QueuePair) -> FrameTemplate:
-        tpl = self._new_template(qp, self.dscp_of(qp), self.config.ecn)
-        qp.template = tpl
-        return tpl
-
-    def _new_template(self, qp: QueuePair, dscp: int, ecn: int) -> FrameTemplate:
-        """Headers of frames from ``qp`` to its peer, through the link's next hop."""
-        if qp.dest_ip is None:
-            raise LocalVerbsError(f"{qp!r} has no destination address")
-        dst = ip_to_int(qp.dest_ip)
-        cfg = self.config
-        return FrameTemplate(
-            vni=cfg.vni,
-            src_mac=self.mac,
-            dst_mac=cfg.next_hop_mac or mac_for_ip(dst),
-            src_ip=self.ip,
-            dst_ip=dst,
-            sport=rxe_udp_sport(qp.qpn),
-            dscp=dscp,
-            ecn=ecn,
-        )
+        return self.egress.next_datagram(now)
 
     # -- timers ----------------------------------------------------------------------------
     @property
@@ -398,77 +299,28 @@ class NicCore(Core):
         """Emulated time at which handle_timer / next_datagram next have work, or None.
         (Times are native floats with a flag for "none yet" until the answer: a ``float |
         None`` is a boxed float at every assignment in compiled code.)"""
-        self._refresh_timers()
-        t = self._deadlines.first()
+        deadlines = self._deadlines
+        deadlines.refresh_touched()
+        t = deadlines.first()
         has_t = t != NO_DEADLINE
         if self.ingress is not None:
             i = self.ingress.get_timer()
             if i is not None and (not has_t or i < t):
                 t = i
                 has_t = True
-        send = 0.0
-        if self._control:
-            has_send = True
-            if self.config.link_bps:
-                send = self.pacer.free_at
-        else:
-            has_send = False
-            for prio in self._prio_order:
-                if self._active[prio]:
-                    e = self._earliest(prio)
-                    if not has_send or e < send:
-                        send = e
-                        has_send = True
-            if has_send and self.config.link_bps:
-                free = self.pacer.free_at
-                if free > send:
-                    send = free
-        if has_send and (not has_t or send < t):
+        send = self.egress.next_time()
+        if send != NO_DEADLINE and (not has_t or send < t):
             return send
         return t if has_t else None
-
-    def _touch(self, qp: QueuePair) -> None:
-        """``qp``'s deadline may have moved: the next look re-reads it."""
-        if qp.nic_touched:
-            return
-        qp.nic_touched = True
-        self._n_touched = put(self._touched, self._n_touched, qp)
-
-    def _refresh_timers(self) -> None:
-        """Re-read the deadlines of the QPs touched since the last look."""
-        n = self._n_touched
-        if not n:
-            return
-        touched = self._touched
-        deadlines = self._deadlines
-        for i in range(n):
-            qp = touched[i]
-            qp.nic_touched = False
-            if qp.alive:  # (still this NIC's: a QP is this NIC's from create_qp to destroy_qp)
-                deadlines.refresh(qp)
-        self._n_touched = 0
-
-    def _earliest(self, prio: int) -> float:
-        """When the first QP of ``prio`` may send: its rate limit and the priority's pause."""
-        first = 0.0
-        for i, qp in enumerate(self._active[prio]):
-            rc = qp.rc
-            if rc is None:  # an unpaced QP may send at once
-                first = 0.0
-                break
-            if i == 0 or rc.next_send_time < first:
-                first = rc.next_send_time
-        paused = self.paused_until[prio]
-        return first if first > paused else paused
 
     def handle_timer(self, now: float) -> None:
         if self.ingress is not None:
             for datagram in self.ingress.due(now):
                 self._receive(datagram, now)
             self._edge_pfc(now)
-        self._refresh_timers()
         deadlines = self._deadlines
+        deadlines.refresh_touched()
         while (qp := deadlines.due(now)) is not None:
             qp.handle_timer(now)
-            self._touch(qp)
+            self._deadlines.touch(qp)
             self._active[qp.priority][qp] = None

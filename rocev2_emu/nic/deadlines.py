@@ -1,18 +1,21 @@
 """The NIC's QP deadlines, earliest first (sans-IO, compiled with mypyc).
 
 A QP's deadline (its requester's ACK or RNR timer, its rate control's next step) moves with
-almost every packet it sends or takes.  The NIC re-reads it for the QPs an operation touched
-(:meth:`Deadlines.refresh`) and keeps one entry per change on a heap ordered by (time, QPN);
+almost every packet it sends or takes.  The NIC marks the QPs an operation touched
+(:meth:`Deadlines.touch`), re-reads their deadlines at its next look
+(:meth:`Deadlines.refresh_touched`) and keeps one entry per change on a heap ordered by (time, QPN);
 the QP itself holds its live deadline (``QueuePair.deadline``), so an entry that no longer
 equals it is stale and dropped when it reaches the top.  Native entries and indices: no
 tuple, no boxed float and no dictionary per look.  Grows with the deadline changes not yet
-popped, at most one live entry per QP.
+popped, at most one live entry per QP; the touched QPs are a list as long as the most QPs
+once touched between two looks.
 """
 
 from __future__ import annotations
 
 from mypy_extensions import i64
 
+from rocev2_emu.runtime.slots import put
 from rocev2_emu.transport.qp import NO_DEADLINE, QueuePair
 
 
@@ -34,6 +37,31 @@ class Deadlines:
 
     def __init__(self) -> None:
         self.heap: list[Deadline] = []
+        # QPs whose deadline may have moved, the first ``_n_touched``, in the order first
+        # touched (a list that keeps its slots: a dict or list emptied frees its memory, and
+        # the next touch allocates it again)
+        self._touched: list[QueuePair] = []
+        self._n_touched = 0
+
+    def touch(self, qp: QueuePair) -> None:
+        """``qp``'s deadline may have moved: the next look re-reads it."""
+        if qp.nic_touched:
+            return
+        qp.nic_touched = True
+        self._n_touched = put(self._touched, self._n_touched, qp)
+
+    def refresh_touched(self) -> None:
+        """Re-read the deadlines of the QPs touched since the last look."""
+        n = self._n_touched
+        if not n:
+            return
+        touched = self._touched
+        for i in range(n):
+            qp = touched[i]
+            qp.nic_touched = False
+            if qp.alive:  # (still this NIC's: a QP is this NIC's from create_qp to destroy_qp)
+                self.refresh(qp)
+        self._n_touched = 0
 
     def refresh(self, qp: QueuePair) -> None:
         """Re-read ``qp``'s deadline; a new one goes on the heap."""

@@ -106,7 +106,7 @@ class QueuePair(QPEndpoint):
         self.last_cnp = -1.0  # notification point: when this QP last sent a CNP
         self.deadline = NO_DEADLINE  # its live entry on the NIC's deadline heap
         self.alive = True  # the NIC's: False once destroyed (destroy_qp)
-        self.nic_touched = False  # its NIC is to re-read its deadline (NicCore._touch)
+        self.nic_touched = False  # its NIC is to re-read its deadline (Deadlines.touch)
         self.peer_ip = -1  # the NIC's: its peer's address, set at RTR (-1: none yet)
         self.template: FrameTemplate | None = None  # the NIC's: its frames' headers, memoized
         self.cnp_template: FrameTemplate | None = None  # the NIC's: its CNPs' headers
