@@ -44,13 +44,13 @@ from collections.abc import Iterable
 import numpy as np
 import trio
 
-from collectives.comm import cost, ops, ring
+from collectives.comm import ops, ring
 from collectives.comm.links import RdmaRx, RdmaTx
 from collectives.comm.metrics import RankMetrics
 from collectives.comm.placement import CommOptions, HostGroup, RankPlace, ring_order
-from collectives.comm.session import BUS_FACTOR, CollectiveError, RankSession
+from collectives.comm.schedules import AllReduceSchedules
+from collectives.comm.session import BUS_FACTOR, CollectiveError
 from collectives.comm.store import Store
-from collectives.comm.tree import TreeNode
 from rocev2_emu.verbs import Context
 
 log = logging.getLogger("collectives")
@@ -77,8 +77,9 @@ def tally(counts: Iterable[int | None]) -> int | None:
     return total
 
 
-class Communicator(RankSession):
-    """One rank of a job: the collective operations, over its :class:`RankSession`."""
+class Communicator(AllReduceSchedules):
+    """One rank of a job: the collective operations, over its
+    :class:`~collectives.comm.session.RankSession` and the all-reduce's schedules."""
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -169,97 +170,6 @@ class Communicator(RankSession):
 
         await self._guard("all_reduce", flat.nbytes, body)
         return self._deliver(work, x, out)
-
-    async def _hierarchical(self, work: np.ndarray, op: str, progress: list[str]) -> None:
-        """Reduce-scatter up the levels (each level's group cuts the shard it shares into one
-        piece per member), all-reduce the last piece across the top, all-gather back down."""
-        names = self.hierarchy.rank_rings(self.rank)
-        spans = [(0, work.size)]  # the range this rank's group shares, level by level
-        cuts: list[list[tuple[int, int]]] = []
-        for name in names[:-1]:
-            r = self.rings[name]
-            lo, hi = spans[-1]
-            segs = [(lo + a, lo + b) for a, b in ring.segments(hi - lo, len(r.members))]
-            await self._ring(name, ring.reduce_scatter_steps(segs, r.pos), work, op, progress)
-            cuts.append(segs)
-            spans.append(segs[r.pos])
-        top = self.rings[names[-1]]
-        lo, hi = spans[-1]
-        segs = [(lo + a, lo + b) for a, b in ring.segments(hi - lo, len(top.members))]
-        await self._ring(top.name, ring.all_reduce_steps(segs, top.pos), work, op, progress)
-        for name, segs in zip(reversed(names[:-1]), reversed(cuts), strict=True):
-            r = self.rings[name]
-            await self._ring(name, ring.all_gather_steps(segs, r.pos), work, "sum", progress)
-
-    async def connect_for(self, nbytes: int, algo: str = "auto") -> None:
-        """Make the links an all-reduce of ``nbytes`` with ``algo`` uses that are made on
-        first use (the trees'), so that a timed operation does not pay for them."""
-        if self._choose(nbytes, algo) == "tree":
-            await self._links(self.plan.tree_links(self.rank))
-
-    def _choose(self, nbytes: int, algo: str) -> str:
-        if algo != "auto":
-            return algo
-        o = self.options
-        group = len(self.plan.tree_group(self.rank)[0])
-        return cost.choose(
-            self.hierarchy, self.size, nbytes, o.slot_bytes, o.link_gbps, o.server_gbps, group
-        )
-
-    async def _tree(self, work: np.ndarray, op: str, progress: list[str]) -> None:
-        """Reduce-scatter over the server's ring, all-reduce this rank's shard over the two
-        trees of its group (one half each), all-gather over the server's ring
-        (:mod:`collectives.comm.tree`)."""
-        h = self.hierarchy
-        server = h.ring_of["server"][self.rank] if "server" in h.levels else None
-        lo, hi = 0, work.size
-        if server is not None:
-            r = self.rings[server]
-            segs = ring.segments(work.size, len(r.members))
-            await self._ring(server, ring.reduce_scatter_steps(segs, r.pos), work, op, progress)
-            lo, hi = segs[r.pos]
-        members, pos = self.plan.tree_group(self.rank)
-        if len(members) > 1:
-            mid = (lo + hi) // 2
-            shapes = self.plan.trees(len(members))
-            try:
-                async with trio.open_nursery() as nursery:
-                    for t, span in enumerate(((lo, mid), (mid, hi))):
-                        node = shapes[t][pos]
-                        nursery.start_soon(
-                            self._one_tree, t, node, members, span, work, op, progress
-                        )
-            except BaseExceptionGroup as group:
-                raise ring.first_error(group) from None
-        if server is not None:
-            await self._ring(server, ring.all_gather_steps(segs, r.pos), work, "sum", progress)
-
-    async def _one_tree(
-        self,
-        t: int,
-        node: TreeNode,
-        members: list[int],
-        span: tuple[int, int],
-        work: np.ndarray,
-        op: str,
-        progress: list[str],
-    ) -> None:
-        """``span`` reduced up tree ``t`` from the children, sent to the parent; the result
-        from the parent, sent down to the children."""
-
-        def link(q: int) -> str:
-            a, b = sorted((self.rank, members[q]))
-            return f"tree{t}:{a}-{b}"
-
-        async with trio.open_nursery() as nursery:
-            for c in node.children:
-                nursery.start_soon(self._message, link(c), False, span, work, op, progress, True)
-        if node.parent >= 0:
-            await self._message(link(node.parent), True, span, work, op, progress)
-            await self._message(link(node.parent), False, span, work, op, progress)
-        async with trio.open_nursery() as nursery:
-            for c in node.children:
-                nursery.start_soon(self._message, link(c), True, span, work, op, progress)
 
     async def reduce_scatter(
         self, x: np.ndarray, op: str = "sum", out: np.ndarray | None = None
