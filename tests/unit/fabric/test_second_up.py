@@ -8,18 +8,30 @@ from pathlib import Path
 import pytest
 
 from rocev2_emu.cli import main
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.supervisor import FabricBusy, refuse_taken
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import single_switch
+from rocev2_emu.topology.model import Topology
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 
 
+def _free_block(topo: Topology) -> int:
+    """A block of 127/8 where no node of ``topo`` is taken (another fabric may run on the
+    default block beside the tests)."""
+    for block in range(blocks.FIRST, blocks.LAST + 1):
+        if blocks.first_taken(blocks.relocate(topo, block), list(topo.nodes)) is None:
+            return block
+    pytest.fail("no block of 127/8 is free")
+
+
 def test_a_taken_node_address_refuses_the_fabric_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "two.toml"
     path.write_text(single_switch(2))
-    topo = load(path)
+    monkeypatch.setenv(blocks.ENV, str(_free_block(load(path))))  # as a fabric's own run says
+    topo = blocks.running(load(path), str(path))
     refuse_taken(topo, str(path), list(topo.nodes))  # all free: nothing said
     h1 = topo.nodes["h1"].address
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as running:  # the first fabric's h1
