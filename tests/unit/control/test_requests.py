@@ -21,7 +21,7 @@ from rocev2_emu.control.requests import (
     serve_table,
 )
 from rocev2_emu.fabric.agent_server import AgentServer, OpenFlows
-from rocev2_emu.fabric.exact_node import ChangeLinks, ForNodes, NodeStats
+from rocev2_emu.fabric.exact_requests import ChangeLinks, ForNodes, NodeStats
 from switch.node import SetRoutes, control_table
 
 ROOT = Path(__file__).resolve().parents[3]

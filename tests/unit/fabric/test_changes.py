@@ -11,7 +11,7 @@ import pytest
 
 from rocev2_emu.control.requests import serve_table
 from rocev2_emu.fabric.changes import link_indices, switch_changes
-from rocev2_emu.fabric.exact_node import ChangeLinks, change_links_handler
+from rocev2_emu.fabric.exact_requests import ChangeLinks, change_links_handler
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.topology.model import TopologyError
