@@ -15,7 +15,8 @@ import pytest
 from rocev2_emu.runtime.link import LinkFaults, faults_from_request
 from rocev2_emu.topology.file import load, parse
 from rocev2_emu.topology.generate import ai_zone, fat_tree, leaf_spine, single_switch
-from rocev2_emu.topology.model import TopologyError, _toward_switches, shortest_path_routes
+from rocev2_emu.topology.model import TopologyError, shortest_path_routes
+from rocev2_emu.topology.paths import _toward_switches
 from rocev2_emu.topology.routes import RouteTable
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "topologies"
