@@ -2,10 +2,11 @@
 suite beside a demo, two seeds of a sweep - do not collide.
 
 A topology that does not pin its addresses (no ``[fabric] subnet``) puts node i on
-127.10.(i // 200).(i % 200 + 10).  A run with a job that starts its nodes takes the first
-block 127.B.0.0/16 (B from 10 to 250) where every node's link port is free, and says which when
-it is not 10 (a fabric left running keeps 127.10, where its users' commands look, and a second
-one is refused).  The block reaches the run's node processes in their environment (:data:`ENV`), and
+127.10.(i // 200).(i % 200 + 10).  A run that starts its nodes takes the first block
+127.B.0.0/16 (B from 10 to 250) where every node's link port is free, and says which when it
+is not 10; a fabric left running (``up``) takes the block its own topology's run says first,
+so that a second ``up`` of a running fabric is refused there rather than started beside it.
+The block reaches the run's node processes in their environment (:data:`ENV`), and
 the commands that talk to a running fabric (``link``, ``stop``, ``bench --attach``) find it in
 the run directory beside the fabric's secret (:func:`blocks_file`), kept while the run lives.
 A topology with a subnet (containers, swarm) keeps its addresses.  Grows with the nodes (one
@@ -82,19 +83,43 @@ def first_taken(topo: Topology, names: Collection[str]) -> str | None:
     return None
 
 
-def take(topo: Topology, topology_path: str, names: Collection[str]) -> int | None:
+def take(
+    topo: Topology, topology_path: str, names: Collection[str], *, own_first: bool = False
+) -> int | None:
     """Put the run's nodes (``names``) on the first block where each one's link port is free,
     say it in the run directory, and return it (None: the topology pins its addresses, or the
-    environment names the block - both are kept as they are)."""
+    environment names the block - both are kept as they are).  ``own_first``: where the run
+    directory says a block that is taken (this topology's fabric runs there), the nodes go on
+    it and None is returned - the caller's check of the addresses then refuses the run."""
     if not relocatable(topo) or ENV in os.environ:
         return None
+    if own_first:
+        try:
+            said = int(blocks_file(topology_path).read_text().strip())
+        except (OSError, ValueError):
+            said = None
+        if (
+            said is not None
+            and FIRST <= said <= LAST
+            and first_taken(relocate(topo, said), names) is not None
+        ):
+            return None
+    block = first_free(topo, names)
+    if block is None:
+        relocate(topo, FIRST)
+        return None  # every block taken: the first one's error names the address
+    with contextlib.suppress(OSError):
+        blocks_file(topology_path).write_text(f"{block}\n")
+    return block
+
+
+def first_free(topo: Topology, names: Collection[str]) -> int | None:
+    """The first block where the link port of each of ``names`` is free, ``topo`` put on it;
+    None when there is none."""
     for block in range(FIRST, LAST + 1):
         if first_taken(relocate(topo, block), names) is None:
-            with contextlib.suppress(OSError):
-                blocks_file(topology_path).write_text(f"{block}\n")
             return block
-    relocate(topo, FIRST)
-    return None  # every block taken: the first one's error names the address
+    return None
 
 
 def release(topology_path: str, block: int | None) -> None:

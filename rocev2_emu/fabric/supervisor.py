@@ -125,9 +125,9 @@ async def _supervise(
     (:func:`~rocev2_emu.topology.processes.process_groups`) rather than one each; ``blanks``:
     forked children to run them in (:func:`_supervised`)."""
     names = [n for n in topo.nodes if only is None or n in only]
-    # a run with a job takes its own 127.B/16 where one is free; a fabric left running keeps
-    # the topology's addresses (its users' commands find it there; a second is refused)
-    block = blocks.take(topo, topo_path, names) if job is not None else None
+    # a run takes its own 127.B/16 where one is free; a fabric left running (no job) looks
+    # first where its topology's run says it runs, so a second one is refused, not started
+    block = blocks.take(topo, topo_path, names, own_first=job is None)
     refuse_taken(topo, topo_path, names)
     if coordinator is None:
         refuse_split_servers(topo, None if only is None else list(only))

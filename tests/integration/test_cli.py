@@ -3,6 +3,7 @@ run decoded by tshark, and Prometheus metrics scraped while it runs."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -16,7 +17,9 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from rocev2_emu.control import auth
+from rocev2_emu.fabric.blocks import ENV, first_free
 from rocev2_emu.tools.perftest import wait_until_listening
+from rocev2_emu.topology.file import load
 from rocev2_emu.verbs.api import Context, DeviceConfig
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
 from tests.conftest import require_tool
@@ -227,18 +230,20 @@ def test_stop_ends_a_running_node(tmp_path: Path) -> None:
             check=True,
         ).stdout
     )
+    one = load(topo)  # on a free block of 127/8, as a run says it (a fabric may run on 127.10)
+    env = {**os.environ, ENV: str(first_free(one, list(one.nodes)))}
     node = subprocess.Popen(
-        [*CLI, "node", str(topo), "h0", "--no-metrics"], stdout=subprocess.PIPE, text=True
+        [*CLI, "node", str(topo), "h0", "--no-metrics"], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         assert node.stdout is not None and node.stdout.readline().startswith("READY h0")
         out = subprocess.run(
-            [*CLI, "stop", str(topo), "h0"], capture_output=True, text=True, timeout=30
+            [*CLI, "stop", str(topo), "h0"], capture_output=True, text=True, timeout=30, env=env
         )
         assert out.returncode == 0 and f"(pid {node.pid}) is stopping" in out.stdout
         assert node.wait(10) != 0  # ended by SIGTERM, as docker stop would
         gone = subprocess.run(
-            [*CLI, "stop", str(topo), "nosuch"], capture_output=True, text=True, timeout=30
+            [*CLI, "stop", str(topo), "nosuch"], capture_output=True, text=True, timeout=30, env=env
         )
         assert gone.returncode == 1 and "no node named 'nosuch'" in gone.stderr
     finally:

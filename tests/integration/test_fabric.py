@@ -3,6 +3,7 @@ running flow lists whose every byte is verified end to end."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import trio
 
 from rocev2_emu.control import auth
-from rocev2_emu.fabric.blocks import running
+from rocev2_emu.fabric.blocks import ENV, first_free, running
 from rocev2_emu.fabric.control import control
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import leaf_spine, single_switch
@@ -196,7 +197,8 @@ def test_faults_change_at_run_time_and_switch_metrics_are_served(tmp_path: Path)
         )
         assert lossy.returncode == 0, lossy.stderr
         assert "loss 0.02" in lossy.stdout
-        body = urllib.request.urlopen("http://127.10.0.10:9100/metrics", timeout=10).read()
+        sw0 = running(load(topo), str(topo)).nodes["sw0"].address  # the run's block
+        body = urllib.request.urlopen(f"http://{sw0}:9100/metrics", timeout=10).read()
         names = {
             s.name for fam in text_string_to_metric_families(body.decode()) for s in fam.samples
         }
@@ -230,8 +232,15 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
     from rocev2_emu.wire.pfc import encode_pfc
 
     topo = write_topology(tmp_path / "t.toml", single_switch(2))
+    two = load(topo)  # on a free block of 127/8: another fabric may run on 127.10
+    block = first_free(two, list(two.nodes))
+    assert block is not None
+    sw0 = two.nodes["sw0"].address
     node = subprocess.Popen(
-        [*CLI, "node", str(topo), "sw0", "--no-metrics"], stdout=subprocess.PIPE, text=True
+        [*CLI, "node", str(topo), "sw0", "--no-metrics"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV: str(block)},
     )
     try:
         assert node.stdout is not None
@@ -240,12 +249,10 @@ def test_a_switch_drops_frames_from_anyone_but_its_link_peers(tmp_path: Path) ->
         # an XOFF for port 0's VNI (link 0: h0's), from an address that is not h0's
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.77", 0))
-            s.sendto(
-                encode_vxlan(1, encode_pfc(bytes(6), {3: 0xFFFF})), ("127.10.0.10", LINK_UDP_PORT)
-            )
+            s.sendto(encode_vxlan(1, encode_pfc(bytes(6), {3: 0xFFFF})), (sw0, LINK_UDP_PORT))
         deadline = clock.monotonic() + 30  # the switch reads it at its next wake-up
         while True:
-            stats = node_stats(topo, "127.10.0.10")
+            stats = node_stats(topo, sw0)
             if stats["drops"].get("not_from_peer") or clock.monotonic() > deadline:
                 break
         assert stats["drops"].get("not_from_peer") == 1, stats

@@ -10,6 +10,10 @@ fabric's rendezvous store (:class:`~rocev2_emu.fabric.rendezvous.StoreChannel`: 
 time each way), never a wall-clock wait, so the exact pair prints what the virtual pair prints,
 figure for figure, however loaded the machine is (only the header's ``clock`` differs).  The
 virtual pair prints the server's lines, then the client's.
+
+The exact pair's two nodes bind the block of 127/8 its out-of-band port names (127.B with
+B = 11 + port % 240, both sides knowing the port): never the default 127.10, where a fabric
+may run, and another block for each pair beside it (its port is its own while it listens).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import trio
 
 from rocev2_emu.control import auth
 from rocev2_emu.control.channel import ControlError
+from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.exact_node import joined_nodes, run_process
 from rocev2_emu.fabric.options import Clock
 from rocev2_emu.fabric.rendezvous import StoreChannel, VirtualStore, exact_store
@@ -64,7 +69,12 @@ def pair_topology(opts: PerftestOptions) -> Topology:
         ],
     }
     path = auth.run_dir() / f"perftest-pair-{opts.oob_port}.toml"  # names the pair's secret
-    return parse(data, str(path))
+    return blocks.relocate(parse(data, str(path)), pair_block(opts.oob_port))
+
+
+def pair_block(port: int) -> int:
+    """The block of 127/8 the pair on out-of-band ``port`` binds (never the default one)."""
+    return blocks.FIRST + 1 + port % (blocks.LAST - blocks.FIRST)
 
 
 def _check(opts: PerftestOptions) -> None:

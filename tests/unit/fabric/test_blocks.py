@@ -52,3 +52,29 @@ def test_a_topology_with_a_subnet_keeps_its_addresses() -> None:
     topo = parse(data, "testbed.toml")
     assert blocks.take(topo, "testbed.toml", list(topo.nodes)) is None
     assert blocks.relocate(topo, 11).nodes["sw0"].address == "172.30.0.10"
+
+
+def test_a_fabric_left_running_takes_a_free_block_unless_its_own_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(blocks.ENV, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = tmp_path / "two.toml"
+    path.write_text(single_switch(2))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:  # another fabric's node
+        for block in range(10, 250):
+            try:
+                other.bind((f"127.{block}.0.11", LINK_UDP_PORT))
+                break
+            except OSError:
+                continue
+        topo = load(path)
+        got = blocks.take(topo, str(path), list(topo.nodes), own_first=True)
+        assert got is not None and got > block  # beside the other fabric, not refused
+        assert blocks.running(load(path), str(path)).nodes["h0"].address == f"127.{got}.0.11"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as own:  # this fabric's h1
+            own.bind((f"127.{got}.0.12", LINK_UDP_PORT))
+            again = load(path)
+            assert blocks.take(again, str(path), list(again.nodes), own_first=True) is None
+            assert again.nodes["h1"].address == f"127.{got}.0.12"  # where the refusal looks
+    blocks.release(str(path), got)

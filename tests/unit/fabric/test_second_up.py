@@ -12,17 +12,7 @@ from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.supervisor import FabricBusy, refuse_taken
 from rocev2_emu.topology.file import load
 from rocev2_emu.topology.generate import single_switch
-from rocev2_emu.topology.model import Topology
 from rocev2_emu.wire.ethernet import LINK_UDP_PORT
-
-
-def _free_block(topo: Topology) -> int:
-    """A block of 127/8 where no node of ``topo`` is taken (another fabric may run on the
-    default block beside the tests)."""
-    for block in range(blocks.FIRST, blocks.LAST + 1):
-        if blocks.first_taken(blocks.relocate(topo, block), list(topo.nodes)) is None:
-            return block
-    pytest.fail("no block of 127/8 is free")
 
 
 def test_a_taken_node_address_refuses_the_fabric_in_one_line(
@@ -30,7 +20,8 @@ def test_a_taken_node_address_refuses_the_fabric_in_one_line(
 ) -> None:
     path = tmp_path / "two.toml"
     path.write_text(single_switch(2))
-    monkeypatch.setenv(blocks.ENV, str(_free_block(load(path))))  # as a fabric's own run says
+    two = load(path)  # (another fabric may run on 127.10 beside the tests)
+    monkeypatch.setenv(blocks.ENV, str(blocks.first_free(two, list(two.nodes))))
     topo = blocks.running(load(path), str(path))
     refuse_taken(topo, str(path), list(topo.nodes))  # all free: nothing said
     h1 = topo.nodes["h1"].address
