@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import re
 import socket
 import subprocess
@@ -239,6 +240,8 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
     """Frames/s through a plain blocking Python forwarder and through one emulated switch."""
     import tempfile
 
+    from rocev2_emu.fabric import blocks
+    from rocev2_emu.topology.file import load
     from rocev2_emu.topology.generate import single_switch
 
     ctx = mp.get_context("spawn")
@@ -255,7 +258,12 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
         topo = f"{tmp}/bench.toml"
         with open(topo, "w") as f:
             f.write(single_switch(2, rate_gbps=0.0, delay_us=0.0))
-        # sw0 listens on 127.10.0.10; h1 (the sink) is 127.10.0.12; h0's link has VNI 1
+        # sw0, h0 (the switch's port 0, VNI 1) and h1 (the sink) on a free block of 127/8
+        two = load(topo)
+        block = blocks.first_free(two, list(two.nodes))
+        if block is None:
+            raise OSError("no block of 127/8 has the switch's nodes' ports free")
+        sw0, h0, h1 = (two.nodes[n].address for n in ("sw0", "h0", "h1"))
         switch = _forwarding_rate(
             lambda: subprocess.Popen(
                 [
@@ -270,12 +278,13 @@ def switch_vs_forwarder(seconds: float) -> tuple[float, float]:
                     "--no-metrics",
                 ],
                 stdout=subprocess.DEVNULL,
+                env={**os.environ, blocks.ENV: str(block)},
             ),
-            ("127.10.0.10", LINK_UDP_PORT),
-            ("127.10.0.12", LINK_UDP_PORT),
+            (sw0, LINK_UDP_PORT),
+            (h1, LINK_UDP_PORT),
             seconds,
             1,
-            ("127.10.0.11", LINK_UDP_PORT),  # h0, the peer of the switch's port 0
+            (h0, LINK_UDP_PORT),  # the peer of the switch's port 0
         )
     return plain, switch
 

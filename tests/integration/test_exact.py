@@ -518,13 +518,16 @@ def test_the_map_samples_every_node_of_an_exact_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_node_processes_started_by_hand_join_an_attached_exact_bench(tmp_path: Path) -> None:
+def test_node_processes_started_by_hand_join_an_attached_exact_bench(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the compose testbed does, with local processes: every node started first with
     ``--clock exact --sync ADDR:PORT --join-timeout`` (waiting for a coordinator nothing serves
     yet), then ``bench all-reduce --attach --clock exact --sync ADDR:PORT`` serves it - the
     table is the virtual run's, beside two CPU burners, and every node process exits 0 when the
     job ends.  A node whose coordinator never comes gives up after its timeout, in one line."""
     from rocev2_emu.control import auth
+    from rocev2_emu.fabric.blocks import ENV, first_free
     from rocev2_emu.topology.file import load
 
     topo = tmp_path / "single-switch.toml"
@@ -537,7 +540,11 @@ def test_node_processes_started_by_hand_join_an_attached_exact_bench(tmp_path: P
     assert virtual.returncode == 0, virtual.stderr[-2000:]
     node = [*EXE, "node", str(topo)]
     exact = ["--clock", "exact", "--sync", sync]
-    names = list(load(topo).nodes)
+    fabric = load(topo)
+    names = list(fabric.nodes)
+    # every process on a free block of 127/8, as a run tells its nodes (a fabric may run on
+    # 127.10 beside the tests)
+    monkeypatch.setenv(ENV, str(first_free(fabric, names)))
 
     def start_nodes() -> dict[str, subprocess.Popen[str]]:
         return {
