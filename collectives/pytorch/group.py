@@ -4,7 +4,8 @@ A Python subclass of ``torch.distributed.ProcessGroup`` (torch supports one retu
 registered backend's creator, as torchft's process groups do).  Each method checks its tensors
 in the caller's thread (CPU, dense, one of the supported types: a clear ``TypeError`` or
 ``ValueError`` otherwise), queues the operation on the rank's
-:class:`~collectives.pytorch.worker.FabricWorker`, and returns a :class:`FabricWork` at once;
+:class:`~collectives.pytorch.worker.FabricWorker`, and returns a
+:class:`~collectives.pytorch.work.FabricWork` at once;
 the operation writes its results into the caller's tensors in the fabric thread.
 
 Types: float16, float32, float64, int32 and int64 travel as they are.  bfloat16 travels as its
@@ -18,8 +19,6 @@ source is refused.
 
 from __future__ import annotations
 
-import datetime
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,60 +27,8 @@ import torch.distributed as dist
 
 from collectives.comm.communicator import Communicator
 from collectives.pytorch.tensors import Staged, check_tensor, one_dtype, reduce_op
+from collectives.pytorch.work import FabricWork
 from collectives.pytorch.worker import FabricWorker, Run
-
-
-class FabricWork(dist.Work):  # type: ignore[misc]
-    """An operation in flight: ``wait()`` blocks until it is done and raises its error;
-    ``get_future()`` is the ``torch.futures.Future`` DDP's comm hooks chain on.
-
-    Every operation has its own deadline in the fabric thread (emulated, scaled with its
-    size), so ``wait()`` returns or raises; ``wait(timeout)`` and the group's timeout
-    (``init_process_group(timeout=...)``) bound it in wall time too."""
-
-    def __init__(self, future: Any, op: str, timeout: float) -> None:
-        super().__init__()
-        self._future = future
-        self._op = op
-        self._timeout = timeout
-        self._done = threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        limit = timeout.total_seconds() if timeout else self._timeout
-        if not self._done.wait(limit if limit > 0 else None):
-            raise RuntimeError(
-                f"rocev2 backend: {self._op} did not finish within {limit:g} s (wall)"
-            )
-        self._future.wait()  # done: its value, or its error raised
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self._future.done())
-
-    def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
-
-    def exception(self) -> BaseException | None:
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except Exception as exc:
-            return exc
-        return None
-
-    def get_future(self) -> Any:
-        return self._future
-
-    def result(self) -> Any:
-        return self._future.wait()
 
 
 class RoceProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
