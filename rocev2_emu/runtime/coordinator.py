@@ -5,7 +5,8 @@ It listens for the node processes, takes each one's
 :class:`~rocev2_emu.runtime.sync_messages.Hello` and then its reports, asks the decisions for
 each round and sends the grants; it paces the windows (``--pace``), draws the progress line,
 and stops the run naming the process it waits for when nothing moved for
-:data:`~rocev2_emu.runtime.rounds.STALL_SECONDS`.  One connection per process, plus a few a
+:data:`~rocev2_emu.runtime.rounds.STALL_SECONDS` (a process computing a long window beats, and is
+not taken for one that stopped).  One connection per process, plus a few a
 stranger may open (closed oldest first).
 """
 
@@ -38,6 +39,7 @@ from rocev2_emu.runtime.sync_messages import (
     Report,
     Stop,
     SyncError,
+    is_beat,
     process_label,
 )
 
@@ -185,7 +187,10 @@ class Coordinator:
             mine = SyncLink(chan)
             self.attach(name, mine)
             while True:
-                msg = await mine.recv()  # a node computing its window may be quiet for long
+                msg = await mine.recv()  # a node computing its window beats (is_beat)
+                if is_beat(msg):
+                    self.beat(name)
+                    continue
                 try:
                     report = Report.from_wire(msg)
                 except ValueError as exc:
@@ -220,6 +225,10 @@ class Coordinator:
             self.moved_at = trio.current_time()
             await self.round()
 
+    def beat(self, name: str) -> None:
+        """Process ``name`` is still computing its window (:meth:`Rounds.beat`)."""
+        self.decisions.beat(name, trio.current_time())
+
     def ask(self, name: str, changes: list[LinkChange]) -> None:
         """Changes to the fabric on behalf of process ``name``, handed out with the next
         window (:meth:`Rounds.ask`); a round hands them out even in an idle fabric."""
@@ -240,8 +249,12 @@ class Coordinator:
                 # (an application deciding in wall time - a training script computing - may
                 # take as long as it takes: its process is alive, its connection open)
                 self.moved_at = now
+            elif (since := self.decisions.computing_since(now)) is not None:
+                # (a window of thousands of nodes on a busy machine: the processes it waits
+                # for beat; named STALL_SECONDS after the earliest of their last beats)
+                self.moved_at = max(self.moved_at, since)
             elif now >= self.moved_at + STALL_SECONDS:  # since the last round that completed,
-                raise SyncError(self.decisions.stalled())  # not since the watch last looked
+                raise SyncError(self.decisions.stalled(now))  # not since the watch last looked
             if self._changed.is_set():
                 self._changed = trio.Event()
                 await self.round()

@@ -9,7 +9,8 @@ takes in the frames other processes sent it (all of them: the coordinator says h
 runs on.  Its rooms: the frames to and from the other processes
 (:class:`~rocev2_emu.runtime.exchange.FrameExchange`), the rendezvous store's operations and
 replies, the changes to the fabric at emulated instants, the clock holds, and the barrier
-between windows (:meth:`ExactEngine._barrier`).
+between windows (:meth:`ExactEngine._barrier`), whose link beats while the process computes a
+window (:meth:`~rocev2_emu.runtime.sync_link.SyncLink.computing`).
 """
 
 from __future__ import annotations
@@ -280,6 +281,7 @@ class ExactEngine(Engine):
         waited = await self.exchange.send_backlog()
         chan = self.chan
         assert chan is not None
+        chan.computing(False)
         report = self.report(stats.seconds_to_next_deadline)
         waited = await chan.send(report.wire()) or waited
         if not waited and not self._holds and time.monotonic() - self._trio_seen < TRIO_EVERY:
@@ -294,6 +296,7 @@ class ExactEngine(Engine):
                 waited = await self.exchange.take_in(said.expect)
                 # (a change's waiter the grant set is a task made runnable: trio runs it)
                 self.fast = not waited and not said.changes
+                chan.computing(True)
                 return said.until
             self._drain_interrupts()
         while True:
@@ -317,6 +320,7 @@ class ExactEngine(Engine):
                 return self._stopped(said)
             self.take_grant(said)
             await self.exchange.take_in(said.expect)
+            chan.computing(True)
             return said.until
 
     def _stopped(self, stop: Stop) -> NoReturn:

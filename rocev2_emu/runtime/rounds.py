@@ -88,6 +88,7 @@ class Rounds:
         self.holding: set[str] = set()  # processes whose clock an out-of-band wait holds
         self.busy: set[str] = set()  # processes whose application decides in wall time
         self.done: set[str] = set()  # processes whose application has finished
+        self.beats: dict[str, float] = {}  # the last beat of each process computing a window
         self.granted: dict[str, int] = {}  # windows granted to each process
         self.store = StoreCore()  # the rendezvous store, a node of the run
         self.changes: list[LinkChange] = []  # asked for, not yet handed out
@@ -123,11 +124,28 @@ class Rounds:
         if report.window != self.granted.get(name, 0):
             return False
         self.reports[name] = report
+        self.beats.pop(name, None)
         (self.holding.add if report.held else self.holding.discard)(name)
         (self.busy.add if report.busy else self.busy.discard)(name)
         if report.done:
             self.done.add(name)
         return len(self.reports) == len(self.names)
+
+    def beat(self, name: str, wall: float) -> None:
+        """Process ``name`` said at ``wall`` (the shell's clock, seconds) that it is still
+        computing its window (:data:`~rocev2_emu.runtime.sync_messages.BEAT`)."""
+        if name in self.joined:
+            self.beats[name] = wall
+
+    def computing_since(self, wall: float) -> float | None:
+        """If every process the round waits for beat within STALL_SECONDS before ``wall``
+        (they are computing their windows: the run is slow, not stalled), the earliest of those
+        beats; else None."""
+        missing = [name for name in self.names if name not in self.reports]
+        if not missing:
+            return None
+        first = min(self.beats.get(name, -math.inf) for name in missing)
+        return first if wall - first < STALL_SECONDS else None
 
     def ask(self, name: str, changes: list[LinkChange]) -> bool:
         """Changes to the fabric process ``name`` asked for, to hand out with the next window
@@ -262,14 +280,18 @@ class Rounds:
             said += f"; {sum(strays.values())} datagrams from no peer dropped ({who})"
         return said
 
-    def stalled(self) -> str:
-        """Why no window moved for STALL_SECONDS: the processes it waits for, or the one whose
-        report holds the windows back."""
+    def stalled(self, wall: float = math.inf) -> str:
+        """Why no window moved for STALL_SECONDS before ``wall``: the processes it waits for
+        (not those still computing), or the one whose report holds the windows back."""
         where = f"at emulated t={self.now * 1e6:.3f} us"
         missing = sorted(set(self.names) - set(self.reports))
         if missing:
-            late = ", ".join(missing)
-            return f"no progress for {STALL_SECONDS:g} s (wall): no report from {late} {where}"
+            alive = [n for n in missing if wall - self.beats.get(n, -math.inf) < STALL_SECONDS]
+            late = ", ".join(process_label(n) for n in missing if n not in alive)
+            also = f" ({len(alive)} other processes still computing)" if alive else ""
+            return (
+                f"no progress for {STALL_SECONDS:g} s (wall): no report from {late} {where}" + also
+            )
         if self.holding:
             return (
                 f"no progress for {STALL_SECONDS:g} s (wall): {', '.join(sorted(self.holding))} "

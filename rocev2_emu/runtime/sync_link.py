@@ -2,7 +2,8 @@
 :class:`~rocev2_emu.control.channel.MessageChannel` on the connection's socket directly, so
 that a report or a grant costs no pass of trio's scheduler (a window costs every process one
 of each).  One per node process at the coordinator, one in each node process; its buffer holds
-at most one read (64 KiB) and what is left of a message.
+at most one read (64 KiB) and what is left of a message.  A node's link also says, from a
+thread of its own, that the process is still computing a long window (:meth:`SyncLink.computing`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import threading
 import time
 from typing import Any, Final
 
@@ -17,6 +19,7 @@ import msgpack
 import trio
 
 from rocev2_emu.control.channel import LENGTH, ControlError, MessageChannel
+from rocev2_emu.runtime.sync_messages import BEAT, BEAT_SECONDS
 
 # A sync message's largest body.  A report or a grant carries a window's store operations and
 # replies of every rank the process hosts (a process of 6 569 nodes of the 24 576-accelerator
@@ -44,6 +47,14 @@ class SyncLink:
         self._chunk_view = memoryview(self._chunk)
         self._poller = select.poll()  # for recv_blocking
         self._poller.register(self.sock, select.POLLIN)
+        # the beats (computing): a thread, started by the first window; the lock keeps a beat
+        # whole against the process's own next message
+        self.beat_every = BEAT_SECONDS
+        self._computing = False
+        self._since = 0.0  # when this process last said something while computing
+        self._beat_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._beater: threading.Thread | None = None
 
     async def send(self, obj: Any) -> bool:
         """Send ``obj``; True if it had to wait for room (trio ran other tasks meanwhile)."""
@@ -122,6 +133,44 @@ class SyncLink:
             if not ready or any(fd != mine for fd, _ in ready):
                 return False, None
 
+    # -- the beats ---------------------------------------------------------------------------
+    def computing(self, on: bool) -> None:
+        """This process computes a granted window from now on (``on``), or stops to report.
+        While it computes, a thread sends :data:`BEAT` every :attr:`beat_every` wall seconds
+        (the main thread is busy, not blocked: the thread runs between its bytecodes).  A
+        process that is stopped, dead or stuck in native code sends none, and one that waits
+        for frames or a grant is not computing: the coordinator's stall limit still finds it."""
+        if on:
+            self._since = time.monotonic()
+            self._computing = True
+            if self._beater is None:
+                self._beater = threading.Thread(target=self._beat, name="sync-beat", daemon=True)
+                self._beater.start()
+        elif self._computing:
+            with self._beat_lock:  # a beat being sent is whole before the report follows
+                self._computing = False
+
+    def _beat(self) -> None:
+        frame = msgpack.packb(BEAT, use_bin_type=True)
+        frame = LENGTH.pack(len(frame)) + frame
+        writable = select.poll()
+        writable.register(self.sock, select.POLLOUT)
+        while not self._closed.wait(self.beat_every / 4):
+            with self._beat_lock:
+                if not self._computing or time.monotonic() - self._since < self.beat_every:
+                    continue
+                data = memoryview(frame)
+                while data and not self._closed.is_set():
+                    try:
+                        data = data[self.sock.send(data) :]
+                    except BlockingIOError:
+                        writable.poll(1000.0)
+                    except OSError:  # gone: the main thread hears it on its next message
+                        return
+                self._since = time.monotonic()
+
     async def aclose(self) -> None:
-        self.sock.close()
+        self._closed.set()
+        with self._beat_lock:  # no beat on a closed (perhaps reused) descriptor
+            self.sock.close()
         await self.chan.aclose()

@@ -1,5 +1,6 @@
 """The messages of an exact run's synchronisation, typed: what a node process says to the
-coordinator (:class:`Hello`, then a :class:`Report` per window) and what it hears back (a
+coordinator (:class:`Hello`, then a :class:`Report` per window, and :data:`BEAT` while it
+computes a long window) and what it hears back (a
 :class:`Grant` of the next window, or :class:`Stop`), with the :class:`LinkChange` either
 may carry.
 
@@ -24,6 +25,16 @@ from rocev2_emu.runtime.link import faults_from_request
 MAX_CHANGE_LINKS: Final = 4096  # links in one change (a bound on what a report may carry)
 DONE: Final = "done"  # the stop reason of a run that ended normally
 SHOWN_NODES: Final = 8  # nodes a message names of a process that hosts more
+# What a node process says while it computes a granted window, every BEAT_SECONDS (wall): it is
+# alive and working, so the coordinator does not take a window longer than its stall limit
+# (thousands of nodes in one process, on a busy machine) for a process that stopped.
+BEAT: Final = {"beat": True}
+BEAT_SECONDS: Final = 10.0
+
+
+def is_beat(msg: Any) -> bool:
+    """Whether a node's message is :data:`BEAT` (anything else must be a report)."""
+    return isinstance(msg, dict) and msg.get("beat") is True and len(msg) == 1
 
 
 def process_label(name: str) -> str:
