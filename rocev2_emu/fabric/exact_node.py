@@ -288,7 +288,7 @@ async def joined_nodes(
         for apply in changes:
             apply(change, now)
 
-    engine.on_change = on_change
+    engine.changes.on_change = on_change
     registries: dict[str, CollectorRegistry] = {}  # each node's metrics, by name
     contexts: dict[str, Context] = {}
 

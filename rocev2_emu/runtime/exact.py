@@ -8,7 +8,8 @@ at the end of each granted window: it reports to the coordinator, waits for the 
 takes in the frames other processes sent it (all of them: the coordinator says how many), and
 runs on.  Its rooms: the frames to and from the other processes
 (:class:`~rocev2_emu.runtime.exchange.FrameExchange`), the rendezvous store's operations and
-replies, the changes to the fabric at emulated instants, the clock holds, and the barrier
+replies, the changes to the fabric at emulated instants
+(:class:`~rocev2_emu.runtime.exact_changes.RunChanges`), the clock holds, and the barrier
 between windows (:meth:`ExactEngine._barrier`), whose link beats while the process computes a
 window (:meth:`~rocev2_emu.runtime.sync_link.SyncLink.computing`).
 """
@@ -16,11 +17,9 @@ window (:meth:`~rocev2_emu.runtime.sync_link.SyncLink.computing`).
 from __future__ import annotations
 
 import contextlib
-import heapq
 import math
 import os
 import time
-from collections.abc import Callable
 from typing import NoReturn
 
 import trio
@@ -29,6 +28,7 @@ import trio.testing
 from rocev2_emu.control.channel import MessageChannel
 from rocev2_emu.control.kvstore import StoreOp
 from rocev2_emu.runtime.engine import Engine, EngineError
+from rocev2_emu.runtime.exact_changes import ChangeWaiter, RunChanges
 from rocev2_emu.runtime.exchange import FrameExchange, RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.replies import StoreReplies, StoreWaiter
@@ -48,18 +48,6 @@ from rocev2_emu.runtime.sync_messages import (
     SyncError,
     from_coordinator,
 )
-
-
-class ChangeWaiter:
-    """Where the instant the coordinator gave a change asked for without one lands."""
-
-    __slots__ = ("at", "change", "event")
-
-    def __init__(self, change: LinkChange) -> None:
-        self.change = change
-        self.event = trio.Event()
-        self.at: float | None = None
-
 
 _ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
 
@@ -88,10 +76,7 @@ class ExactEngine(Engine):
         # the store's replies on their way to this host's tasks, ties in the grants' order
         self._replies = StoreReplies()
         self._replies_seen = 0
-        self._changes_out: list[LinkChange] = []  # asked for since the last report
-        self._changes: list[tuple[float, int, LinkChange]] = []  # handed out, a heap by time
-        self._changes_seen = 0
-        self._asked: list[ChangeWaiter] = []  # changes asked for without an instant
+        self.changes = RunChanges()  # asked for here, handed out, applied at their instants
         self._paused = False  # the application decides its next step (wall time): nothing runs
         self._done = False  # the application has finished; the process serves the fabric only
         self.fast = False  # the last grant came with every task still blocked (_barrier)
@@ -105,8 +90,6 @@ class ExactEngine(Engine):
             os.set_blocking(self._interrupt_w, False)
             self.chan.watch(self._interrupt_r)
         self._trio_seen = 0.0  # when trio last ran its tasks (wall, time.monotonic)
-        # what a change does here (the node process sets it: a switch's ports and routes)
-        self.on_change: Callable[[LinkChange, float], None] | None = None
 
     def link(self, link: RemoteLink) -> RemoteLink:
         return self.exchange.link(link)
@@ -137,27 +120,9 @@ class ExactEngine(Engine):
         from outside the run - the waiter then learns the instant it was given)."""
         if at is not None and not at >= self.events.now:
             raise EngineError(f"a link change at t={at!r} is before now ({self.events.now!r})")
-        change = LinkChange(at, tuple(pairs), up, faults)
-        self._changes_out.append(change)
-        waiter = ChangeWaiter(change)
-        if at is None:
-            self._asked.append(waiter)
-        else:
-            waiter.at = at
-            waiter.event.set()
+        waiter = self.changes.ask(LinkChange(at, tuple(pairs), up, faults))
         self._wake_barrier()
         return waiter
-
-    def next_change_time(self) -> float:
-        return self._changes[0][0] if self._changes else math.inf
-
-    def apply_changes(self, now: float) -> None:
-        """The changes due by ``now``, in the order they were asked for at one instant."""
-        changes = self._changes
-        while changes and changes[0][0] <= now:
-            _, _, change = heapq.heappop(changes)
-            if self.on_change is not None:
-                self.on_change(change, now)
 
     @property
     def holds(self) -> int:
@@ -231,7 +196,7 @@ class ExactEngine(Engine):
             to_deadline = trio.lowlevel.current_statistics().seconds_to_next_deadline
         deadline = trio.current_time() + to_deadline
         nxt = min(math.inf if heap_next is None else heap_next, deadline - self.origin)
-        nxt = min(nxt, self._inflight, self._replies.next_time(), self.next_change_time())
+        nxt = min(nxt, self._inflight, self._replies.next_time(), self.changes.next_time())
         if self._holds or events.pending:  # held, or work due at this instant (a wake's)
             nxt = min(nxt, events.now)
         quiet = (
@@ -239,12 +204,11 @@ class ExactEngine(Engine):
             and not events.pending
             and self._inflight == math.inf
             and not self._replies
-            and not self._changes
-            and not self._changes_out
+            and not self.changes.pending
             and not self._paused
         )
         ops, self._store_out = self._store_out, []
-        changes, self._changes_out = self._changes_out, []
+        changes = self.changes.take_asked()
         return Report(
             nxt,
             quiet,
@@ -337,17 +301,7 @@ class ExactEngine(Engine):
         for reply in grant.store:
             self._replies_seen += 1
             self._replies.push(reply, (self._replies_seen, 0))
-        for change in grant.changes:
-            if change.at is None:
-                raise SyncError(f"{self.name}: a link change came without its instant")
-            for waiter in self._asked:  # the first ask of this change: its instant
-                if waiter.change.at_instant(0.0) == change.at_instant(0.0):
-                    waiter.at = change.at
-                    waiter.event.set()
-                    self._asked.remove(waiter)
-                    break
-            self._changes_seen += 1
-            heapq.heappush(self._changes, (change.at, self._changes_seen, change))
+        self.changes.hand_out(grant.changes, self.name)
 
     def install(self) -> None:
         """This trio run's engine from now on: the emulated store's and the clock holds' (a
@@ -387,8 +341,8 @@ class ExactEngine(Engine):
                     continue
                 events.woke = False
                 if events.now < until:
-                    if self._changes:  # rare: no call per pass in a run without changes
-                        self.apply_changes(events.now)
+                    if self.changes.pending:  # rare: no call per pass in a run without them
+                        self.changes.apply(events.now)
                     if self._replies.due(events.now):
                         continue  # the waiting tasks run first, as a trio deadline's would
                     events.run_due()
@@ -396,7 +350,7 @@ class ExactEngine(Engine):
                     if events.woke:
                         continue
                 deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
-                trio_next = min(deadline, self._replies.next_time(), self.next_change_time())
+                trio_next = min(deadline, self._replies.next_time(), self.changes.next_time())
                 limit = min(until, trio_next)
                 nt = events.run_until(limit, None)
                 self._flush()

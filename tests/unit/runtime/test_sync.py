@@ -272,15 +272,15 @@ async def test_an_engine_applies_a_change_when_its_clock_reaches_the_instant() -
 
 def _changes_at_their_instants(engine: ExactEngine) -> None:
     seen: list[tuple[LinkChange, float]] = []
-    engine.on_change = lambda change, now: seen.append((change, now))
+    engine.changes.on_change = lambda change, now: seen.append((change, now))
     late, early = LinkChange(9e-6, (("a", "b"),), True), LinkChange(4e-6, (("a", "b"),), False)
     for change in (late, early):
         engine.take_grant(Grant(1e-6, changes=[change]))
-    assert engine.next_change_time() == 4e-6 and engine.rounds == 2
-    engine.apply_changes(3e-6)
+    assert engine.changes.next_time() == 4e-6 and engine.rounds == 2
+    engine.changes.apply(3e-6)
     assert seen == []
-    engine.apply_changes(5e-6)
-    assert seen == [(early, 5e-6)] and engine.next_change_time() == 9e-6
+    engine.changes.apply(5e-6)
+    assert seen == [(early, 5e-6)] and engine.changes.next_time() == 9e-6
     engine.events.now = 1e-6
     engine.change_links(2e-6, [("a", "b")], up=False)
     assert engine.report().changes == [LinkChange(2e-6, (("a", "b"),), False)]
