@@ -3,7 +3,8 @@
 Each command group is a module that registers its commands (:mod:`rocev2_emu.cli.commands`):
 :mod:`~rocev2_emu.cli.demo` (``demo``), :mod:`~rocev2_emu.cli.perftest` (``write-bw``,
 ``write-lat``, ``send-bw``, ``read-bw``), :mod:`~rocev2_emu.cli.fabric` (``up``, ``node``,
-``link``, ``stop``, ``topology``, ``compose``, ``secret``), :mod:`~rocev2_emu.cli.scenario` and
+``link``, ``stop``, ``view``), :mod:`~rocev2_emu.cli.files` (``topology``, ``compose``,
+``secret``), :mod:`~rocev2_emu.cli.scenario` and
 :mod:`~rocev2_emu.cli.bench`.  Installed plugins (the ``rocev2_emu.plugins`` entry points:
 the collectives) register theirs before the parser is built.  Every figure printed is in
 emulated units and states the TDF it ran at.
@@ -17,7 +18,7 @@ import os
 import sys
 
 from rocev2_emu import __version__, cores
-from rocev2_emu.cli import bench, demo, extras, fabric, perftest, scenario, workload
+from rocev2_emu.cli import bench, demo, extras, fabric, files, perftest, scenario, workload
 from rocev2_emu.cli.commands import COMMANDS
 from rocev2_emu.control.channel import ControlError
 from rocev2_emu.fabric.services import load_plugins
@@ -26,7 +27,17 @@ from rocev2_emu.runtime.sync_messages import SyncError
 from rocev2_emu.tools.perftest import PerftestError
 from rocev2_emu.transport.errors import VerbsError
 
-__all__ = ["bench", "build_parser", "demo", "fabric", "main", "perftest", "scenario", "workload"]
+__all__ = [
+    "bench",
+    "build_parser",
+    "demo",
+    "fabric",
+    "files",
+    "main",
+    "perftest",
+    "scenario",
+    "workload",
+]
 
 _ORDER = [
     "demo",
