@@ -3,7 +3,8 @@ it, and write what it found.
 
 A scenario builds its topology (:func:`topology_data`, :func:`scenario_topology`,
 :func:`settings` for PFC / ECN / DCQCN), runs its flows with :func:`fabric_run` - in virtual time
-with every flow's goodput, the watched port's queue, marks and pauses sampled (:class:`Run`), or
+with every flow's goodput, the watched port's queue, marks and pauses sampled
+(:mod:`~rocev2_emu.experiments.sampled`), or
 as one process per node at a TDF (flow results and counters only) - and returns an
 :class:`Outcome`: its runs, report lines, checks and plot.  :func:`main` prints the report,
 writes ``NAME.json`` (and ``NAME.png`` when matplotlib is installed) and gives the exit code.
@@ -25,96 +26,22 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-import trio
 from prometheus_client import CollectorRegistry
 
 from rocev2_emu.experiments.plots import plot_runs
 from rocev2_emu.experiments.runs import Run, runs_json
+from rocev2_emu.experiments.sampled import START, run_sampled
+from rocev2_emu.experiments.sampled import G as G  # the scenarios take it from here
 from rocev2_emu.fabric.agent import FlowSpec
 from rocev2_emu.fabric.flow_run import run_flow_job
-from rocev2_emu.fabric.flows import run_flows
 from rocev2_emu.fabric.options import Clock, RunOptions
-from rocev2_emu.fabric.report import fabric_stats
-from rocev2_emu.fabric.virtual import (
-    Watcher,
-    delivered,
-    fabric_quiet,
-    run_virtual_time,
-    show_progress,
-    virtual_fabric,
-    watching,
-)
+from rocev2_emu.fabric.virtual import Watcher
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import to_toml
 from rocev2_emu.topology.model import Topology
 
-G = 1e9
 SCENARIO_TDF = 1000.0  # a scenario's wall clock: 1 000 wall seconds per emulated second
 VIRTUAL: Final = RunOptions(Clock.VIRTUAL)  # a scenario's default: one process, virtual time
-START = 1e-6  # emulated seconds: when a scenario's flows start, in every mode
-
-
-async def _run(
-    topo: Topology,
-    flows: list[FlowSpec],
-    watch: tuple[str, int] | str,
-    dt: float,
-    setting: str,
-    recorder: Watcher | None = None,
-) -> Run:
-    run = Run(setting, [])
-    at = host_port(topo, watch) if isinstance(watch, str) else watch
-    async with virtual_fabric(topo) as (drivers, agents):
-        show_progress(drivers, delivered(agents, flows))
-        t0 = next(iter(agents.values())).ctx.now() + START
-        done = trio.Event()
-
-        async def sample() -> None:
-            last = {f.id: 0 for f in flows}
-            driver = drivers[at[0]]
-            sw = driver.core
-            port = sw.ports[at[1]]
-            while not done.is_set():
-                await trio.sleep(dt)
-                now = driver.clock.now()
-                run.times.append(now - t0)
-                for f in flows:
-                    received = agents[f.dst].received_bytes(f.id)
-                    total = last[f.id] if received is None else received
-                    run.goodput.setdefault(f.id, []).append((total - last[f.id]) * 8 / dt / G)
-                    last[f.id] = total
-                run.queue.append(sum(port.queue_bytes))
-                run.marked.append(sum(port.ecn_marked))
-                run.sent.append(port.tx_packets)
-                run.paused.append(
-                    any(p.paused_until[3] > now for p in sw.ports)
-                    or any(any(row) for row in sw.mmu.paused)
-                )
-
-        async with trio.open_nursery() as jobs:
-            if dt > 0:
-                jobs.start_soon(sample)
-            with watching(recorder, drivers, agents):  # the map's recorder, if any
-                run.results = await run_flows(agents, flows, t0)
-            done.set()
-            jobs.cancel_scope.cancel()
-        await fabric_quiet(agents)  # the counters once nothing can change them
-        run.fabric = fabric_stats(drivers, agents)
-    return run
-
-
-def run_sampled(
-    topo: Topology,
-    flows: list[FlowSpec],
-    watch: tuple[str, int] | str,
-    dt: float,
-    setting: str,
-    recorder: Watcher | None = None,
-) -> Run:
-    """``flows`` in virtual time, sampling every ``dt`` emulated seconds at port ``watch`` (0:
-    no samples, the flow results and counters only); ``recorder`` observes the run until the
-    flows end (the map's)."""
-    return run_virtual_time(topo.seed, _run, topo, flows, watch, dt, setting, recorder)
 
 
 def topology_data(
@@ -346,12 +273,6 @@ SCALE_FLAGS = {
     "iterations": "--iterations",
     "loads": "--load",
 }
-
-
-def host_port(topo: Topology, host: str) -> tuple[str, int]:
-    """The switch port that faces ``host`` (where its incoming traffic queues)."""
-    link, switch = topo.host_link(host)
-    return switch.name, topo.port_of(switch.name, link)
 
 
 def register(scenario: Scenario) -> Scenario:
