@@ -29,7 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from collectives.comm.metrics import HostCollectiveMetrics
 from collectives.comm.store import StoreServer
-from collectives.jobs.job import host_places, run_virtual
+from collectives.jobs.job import run_virtual
+from collectives.jobs.places import host_places
 from rocev2_emu.experiments.harness import Mode, with_payload_data
 from rocev2_emu.fabric.agent import CONTROL_PORT, FlowSpec
 from rocev2_emu.fabric.control import attach, control

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 from collectives.comm.communicator import Communicator, HostGroup, RankPlace
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
 from collectives.comm.store import Store, TcpStore, exact_store
-from collectives.jobs.job import comm_options, places_for
+from collectives.jobs.places import comm_options, places_for
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
 from rocev2_emu.fabric.control import control

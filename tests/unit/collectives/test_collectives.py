@@ -23,7 +23,8 @@ from collectives.comm.placement import hierarchy, plan_of
 from collectives.comm.session import CollectiveError
 from collectives.comm.store import MemoryStore, StoreServer, StoreTimeout, TcpStore
 from collectives.jobs.failures import failures, rank_ranges
-from collectives.jobs.job import comm_options, host_places, places_for, run_virtual
+from collectives.jobs.job import run_virtual
+from collectives.jobs.places import comm_options, host_places, places_for
 from collectives.jobs.registry import job
 from rocev2_emu.control import auth
 from rocev2_emu.experiments.harness import VIRTUAL

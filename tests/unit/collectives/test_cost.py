@@ -9,7 +9,7 @@ import pytest
 
 from collectives.comm.cost import choose, hierarchy_ratio
 from collectives.comm.placement import Hierarchy, hierarchy
-from collectives.jobs.job import places_for
+from collectives.jobs.places import places_for
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import Servers, fat_tree, leaf_spine, single_switch
 

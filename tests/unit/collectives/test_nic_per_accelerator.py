@@ -16,7 +16,8 @@ import collectives.bench.checks  # noqa: F401  (registers the check job)
 from collectives.bench.nccl import params as bench_params
 from collectives.comm.cost import hierarchy_ratio
 from collectives.comm.placement import hierarchy, ring_order
-from collectives.jobs.job import places_for, run_virtual, server_ranks
+from collectives.jobs.job import run_virtual
+from collectives.jobs.places import places_for, server_ranks
 from collectives.launcher import launch
 from rocev2_emu.fabric.layout import process_layout
 from rocev2_emu.fabric.options import Clock, RunOptions
