@@ -5,14 +5,14 @@
 ``collective`` command (:mod:`rocev2_emu.fabric.services`), the ``bench`` kinds all-reduce,
 all-gather, reduce-scatter and broadcast and the all-reduce demo (:mod:`collectives.cli`),
 the ``straggler``, ``ecmp-entropy``, ``admission`` and ``spine-failure`` scenarios
-(:mod:`collectives.scenarios`) and ``launch`` (:mod:`collectives.launcher`); importing the
+(:mod:`collectives.scenarios`) and ``launch`` (:mod:`collectives.launch_command`); importing the
 modules registers their jobs (:mod:`collectives.jobs.registry`), so a node process can run any
 of them by name.
 """
 
 from __future__ import annotations
 
-from collectives import cli, launcher
+from collectives import cli, launch_command
 from collectives.bench import checks, dlrm  # noqa: F401  (register their jobs)
 from collectives.jobs.job import CollectiveRequest, collective_handler
 from collectives.scenarios import admission, entropy, recommendation, spine_failure, straggler
@@ -27,4 +27,4 @@ def register() -> None:
     admission.register()
     spine_failure.register()
     recommendation.register()
-    launcher.register()
+    launch_command.register()
