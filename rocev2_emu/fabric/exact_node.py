@@ -139,6 +139,9 @@ def batch_scheduling() -> None:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
+# what the kernel may hold of the frames other processes sent this one (forced where the
+# process may: CAP_NET_ADMIN; else net.core.rmem_max)
+EXCHANGE_BUFFER: Final = 256 << 20
 FILES_PER_NODE: Final = 3  # its control listener and /metrics listener, a control connection
 FILES_BESIDE: Final = 64  # the link socket, the coordinator, trio's own, imports, a scrape
 
@@ -228,7 +231,10 @@ async def joined_nodes(
     chan.timeout = math.inf  # the coordinator says when; it watches the wall clock
     hosts = [n.index for n in mine if n.kind is NodeKind.HOST]
     await chan.send(Hello(me, tuple(hosts)).wire())
-    udp = UdpPort((socket_of[me], LINK_UDP_PORT), None, batch=False)
+    # a window's frames from the other processes arrive in bursts, each sent when its
+    # process reports, while this one may still compute or wait for its grant: the kernel
+    # holds them (a datagram that does not fit is lost, and the run stops)
+    udp = UdpPort((socket_of[me], LINK_UDP_PORT), None, batch=False, receive_buffer=EXCHANGE_BUFFER)
     engine = ExactEngine(me, udp, chan)
     engine.install()  # before the control ports listen: a job's first request may come at once
 

@@ -20,7 +20,7 @@ import contextlib
 import math
 import os
 import time
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import trio
 import trio.testing
@@ -47,7 +47,10 @@ from rocev2_emu.runtime.sync_messages import (
     Stop,
     SyncError,
     from_coordinator,
+    process_label,
 )
+
+STASH_SECONDS: Final = 0.005  # wall seconds between two looks at the socket in a window
 
 _ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
 
@@ -90,6 +93,18 @@ class ExactEngine(Engine):
             os.set_blocking(self._interrupt_w, False)
             self.chan.watch(self._interrupt_r)
         self._trio_seen = 0.0  # when trio last ran its tasks (wall, time.monotonic)
+        self._instants = 0  # instants run in this process (the heap's progress calls)
+        self._stash_at = 0.0  # when the socket is next emptied while a window runs (wall)
+
+    def _between_instants(self) -> None:
+        """The heap's call after each instant of a window: every :data:`STASH_SECONDS` of
+        wall time (looked at every 64 instants) the datagrams other processes sent meanwhile
+        are taken off the socket (:meth:`FrameExchange.stash`), so that a long window does not
+        leave them to a receive buffer that fills."""
+        self._instants += 1
+        if not self._instants & 63 and time.monotonic() >= self._stash_at:
+            self.exchange.stash()
+            self._stash_at = time.monotonic() + STASH_SECONDS
 
     def link(self, link: RemoteLink) -> RemoteLink:
         return self.exchange.link(link)
@@ -291,7 +306,7 @@ class ExactEngine(Engine):
         """What the coordinator said instead of a window: the run's end, or why it stopped."""
         if stop.reason == DONE:
             raise RunOver(self.name)
-        raise SyncError(f"{self.name}: the run was stopped: {stop.reason}")
+        raise SyncError(f"{process_label(self.name)}: the run was stopped: {stop.reason}")
 
     def take_grant(self, grant: Grant) -> None:
         """Take in a window's grant (the store's replies, the changes to the fabric).  Its
@@ -322,6 +337,7 @@ class ExactEngine(Engine):
         task_status.started()
         statistics = trio.lowlevel.current_statistics
         settle = trio.testing.wait_all_tasks_blocked
+        between = self._between_instants if self.exchange.links else None
         await settle()
         until = await self._barrier()
         with self.clock_of_run(clock):
@@ -352,7 +368,7 @@ class ExactEngine(Engine):
                 deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
                 trio_next = min(deadline, self._replies.next_time(), self.changes.next_time())
                 limit = min(until, trio_next)
-                nt = events.run_until(limit, None)
+                nt = events.run_until(limit, between)
                 self._flush()
                 self._sync_clock(clock)
                 if events.woke:

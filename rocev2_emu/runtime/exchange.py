@@ -17,7 +17,7 @@ from rocev2_emu.runtime.events import Core, EventHeap, Node, Wire
 from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import split_trailer, with_trailer
-from rocev2_emu.runtime.sync_messages import SyncError
+from rocev2_emu.runtime.sync_messages import SyncError, process_label
 
 
 class RemoteLink:
@@ -45,7 +45,7 @@ class RemoteLink:
             node.wires.append(None)
         node.wires[port] = self.wire
         self.expect = 1  # the next sequence number due from the far end
-        self.name = f"{node.name} port {port} <- {peer_name} (VNI {vni})"
+        self.name = f"{node.name} port {port} <- {process_label(peer_name)} (VNI {vni})"
 
 
 class FrameExchange:
@@ -64,6 +64,9 @@ class FrameExchange:
         self.received = 0
         self.received_from: dict[str, int] = {}  # frames received from each other process
         self._backlog: list[tuple[bytes, tuple[str, int]]] = []
+        # datagrams taken off the socket while this process computed a window, for the next
+        # pull, in arrival order (stash): at most what the others send it in one window
+        self._stash: list[tuple[bytes, tuple[str, int]]] = []
 
     def link(self, link: RemoteLink) -> RemoteLink:
         if link.vni in self._by_vni:
@@ -107,34 +110,52 @@ class FrameExchange:
         backlog.clear()
         return waited
 
-    def pull(self) -> None:
-        """Every datagram the socket holds, onto the heap (checked)."""
-        udp, events = self.udp, self.events
+    def stash(self) -> None:
+        """Every datagram the socket holds, copied aside in arrival order for the next
+        :meth:`pull`.  A process computing a long window calls it now and then: its peers send
+        while it computes, and a socket buffer that fills makes the kernel drop what does not
+        fit - a frame of the run lost (the run then stops: :meth:`take_in`)."""
+        udp, stash = self.udp, self._stash
         while (got := udp.recv_from()) is not None:
             data, sender = got
-            vni = data[4] << 16 | data[5] << 8 | data[6] if len(data) >= 8 else -1
-            link = self._by_vni.get(vni)
-            if link is None or sender != link.peer:
-                if sender not in self._peers:  # a stranger's: dropped and counted
-                    self._stray(sender)
-                    continue
-                raise SyncError(
-                    f"{self.name}: a datagram from {sender[0]}:{sender[1]} with VNI {vni} is on "
-                    "no link of this node"
-                )
-            try:
-                frame, at, seq = split_trailer(data)
-            except ValueError as exc:
-                raise SyncError(f"link {link.name}: {exc}") from exc
-            if seq != link.expect:
-                raise SyncError(
-                    f"link {link.name}: frame {seq} came when {link.expect} was due (a datagram "
-                    "was lost or reordered between processes); the run stops"
-                )
-            link.expect += 1
-            self.received += 1
-            self.received_from[link.peer_name] += 1
-            events.arrive(link.node, link.port, at, seq, frame)
+            stash.append((bytes(data), sender))
+
+    def pull(self) -> None:
+        """Every datagram stashed and then every one the socket holds, onto the heap
+        (checked), in the order they arrived."""
+        if self._stash:
+            stash, self._stash = self._stash, []
+            for data, sender in stash:
+                self._take(data, sender)
+        udp, take = self.udp, self._take
+        while (got := udp.recv_from()) is not None:
+            take(*got)
+
+    def _take(self, data: bytes | memoryview, sender: tuple[str, int]) -> None:
+        """One datagram from ``sender`` onto the heap, checked (see the module)."""
+        vni = data[4] << 16 | data[5] << 8 | data[6] if len(data) >= 8 else -1
+        link = self._by_vni.get(vni)
+        if link is None or sender != link.peer:
+            if sender not in self._peers:  # a stranger's: dropped and counted
+                self._stray(sender)
+                return
+            raise SyncError(
+                f"{process_label(self.name)}: a datagram from {sender[0]}:{sender[1]} with VNI "
+                f"{vni} is on no link of this node"
+            )
+        try:
+            frame, at, seq = split_trailer(data)
+        except ValueError as exc:
+            raise SyncError(f"link {link.name}: {exc}") from exc
+        if seq != link.expect:
+            raise SyncError(
+                f"link {link.name}: frame {seq} came when {link.expect} was due (a datagram "
+                "was lost or reordered between processes); the run stops"
+            )
+        link.expect += 1
+        self.received += 1
+        self.received_from[link.peer_name] += 1
+        self.events.arrive(link.node, link.port, at, seq, frame)
 
     def _stray(self, sender: tuple[str, int]) -> None:
         """A datagram from an address that is no peer of this process: not the run's (only
@@ -144,8 +165,8 @@ class FrameExchange:
         self.strays += 1
         if self.strays & (self.strays - 1) == 0:
             print(
-                f"rocev2-emu: {self.name}: dropped a datagram from {sender[0]}:{sender[1]}, "
-                f"no peer of this node ({self.strays} so far)",
+                f"rocev2-emu: {process_label(self.name)}: dropped a datagram from "
+                f"{sender[0]}:{sender[1]}, no peer of this node ({self.strays} so far)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -158,7 +179,27 @@ class FrameExchange:
         got = self.received_from
         waited = False
         while any(got.get(sender, 0) < n for sender, n in expect.items()):
+            self._check_lost(expect)
             await self.udp.wait_readable()
             waited = True
             self.pull()
         return waited
+
+    def _check_lost(self, expect: dict[str, int]) -> None:
+        """Frames the others sent are not here: if the kernel dropped datagrams on this
+        process's port (its receive buffer was full), they never will be - a SyncError that
+        says so, rather than a wait until the coordinator's stall limit.  (On one machine a
+        datagram sent is in the receiver's buffer when its sender reports; across machines it
+        may still be on its way.)"""
+        drops = self.udp.kernel_drops()
+        if drops:
+            short = ", ".join(
+                f"from {process_label(sender)}: {self.received_from.get(sender, 0)} of {n}"
+                for sender, n in sorted(expect.items())
+                if self.received_from.get(sender, 0) < n
+            )
+            raise SyncError(
+                f"{process_label(self.name)}: the kernel dropped {drops} datagrams on this "
+                "process's port (its receive buffer was full): frames of the run are lost "
+                f"({short} received); the run stops"
+            )

@@ -116,12 +116,19 @@ class UdpPort:
     ``batch``: use GSO and GRO where the kernel has them (see the module's docstring)."""
 
     def __init__(
-        self, bind: tuple[str, int], peer: tuple[str, int] | None = None, *, batch: bool = True
+        self,
+        bind: tuple[str, int],
+        peer: tuple[str, int] | None = None,
+        *,
+        batch: bool = True,
+        receive_buffer: int = SOCKET_BUFFER,
     ) -> None:
+        """``receive_buffer``: bytes the kernel may hold for it; above ``net.core.rmem_max``
+        only where the process may force it (CAP_NET_ADMIN), else that maximum."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            self._receive_buffer(receive_buffer)
             self.sock.bind(bind)
         except OSError as exc:
             self.sock.close()
@@ -142,6 +149,16 @@ class UdpPort:
         self._split: deque[memoryview] = deque()  # segments of a coalesced read, still to hand
         self._split_from: tuple[str, int] = ("", 0)
         self._anc = socket.CMSG_SPACE(_GRO_SIZE.size)
+
+    def _receive_buffer(self, size: int) -> None:
+        force = getattr(socket, "SO_RCVBUFFORCE", None)
+        if size > SOCKET_BUFFER and force is not None:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, force, size)
+                return
+            except OSError:  # not privileged: the system's maximum
+                pass
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
     def _enable_gro(self) -> bool:
         if sys.platform != "linux":

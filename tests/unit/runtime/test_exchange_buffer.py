@@ -1,0 +1,81 @@
+"""Frames between the processes of an exact run that the kernel would drop: taken off the
+socket while a window computes, and an error - not a wait for the stall limit - when they
+were lost anyway (rocev2_emu/runtime/exchange.py)."""
+
+from __future__ import annotations
+
+import select
+import socket
+
+import pytest
+import trio
+
+from rocev2_emu.runtime.events import Core, Node
+from rocev2_emu.runtime.exact import ExactEngine
+from rocev2_emu.runtime.exchange import RemoteLink
+from rocev2_emu.runtime.ports import UdpPort
+from rocev2_emu.runtime.sync import with_trailer
+from rocev2_emu.runtime.sync_messages import SyncError
+
+
+def _datagram(seq: int) -> bytes:
+    vxlan = bytes([0x08, 0, 0, 0, 0, 0, 5, 0])  # VNI 5
+    return with_trailer(vxlan + bytes(1000), seq * 1e-6, seq)
+
+
+def _link(receive_buffer: int) -> tuple[ExactEngine, UdpPort, socket.socket]:
+    udp = UdpPort(("127.0.0.1", 0), None, batch=False, receive_buffer=receive_buffer)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    engine = ExactEngine("n0", udp, chan=None)  # type: ignore[arg-type]  # no windows here
+    engine.link(RemoteLink(engine.add(Node("n0", Core())), 0, 5, "n1", peer.getsockname(), None))
+    return engine, udp, peer
+
+
+def _arrived(udp: UdpPort) -> None:
+    readable, _, _ = select.select([udp.sock], [], [], 10)  # loopback: there at once
+    assert readable, "no datagram within 10 s"
+
+
+def test_datagrams_the_kernel_dropped_stop_the_run_at_once_naming_them() -> None:
+    """A 24 576-accelerator run over four workers stopped after 18 min with "no progress for
+    60 s: no report from" every worker: each waited for the tail of a burst of frames that its
+    full receive buffer had dropped.  Now the process says so as soon as it misses them."""
+    engine, udp, peer = _link(4096)  # the kernel's least: a few datagrams
+    try:
+        sent = 200
+        for seq in range(1, sent + 1):
+            peer.sendto(_datagram(seq), udp.address)
+        assert udp.kernel_drops() > 0
+
+        async def take_in() -> None:
+            with trio.fail_after(10):
+                await engine.exchange.take_in({"n1": sent})
+
+        with pytest.raises(SyncError, match=r"n0: the kernel dropped \d+ datagrams") as info:
+            trio.run(take_in)
+        assert f"from n1: {engine.exchange.received} of {sent} received" in str(info.value)
+    finally:
+        udp.close()
+        peer.close()
+
+
+def test_frames_stashed_during_a_window_reach_the_heap_in_the_order_they_came() -> None:
+    """Taken off the socket while a window computes (stash), frames go onto the heap at the
+    next pull - after those stashed before them and before those still in the socket - so the
+    run is the one it would have been."""
+    engine, udp, peer = _link(1 << 20)
+    try:
+        peer.sendto(_datagram(1), udp.address)
+        peer.sendto(_datagram(2), udp.address)
+        _arrived(udp)
+        engine.exchange.stash()
+        assert engine.exchange.received == 0  # aside, not on the heap yet
+        peer.sendto(_datagram(3), udp.address)
+        _arrived(udp)
+        engine.exchange.pull()
+        assert engine.exchange.received == 3  # 1 and 2 first, then 3: no gap
+        assert engine.events.next_event_time() == 1e-6
+    finally:
+        udp.close()
+        peer.close()
