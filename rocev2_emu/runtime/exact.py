@@ -92,6 +92,7 @@ class ExactEngine(Engine):
             os.set_blocking(self._interrupt_r, False)
             os.set_blocking(self._interrupt_w, False)
             self.chan.watch(self._interrupt_r)
+            self.chan.drain_with(udp.sock.fileno(), self.exchange.stash)
         self._trio_seen = 0.0  # when trio last ran its tasks (wall, time.monotonic)
         self._instants = 0  # instants run in this process (the heap's progress calls)
         self._stash_at = 0.0  # when the socket is next emptied while a window runs (wall)

@@ -20,6 +20,15 @@ from rocev2_emu.runtime.sync import split_trailer, with_trailer
 from rocev2_emu.runtime.sync_messages import SyncError, process_label
 
 
+def _rmem_max() -> str:
+    """The system's largest socket receive buffer a process may ask for, as it says it."""
+    try:
+        with open("/proc/sys/net/core/rmem_max") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
 class RemoteLink:
     """A link from ``node``'s ``port`` to ``peer_name`` in another process, at ``peer``
     (its UDP address); ``vni`` names it in every datagram."""
@@ -201,5 +210,8 @@ class FrameExchange:
             raise SyncError(
                 f"{process_label(self.name)}: the kernel dropped {drops} datagrams on this "
                 "process's port (its receive buffer was full): frames of the run are lost "
-                f"({short} received); the run stops"
+                f"({short} received); the run stops.  A window's frames from one process "
+                "come in one burst: give the socket more room (net.core.rmem_max, now "
+                f"{_rmem_max()} bytes: sysctl -w net.core.rmem_max=268435456) or the run "
+                "more --workers"
             )

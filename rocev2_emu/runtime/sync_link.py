@@ -13,6 +13,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgpack
@@ -26,6 +27,10 @@ from rocev2_emu.runtime.sync_messages import BEAT, BEAT_SECONDS
 # cluster: 1.26 MB as its ranks connect), so it grows with the nodes per process, past the
 # control channel's 1 MiB; only a peer that proved the fabric's secret gets this far.
 MAX_SYNC_MESSAGE: Final = 256 << 20
+
+
+def _nothing() -> None:
+    pass
 
 
 class SyncLink:
@@ -55,6 +60,7 @@ class SyncLink:
         self._beat_lock = threading.Lock()
         self._closed = threading.Event()
         self._beater: threading.Thread | None = None
+        self._drain: tuple[int, Callable[[], None]] = (-1, _nothing)  # drain_with
 
     async def send(self, obj: Any) -> bool:
         """Send ``obj``; True if it had to wait for room (trio ran other tasks meanwhile)."""
@@ -110,6 +116,12 @@ class SyncLink:
             if not self._read():
                 await trio.lowlevel.wait_readable(self.sock)
 
+    def drain_with(self, fd: int, drain: Callable[[], None]) -> None:
+        """While :meth:`recv_blocking` waits, ``drain()`` whenever file ``fd`` is readable
+        (a node process's link socket: the frames its peers send meanwhile)."""
+        self._poller.register(fd, select.POLLIN)
+        self._drain = (fd, drain)
+
     def watch(self, fd: int) -> None:
         """A file that interrupts :meth:`recv_blocking` when it becomes readable (a request
         for trio from another thread)."""
@@ -130,6 +142,12 @@ class SyncLink:
                 continue
             left = deadline - time.monotonic()
             ready = self._poller.poll(left * 1000.0) if left > 0 else []
+            drain_fd, drain = self._drain
+            if any(fd == drain_fd for fd, _ in ready):
+                drain()
+                ready = [(fd, ev) for fd, ev in ready if fd != drain_fd]
+                if not ready:
+                    continue
             if not ready or any(fd != mine for fd, _ in ready):
                 return False, None
 

@@ -4,17 +4,21 @@ were lost anyway (rocev2_emu/runtime/exchange.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 
+import msgpack
 import pytest
 import trio
 
+from rocev2_emu.control.channel import LENGTH, MessageChannel
 from rocev2_emu.runtime.events import Core, Node
 from rocev2_emu.runtime.exact import ExactEngine
 from rocev2_emu.runtime.exchange import RemoteLink
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import with_trailer
+from rocev2_emu.runtime.sync_link import SyncLink
 from rocev2_emu.runtime.sync_messages import SyncError
 
 
@@ -78,4 +82,40 @@ def test_frames_stashed_during_a_window_reach_the_heap_in_the_order_they_came() 
         assert engine.events.next_event_time() == 1e-6
     finally:
         udp.close()
+        peer.close()
+
+
+def test_a_process_waiting_for_its_grant_in_the_kernel_takes_its_peers_frames_meanwhile() -> None:
+    """A window's frames reach a process that already waits for its next grant: waiting in
+    the kernel, it empties its link socket as they come (the drain) and goes on waiting."""
+    drained: list[bytes] = []
+    frames = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    frames.bind(("127.0.0.1", 0))
+    frames.setblocking(False)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                drained.append(frames.recv(2048))
+
+    async def main() -> tuple[bool, object]:
+        ours, theirs = socket.socketpair()
+        link = SyncLink(MessageChannel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), 5))
+        link.drain_with(frames.fileno(), drain)
+        try:
+            peer.sendto(b"a frame", frames.getsockname())
+            came, _ = link.recv_blocking(0.3)  # no grant: it drained, then timed out
+            assert not came and drained == [b"a frame"]
+            body = msgpack.packb({"until": 1.0}, use_bin_type=True)
+            theirs.sendall(LENGTH.pack(len(body)) + body)
+            return link.recv_blocking(10.0)
+        finally:
+            await link.aclose()
+            theirs.close()
+
+    try:
+        assert trio.run(main) == (True, {"until": 1.0})
+    finally:
+        frames.close()
         peer.close()
