@@ -13,6 +13,11 @@ What the rank needs comes from the launcher (:mod:`collectives.launcher`) in its
 ``ROCEV2_TOPOLOGY``, ``ROCEV2_TDF``, ``ROCEV2_EPOCH``, ``ROCEV2_STORE`` (host:port),
 ``ROCEV2_JOB`` and the fabric's secret; rank r is the topology's r-th host.
 
+When the script closes the group on the wall clock, the NIC keeps answering until every rank has
+closed (a barrier in the rendezvous store, at most :data:`WALL_CLOSE_SECONDS`): a rank whose last
+operation is over may still owe a peer the ACK of that peer's last write, or a resend's answer, as
+a real NIC answers until its QPs are destroyed after the job's last barrier.
+
 On the exact clock (``launch --clock exact``: ``ROCEV2_CLOCK=exact`` and ``ROCEV2_SYNC``, the
 coordinator's host:port; ``ROCEV2_JOIN_TIMEOUT``: wall seconds to wait for that coordinator to
 listen, ``launch --host``'s ranks starting before the first host's) the thread is a process of
@@ -43,7 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from collectives.comm.communicator import Communicator, HostGroup, RankPlace
 from collectives.comm.metrics import HostCollectiveMetrics, StepMetrics
-from collectives.comm.store import Store, TcpStore, exact_store
+from collectives.comm.store import Store, StoreTimeout, TcpStore, exact_store
 from collectives.jobs.places import comm_options, places_for
 from rocev2_emu.fabric import blocks
 from rocev2_emu.fabric.agent import host_stats
@@ -69,6 +74,7 @@ ENV_JOIN_TIMEOUT = "ROCEV2_JOIN_TIMEOUT"  # wall seconds to wait for it to liste
 # steps still reach a scraper (the compose training testbed: three of Prometheus' 2 s scrapes)
 ENV_METRICS_LINGER = "ROCEV2_METRICS_LINGER"
 EXACT_CLOSE_SECONDS = 600.0  # wall seconds close() waits for the other ranks to close too
+WALL_CLOSE_SECONDS = 300.0  # the same on the wall clock: a dilated resend takes TDF x its time
 ENV_PARAMS = ("ROCEV2_SLOTS", "ROCEV2_SLOT_BYTES", "ROCEV2_QPS_PER_CONNECTION")
 
 Run = Callable[[Communicator], Awaitable[Any]]
@@ -256,8 +262,8 @@ class FabricWorker:
             if self._token is not None and self._send is not None and self._error is None:
                 with contextlib.suppress(trio.RunFinishedError):  # it has just ended
                     self._token.run_sync_soon(self._send.close)
-        if self.env.sync is not None:  # the exact clock: the NIC answers until all have closed
-            timeout = max(timeout, EXACT_CLOSE_SECONDS)
+        # the NIC answers until all have closed
+        timeout = max(timeout, WALL_CLOSE_SECONDS if self.env.sync is None else EXACT_CLOSE_SECONDS)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         if self.env.metrics_linger > 0:  # /metrics is served by a thread of its own, on
@@ -292,6 +298,8 @@ class FabricWorker:
             store = await TcpStore.connect(*env.store)
             abort_store = await TcpStore.connect(*env.store)
             await self._serve(ctx, registry, store, abort_store, None)
+            with contextlib.suppress(StoreTimeout):  # a rank that failed does not hold the others
+                await store.arrive(f"{env.job}/closed", env.world, WALL_CLOSE_SECONDS)
 
     async def _main_joined(self) -> None:
         """The host as a process of the exact run (see the module), until the run ends."""
