@@ -83,6 +83,7 @@ class EventHeap:
         self._in_batch = False
         self.hops = 0  # frames that crossed a link
         self.woke = False  # a node's ``after`` woke a trio task: hand control to trio
+        self._instants = 0  # instants run_until ran since it last called its progress
         self.on_kick: Callable[[], None] | None = None  # the trio runner's wake-up
         # an observer called at every multiple of a period (watch)
         self._observe: Callable[[float], None] | None = None
@@ -239,15 +240,21 @@ class EventHeap:
             self.run_due()  # after an alarm that woke a task (no trio here)
         return True
 
-    def run_until(self, limit: float, progress: Callable[[], None] | None) -> float | None:
+    def run_until(
+        self, limit: float, progress: Callable[[], None] | None, every: int = 1
+    ) -> float | None:
         """Run instant after instant while the next event comes before ``limit`` and no trio
-        task was woken; the next event's time (None: nothing is left)."""
+        task was woken; ``progress`` is called after every ``every``-th instant (counted
+        across calls); the next event's time (None: nothing is left)."""
         nt = self.next_event_time()
         while nt is not None and nt < limit and not self.woke:
             self.now = nt
             self.run_due()
             if progress is not None:
-                progress()
+                self._instants += 1
+                if self._instants >= every:
+                    self._instants = 0
+                    progress()
             nt = self.next_event_time()
         return nt
 

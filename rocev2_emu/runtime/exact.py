@@ -51,6 +51,7 @@ from rocev2_emu.runtime.sync_messages import (
 )
 
 STASH_SECONDS: Final = 0.005  # wall seconds between two looks at the socket in a window
+STASH_STRIDE: Final = 64  # instants between two looks at the clock for it
 
 _ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
 
@@ -94,16 +95,14 @@ class ExactEngine(Engine):
             self.chan.watch(self._interrupt_r)
             self.chan.drain_with(udp.sock.fileno(), self.exchange.stash)
         self._trio_seen = 0.0  # when trio last ran its tasks (wall, time.monotonic)
-        self._instants = 0  # instants run in this process (the heap's progress calls)
         self._stash_at = 0.0  # when the socket is next emptied while a window runs (wall)
 
     def _between_instants(self) -> None:
-        """The heap's call after each instant of a window: every :data:`STASH_SECONDS` of
-        wall time (looked at every 64 instants) the datagrams other processes sent meanwhile
-        are taken off the socket (:meth:`FrameExchange.stash`), so that a long window does not
+        """The heap's call after every :data:`STASH_STRIDE` instants of a window: every
+        :data:`STASH_SECONDS` of wall time the datagrams other processes sent meanwhile are
+        taken off the socket (:meth:`FrameExchange.stash`), so that a long window does not
         leave them to a receive buffer that fills."""
-        self._instants += 1
-        if not self._instants & 63 and time.monotonic() >= self._stash_at:
+        if time.monotonic() >= self._stash_at:
             self.exchange.stash()
             self._stash_at = time.monotonic() + STASH_SECONDS
 
@@ -369,7 +368,7 @@ class ExactEngine(Engine):
                 deadline = trio.current_time() - self.origin + statistics().seconds_to_next_deadline
                 trio_next = min(deadline, self._replies.next_time(), self.changes.next_time())
                 limit = min(until, trio_next)
-                nt = events.run_until(limit, between)
+                nt = events.run_until(limit, between, STASH_STRIDE)
                 self._flush()
                 self._sync_clock(clock)
                 if events.woke:

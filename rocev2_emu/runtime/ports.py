@@ -1,4 +1,5 @@
-"""Datagram ports a driver pumps: a real UDP socket, or an in-memory one for tests.
+"""Datagram ports a driver pumps: a real UDP socket, or an in-memory one for tests
+(:mod:`rocev2_emu.runtime.memory_ports`).
 
 Both are non-blocking and batch-friendly, as DESIGN.md's measurements demand: ``recv`` returns
 one datagram or None when nothing is queued (the UDP port reuses one preallocated buffer, so the
@@ -62,6 +63,9 @@ _NO_GSO: Final = frozenset(
 )
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
+SO_MEMINFO: Final = 55  # linux/socket.h: the socket's memory figures, u32 each (sock_diag.h)
+SK_MEMINFO_DROPS: Final = 8  # their ninth: datagrams dropped (the sk_drops counter)
+_MEMINFO = struct.Struct("=9I")
 
 
 class PortInfo(Protocol):
@@ -96,9 +100,16 @@ class DatagramPort(PortInfo, Protocol):
 
 
 def kernel_drops(sock: socket.socket) -> int | None:
-    """Datagrams the kernel dropped for this socket (receive buffer full), from the ``drops``
-    column of /proc/net/udp; None where that file does not exist.  Emulated frames must never
+    """Datagrams the kernel dropped for this socket (receive buffer full): Linux's
+    ``SO_MEMINFO`` (one system call), else the ``drops`` column of /proc/net/udp (a read that
+    grows with the machine's sockets); None where neither exists.  Emulated frames must never
     vanish silently, and this is where they would."""
+    if sys.platform == "linux":
+        try:
+            info = sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, _MEMINFO.size)
+            return int(_MEMINFO.unpack(info)[SK_MEMINFO_DROPS])
+        except (OSError, struct.error):
+            pass
     try:
         inode = os.fstat(sock.fileno()).st_ino
         with open("/proc/net/udp") as f:
@@ -314,83 +325,6 @@ class UdpPort:
 
     def close(self) -> None:
         self.sock.close()
-
-
-class MemoryNetwork:
-    """A lossless in-memory wire between MemoryPorts: the pump without sockets, for tests (the
-    virtual-time fabric runs on the event engine instead, :mod:`rocev2_emu.runtime.engine`)."""
-
-    def __init__(self, queue_limit: int = 1 << 16) -> None:
-        self.ports: dict[tuple[str, int], MemoryPort] = {}
-        self.queue_limit = queue_limit
-
-    def port(self, address: tuple[str, int], peer: tuple[str, int] | None = None) -> MemoryPort:
-        if address in self.ports:
-            raise OSError(f"address {address} already in use on the memory network")
-        p = MemoryPort(self, address, peer)
-        self.ports[address] = p
-        return p
-
-
-class MemoryPort:
-    def __init__(
-        self, net: MemoryNetwork, address: tuple[str, int], peer: tuple[str, int] | None
-    ) -> None:
-        self.net = net
-        self.address = address
-        self.peer = peer
-        self.tx_errors = 0
-        self.rx_overflow = 0
-        self.inbox: deque[tuple[bytes, tuple[str, int]]] = deque()  # datagram, its sender
-        self._lot = trio.lowlevel.ParkingLot()
-
-    def recv(self) -> bytes | None:
-        return self.inbox.popleft()[0] if self.inbox else None
-
-    def recv_from(self) -> tuple[bytes, tuple[str, int]] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def send(self, data: bytes | bytearray | memoryview) -> bool:
-        return self.send_to(data, self.peer) if self.peer is not None else self._no_peer()
-
-    def _no_peer(self) -> bool:
-        self.tx_errors += 1
-        return True
-
-    def send_to(self, data: bytes | bytearray | memoryview, peer: tuple[str, int]) -> bool:
-        dst = self.net.ports.get(peer)
-        if dst is None:
-            self.tx_errors += 1
-            return True
-        if len(dst.inbox) >= self.net.queue_limit:
-            dst.rx_overflow += 1
-            return True
-        dst.inbox.append((bytes(data), self.address))
-        dst._lot.unpark_all()
-        return True
-
-    def send_batch(
-        self, datagrams: Sequence[bytes | bytearray], peer: tuple[str, int] | None = None
-    ) -> int:
-        for d in datagrams:
-            if peer is None:
-                self.send(d)
-            else:
-                self.send_to(d, peer)
-        return len(datagrams)
-
-    def kernel_drops(self) -> int:
-        return self.rx_overflow
-
-    async def wait_readable(self) -> None:
-        if not self.inbox:
-            await self._lot.park()
-
-    async def wait_writable(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        self.net.ports.pop(self.address, None)
 
 
 class EnginePort:

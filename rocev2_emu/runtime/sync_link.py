@@ -142,14 +142,13 @@ class SyncLink:
                 continue
             left = deadline - time.monotonic()
             ready = self._poller.poll(left * 1000.0) if left > 0 else []
+            if not ready:
+                return False, None  # the deadline passed
             drain_fd, drain = self._drain
             if any(fd == drain_fd for fd, _ in ready):
                 drain()
-                ready = [(fd, ev) for fd, ev in ready if fd != drain_fd]
-                if not ready:
-                    continue
-            if not ready or any(fd != mine for fd, _ in ready):
-                return False, None
+            if any(fd != mine and fd != drain_fd for fd, _ in ready):
+                return False, None  # a watched file: trio's turn
 
     # -- the beats ---------------------------------------------------------------------------
     def computing(self, on: bool) -> None:

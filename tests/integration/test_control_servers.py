@@ -30,7 +30,7 @@ from rocev2_emu.fabric.agent import HostAgent
 from rocev2_emu.fabric.agent_server import AgentServer
 from rocev2_emu.fabric.nodes import switch_driver
 from rocev2_emu.runtime.clock import DilatedClock
-from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.runtime.memory_ports import MemoryNetwork
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import single_switch
 from rocev2_emu.verbs.api import Context, DeviceConfig

@@ -13,7 +13,7 @@ import trio.testing
 from rocev2_emu.fabric.virtual import virtual_fabric
 from rocev2_emu.nic.driver import EngineNic
 from rocev2_emu.runtime.link import LinkFaults
-from rocev2_emu.runtime.ports import MemoryNetwork
+from rocev2_emu.runtime.memory_ports import MemoryNetwork
 from rocev2_emu.topology.file import parse
 from rocev2_emu.topology.generate import leaf_spine
 from rocev2_emu.transport.errors import LocalVerbsError, RemoteVerbsError
