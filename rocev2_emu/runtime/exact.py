@@ -20,7 +20,7 @@ import contextlib
 import math
 import os
 import time
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 import trio.testing
@@ -279,12 +279,9 @@ class ExactEngine(Engine):
                 return said.until
             self._drain_interrupts()
         while True:
-            with trio.CancelScope() as scope:
-                self._poke = scope
-                msg = await chan.recv()
-            self._poke = None
+            poked, msg = await self._await_coordinator(chan)
             self._trio_seen = time.monotonic()
-            if scope.cancelled_caught:
+            if poked:
                 # a fresh report, nothing run: the one sent may already be the basis of a
                 # window granted to the others, so this process keeps its promise (no event
                 # before the time it reported) until it hears from the coordinator; work the
@@ -301,6 +298,28 @@ class ExactEngine(Engine):
             await self.exchange.take_in(said.expect)
             chan.computing(True)
             return said.until
+
+    async def _await_coordinator(self, chan: SyncLink) -> tuple[bool, Any]:
+        """(False, the coordinator's next message) awaited in trio, or (True, None) if a wake
+        (:meth:`_wake_barrier`) came first.  Meanwhile the frames other processes send land
+        in the stash as they come (:meth:`FrameExchange.stash`): a long wait does not leave a
+        burst to a receive buffer that fills.  The wake cancels the wait for the message only,
+        never a message taken (the stash's task ends after, in a scope of its own)."""
+        async with trio.open_nursery() as nursery:
+            if self.exchange.links:
+                nursery.start_soon(self._drain_socket)
+            with trio.CancelScope() as scope:
+                self._poke = scope
+                msg = await chan.recv()
+            self._poke = None
+            nursery.cancel_scope.cancel()
+        return (True, None) if scope.cancelled_caught else (False, msg)
+
+    async def _drain_socket(self) -> None:
+        udp, stash = self.exchange.udp, self.exchange.stash
+        while True:
+            await udp.wait_readable()
+            stash()
 
     def _stopped(self, stop: Stop) -> NoReturn:
         """What the coordinator said instead of a window: the run's end, or why it stopped."""

@@ -11,6 +11,7 @@ import socket
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from rocev2_emu.control.channel import LENGTH, MessageChannel
 from rocev2_emu.runtime.events import Core, Node
@@ -118,4 +119,61 @@ def test_a_process_waiting_for_its_grant_in_the_kernel_takes_its_peers_frames_me
         assert trio.run(main) == (True, {"until": 1.0})
     finally:
         frames.close()
+        peer.close()
+
+
+def test_a_process_waiting_for_its_grant_in_trio_takes_its_peers_frames_and_keeps_the_grant() -> (
+    None
+):
+    """Past its wait in the kernel a process waits for its grant in trio (serving control
+    requests and the application): its link socket is emptied as frames come there too, and a
+    wake that comes as the grant is taken (the application resuming) loses no grant - a grant
+    lost hangs the run, as a first try at this drain did."""
+    udp = UdpPort(("127.0.0.1", 0), None, batch=False, receive_buffer=1 << 20)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        chan = MessageChannel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), 5)
+        engine = ExactEngine("n0", udp, chan=chan)
+        node = engine.add(Node("n0", Core()))
+        engine.link(RemoteLink(node, 0, 5, "n1", peer.getsockname(), None))
+        link = engine.chan
+        assert link is not None
+        taken = link.recv
+
+        async def woken_as_taken() -> object:
+            message = await taken()
+            engine._wake_barrier()  # e.g. the application resumed in this very batch
+            return message
+
+        link.recv = woken_as_taken  # type: ignore[method-assign]
+        try:
+            async with trio.open_nursery() as nursery:
+                got: list[tuple[bool, object]] = []
+
+                async def wait() -> None:
+                    got.append(await engine._await_coordinator(link))
+
+                nursery.start_soon(wait)
+                await trio.testing.wait_all_tasks_blocked()
+                for seq in (1, 2):
+                    peer.sendto(_datagram(seq), udp.address)
+                await trio.testing.wait_all_tasks_blocked()  # (loopback: there at once)
+                assert len(engine.exchange._stash) == 2  # aside, in the order they came
+                assert not got  # and still waiting for the grant
+                body = msgpack.packb({"until": 1.0}, use_bin_type=True)
+                theirs.sendall(LENGTH.pack(len(body)) + body)
+            assert got == [(False, {"until": 1.0})]
+            engine.exchange.pull()
+            assert engine.exchange.received == 2
+        finally:
+            await link.aclose()
+            theirs.close()
+
+    try:
+        trio.run(main)
+    finally:
+        udp.close()
         peer.close()
