@@ -157,9 +157,10 @@ class FrameExchange:
         except ValueError as exc:
             raise SyncError(f"link {link.name}: {exc}") from exc
         if seq != link.expect:
+            gap = f"link {link.name}: frame {seq} came when {link.expect} was due"
+            self._check_lost({}, gap)  # the kernel dropped it: say so, and what to raise
             raise SyncError(
-                f"link {link.name}: frame {seq} came when {link.expect} was due (a datagram "
-                "was lost or reordered between processes); the run stops"
+                f"{gap} (a datagram was lost or reordered between processes); the run stops"
             )
         link.expect += 1
         self.received += 1
@@ -194,24 +195,25 @@ class FrameExchange:
             self.pull()
         return waited
 
-    def _check_lost(self, expect: dict[str, int]) -> None:
-        """Frames the others sent are not here: if the kernel dropped datagrams on this
-        process's port (its receive buffer was full), they never will be - a SyncError that
-        says so, rather than a wait until the coordinator's stall limit.  (On one machine a
+    def _check_lost(self, expect: dict[str, int], gap: str = "") -> None:
+        """Frames the others sent are not here (``expect``: how many each sent), or a link's
+        frames came with a ``gap``: if the kernel dropped datagrams on this process's port
+        (its receive buffer was full), they never will - a SyncError that says so and what
+        to raise, rather than a wait until the coordinator's stall limit.  (On one machine a
         datagram sent is in the receiver's buffer when its sender reports; across machines it
         may still be on its way.)"""
         drops = self.udp.kernel_drops()
         if drops:
-            short = ", ".join(
-                f"from {process_label(sender)}: {self.received_from.get(sender, 0)} of {n}"
+            lost = gap or ", ".join(
+                f"from {process_label(sender)}: {self.received_from.get(sender, 0)} of {n} received"
                 for sender, n in sorted(expect.items())
                 if self.received_from.get(sender, 0) < n
             )
             raise SyncError(
                 f"{process_label(self.name)}: the kernel dropped {drops} datagrams on this "
-                "process's port (its receive buffer was full): frames of the run are lost "
-                f"({short} received); the run stops.  A window's frames from one process "
-                "come in one burst: give the socket more room (net.core.rmem_max, now "
+                f"process's port (its receive buffer was full): frames of the run are lost "
+                f"({lost}); the run stops.  A window's frames from one process come in one "
+                "burst: give the socket more room (net.core.rmem_max, now "
                 f"{_rmem_max()} bytes: sysctl -w net.core.rmem_max=268435456) or the run "
                 "more --workers"
             )

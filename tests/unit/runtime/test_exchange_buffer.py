@@ -65,6 +65,25 @@ def test_datagrams_the_kernel_dropped_stop_the_run_at_once_naming_them() -> None
         peer.close()
 
 
+def test_a_gap_the_kernel_made_says_so_and_what_to_raise() -> None:
+    """Frames dropped while a process computes show as a gap when a later frame comes: the
+    error names the kernel's drops and the sysctl, not only a lost or reordered datagram."""
+    engine, udp, peer = _link(4096)
+    try:
+        for seq in range(1, 201):
+            peer.sendto(_datagram(seq), udp.address)
+        engine.exchange.stash()  # the few that fitted
+        peer.sendto(_datagram(201), udp.address)
+        _arrived(udp)
+        with pytest.raises(SyncError, match=r"the kernel dropped \d+ datagrams") as info:
+            engine.exchange.pull()
+        assert "(link " in str(info.value) and "came when" in str(info.value)
+        assert "sysctl -w net.core.rmem_max=" in str(info.value)
+    finally:
+        udp.close()
+        peer.close()
+
+
 def test_frames_stashed_during_a_window_reach_the_heap_in_the_order_they_came() -> None:
     """Taken off the socket while a window computes (stash), frames go onto the heap at the
     next pull - after those stashed before them and before those still in the socket - so the
