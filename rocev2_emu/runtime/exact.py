@@ -50,8 +50,8 @@ from rocev2_emu.runtime.sync_messages import (
     process_label,
 )
 
-STASH_SECONDS: Final = 0.005  # wall seconds between two looks at the socket in a window
-STASH_STRIDE: Final = 64  # instants between two looks at the clock for it
+STASH_SECONDS: Final = 0.001  # wall seconds between two looks at the socket in a window
+STASH_STRIDE: Final = 8  # instants between two looks at the clock for it
 
 _ENGINE: trio.lowlevel.RunVar[ExactEngine | None] = trio.lowlevel.RunVar("exact_engine", None)
 

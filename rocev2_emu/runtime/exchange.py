@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Final
 
 from rocev2_emu.runtime.engine import EngineError
 from rocev2_emu.runtime.events import Core, EventHeap, Node, Wire
@@ -18,6 +19,8 @@ from rocev2_emu.runtime.link import LinkFaults
 from rocev2_emu.runtime.ports import UdpPort
 from rocev2_emu.runtime.sync import split_trailer, with_trailer
 from rocev2_emu.runtime.sync_messages import SyncError, process_label
+
+STASH_EVERY: Final = 256  # datagrams sent between two looks at the socket (send_backlog)
 
 
 def _rmem_max() -> str:
@@ -105,7 +108,9 @@ class FrameExchange:
         return first
 
     async def send_backlog(self) -> bool:
-        """Send the frames for other processes; True if it had to wait for room."""
+        """Send the frames for other processes; True if it had to wait for room.  Every
+        :data:`STASH_EVERY` datagrams sent, the socket is emptied (:meth:`stash`): the others
+        send their bursts at the same time, to a process that would not read while it sends."""
         backlog, udp = self._backlog, self.udp
         waited = False
         i = 0
@@ -113,7 +118,10 @@ class FrameExchange:
             data, peer = backlog[i]
             if udp.send_to(data, peer):
                 i += 1
+                if not i % STASH_EVERY:
+                    self.stash()
             else:
+                self.stash()
                 await udp.wait_writable()
                 waited = True
         backlog.clear()
