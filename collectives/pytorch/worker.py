@@ -254,16 +254,18 @@ class FabricWorker:
                     stats[node.name] = await control(node.address, {"cmd": "stats"})
         return stats
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop taking operations, let the queued ones finish, close the NIC, end the thread
-        (at most ``timeout`` wall seconds): before the interpreter shuts down, so no torch
-        object is touched by a thread that outlives it."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking operations, let the queued ones finish, close the NIC once every rank
+        has closed, end the thread (at most ``timeout`` wall seconds; by default
+        :data:`WALL_CLOSE_SECONDS`, on the exact clock :data:`EXACT_CLOSE_SECONDS`; an abort
+        gives less): before the interpreter shuts down, so no torch object is touched by a
+        thread that outlives it."""
         with self._lock:
             if self._token is not None and self._send is not None and self._error is None:
                 with contextlib.suppress(trio.RunFinishedError):  # it has just ended
                     self._token.run_sync_soon(self._send.close)
-        # the NIC answers until all have closed
-        timeout = max(timeout, WALL_CLOSE_SECONDS if self.env.sync is None else EXACT_CLOSE_SECONDS)
+        if timeout is None:  # the NIC answers until all have closed
+            timeout = WALL_CLOSE_SECONDS if self.env.sync is None else EXACT_CLOSE_SECONDS
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         if self.env.metrics_linger > 0:  # /metrics is served by a thread of its own, on
