@@ -102,9 +102,10 @@ class ExactEngine(Engine):
         :data:`STASH_SECONDS` of wall time the datagrams other processes sent meanwhile are
         taken off the socket (:meth:`FrameExchange.stash`), so that a long window does not
         leave them to a receive buffer that fills."""
-        if time.monotonic() >= self._stash_at:
+        now = time.monotonic()
+        if now >= self._stash_at:
             self.exchange.stash()
-            self._stash_at = time.monotonic() + STASH_SECONDS
+            self._stash_at = now + STASH_SECONDS
 
     def link(self, link: RemoteLink) -> RemoteLink:
         return self.exchange.link(link)

@@ -31,6 +31,22 @@ SHOW = (
 )
 
 
+def _needs_torch() -> None:
+    if os.environ.get("CI") == "true":
+        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
+    else:
+        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+
+
+def _launch(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rocev2_emu", *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture
 def topology(tmp_path: Path) -> Path:
     path = tmp_path / "three.toml"
@@ -94,10 +110,7 @@ def test_one_rank_per_launcher_over_switches_already_running(topology: Path) -> 
     """``launch --host``, as the compose testbed's training service runs it (a container per
     host): the switch is a node of its own, each host's launcher runs that host's rank, the
     first host's serves the rendezvous; a real all-reduce crosses the fabric."""
-    if os.environ.get("CI") == "true":
-        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
-    else:
-        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+    _needs_torch()
     topo = load(str(topology))
     env = {**os.environ, FABRIC_SECRET_ENV: auth.new().hex()}
     switch = subprocess.Popen(
@@ -148,10 +161,7 @@ def test_one_rank_per_launcher_over_switches_already_running(topology: Path) -> 
 def test_nproc_per_host_gives_each_local_rank_its_own_nic(tmp_path: Path) -> None:
     """``--nproc-per-host 2`` on two hosts: four ranks, each with its own NIC (h0-0, h0-1,
     h1-0, h1-1 on the switch), torchrun's local and group ranks, and a real all-reduce."""
-    if os.environ.get("CI") == "true":
-        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
-    else:
-        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+    _needs_torch()
     path = tmp_path / "two.toml"
     path.write_text(single_switch(2, tdf=1000))
     program = (
@@ -161,12 +171,7 @@ def test_nproc_per_host_gives_each_local_rank_its_own_nic(tmp_path: Path) -> Non
     )
     command = ["launch", str(path), "--clock", "wall", "--nproc-per-host", "2", "--"]
     command += [sys.executable, "-c", program]
-    run = subprocess.run(
-        [sys.executable, "-m", "rocev2_emu", *command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = _launch(command, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "# rocev2-emu launch: 4 ranks" in run.stdout
     for rank, (host, local) in enumerate([("h0", 0), ("h0", 1), ("h1", 0), ("h1", 1)]):
@@ -198,19 +203,11 @@ def test_a_rank_that_closes_first_answers_the_others_last_writes(tmp_path: Path)
     """On the wall clock a rank whose last all-reduce is over closes while a peer still waits
     for the ACK of its last write (a one-frame write: its ACK leaves a dilated instant later);
     the NIC answers until every rank has closed, so no write ends in RETRY_EXC_ERR (#59)."""
-    if os.environ.get("CI") == "true":
-        import torch  # noqa: F401 - CI installs the torch extra: its absence is a failure
-    else:
-        pytest.importorskip("torch", reason="pip install -e '.[torch]'")
+    _needs_torch()
     path = tmp_path / "four.toml"
     path.write_text(single_switch(4, tdf=5000))
     command = ["launch", str(path), "--clock", "wall", "--", sys.executable, "-c", LAST_WORDS]
-    run = subprocess.run(
-        [sys.executable, "-m", "rocev2_emu", *command],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = _launch(command, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for rank in range(4):
         assert f"[rank{rank}]: value {rank} 256" in run.stdout
